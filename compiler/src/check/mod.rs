@@ -1,0 +1,124 @@
+//! Semantic checks, and the lowering to [`CompiledPolicy`] they make possible.
+//!
+//! Each pass reads the typed documents, reports what is wrong at its exact place, and resolves
+//! what later passes need. Passes never stop at the first problem: a repository's every error
+//! is reported in one run. A pass whose inputs were broken by an earlier error skips the
+//! affected item rather than reporting a consequence of it twice.
+
+mod classes;
+mod models;
+mod names;
+mod pools;
+mod state;
+mod tenants;
+mod workloads;
+
+use std::collections::BTreeMap;
+
+use crate::compiled::{CompiledPolicy, FORMAT_VERSION};
+use crate::diagnostic::{Code, Diagnostic};
+use crate::load::LoadedDocument;
+use crate::model::{API_VERSION, Kind};
+
+/// Documents by kind and name: the first of each name (later ones are duplicates, reported).
+pub(crate) struct Repo<'a> {
+    pub docs: &'a [LoadedDocument],
+    by_name: BTreeMap<(Kind, &'a str), &'a LoadedDocument>,
+}
+
+impl<'a> Repo<'a> {
+    fn new(docs: &'a [LoadedDocument]) -> Self {
+        let mut by_name = BTreeMap::new();
+        for d in docs {
+            by_name.entry((d.kind(), d.name.as_str())).or_insert(d);
+        }
+        Repo { docs, by_name }
+    }
+
+    /// The documents of one kind, first of each name only, in name order.
+    pub fn of(&self, kind: Kind) -> impl Iterator<Item = &'a LoadedDocument> + '_ {
+        self.by_name
+            .range((kind, "")..)
+            .take_while(move |((k, _), _)| *k == kind)
+            .map(|(_, d)| *d)
+    }
+
+    pub fn get(&self, kind: Kind, name: &str) -> Option<&'a LoadedDocument> {
+        self.by_name.get(&(kind, name)).copied()
+    }
+
+    pub fn names(&self, kind: Kind) -> impl Iterator<Item = &'a str> + '_ {
+        self.of(kind).map(|d| d.name.as_str())
+    }
+}
+
+/// Diagnostics of a pass.
+#[derive(Default)]
+pub(crate) struct Sink {
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Sink {
+    pub fn push(&mut self, d: Diagnostic) {
+        self.diagnostics.push(d);
+    }
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+/// Runs every check over schema-valid documents. The policy is returned when no check found an
+/// error (warnings do not stop it).
+pub fn check(docs: &[LoadedDocument]) -> (Option<CompiledPolicy>, Vec<Diagnostic>) {
+    let repo = Repo::new(docs);
+    let mut sink = Sink::default();
+    names::check(&repo, &mut sink);
+    let models = models::resolve_models(&repo, &mut sink);
+    let layouts = models::resolve_layouts(&repo, &models, &mut sink);
+    let pools = pools::resolve(&repo, &models, &layouts, &mut sink);
+    let (tiers, classes) = classes::resolve(&repo, &mut sink);
+    let tenants = tenants::resolve(&repo, &pools, &classes, &mut sink);
+    let workloads = workloads::resolve(&repo, &models, &pools, &classes, &tenants, &mut sink);
+    state::check(
+        &workloads::Ctx {
+            repo: &repo,
+            models: &models,
+            pools: &pools,
+            classes: &classes,
+            tenants: &tenants,
+        },
+        &mut sink,
+    );
+    models::warn_unused_layouts(&repo, &mut sink);
+    classes::check_isolation(&repo, &pools, &classes, &tenants, &mut sink);
+
+    let has_policy = docs.iter().any(|d| d.kind() != Kind::ClusterState);
+    if !has_policy {
+        sink.push(
+            Diagnostic::new(Code::EmptyRepository, "no policy document was found")
+                .help("point tessera at the directory that holds the policy's *.yaml files"),
+        );
+    }
+    if sink.has_errors() {
+        return (None, sink.diagnostics);
+    }
+    let mut used_models: Vec<_> = pools
+        .iter()
+        .map(|p| p.gpu_model.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter_map(|m| models.get(&m).map(models::compile_model))
+        .collect();
+    used_models.sort_by(|a, b| a.name.cmp(&b.name));
+    let policy = CompiledPolicy {
+        format_version: FORMAT_VERSION,
+        api_version: API_VERSION.to_owned(),
+        gpu_models: used_models,
+        pools,
+        tiers,
+        slo_classes: classes,
+        tenants,
+        workloads,
+    };
+    (Some(policy), sink.diagnostics)
+}

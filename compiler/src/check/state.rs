@@ -1,0 +1,338 @@
+//! A `ClusterState` snapshot: consistent in itself, and with the policy it is read against.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_mig as mig;
+
+use super::Sink;
+use super::models::{unknown_model, unknown_profile};
+use super::workloads::{Ctx, resolve_spec};
+use crate::compiled::GpuDemand;
+use crate::diagnostic::{Code, Diagnostic};
+use crate::load::LoadedDocument;
+use crate::model::{Binding, ClusterStateSpec, Document, Kind};
+use crate::units::Gpus;
+
+pub(crate) fn check(ctx: &Ctx, sink: &mut Sink) {
+    for doc in ctx.repo.of(Kind::ClusterState) {
+        if let Document::ClusterState(spec) = &doc.document {
+            check_one(ctx, doc, spec, sink);
+        }
+    }
+}
+
+fn bad(doc: &LoadedDocument, pointer: &str, message: String, help: &str) -> Diagnostic {
+    Diagnostic::new(Code::InvalidClusterState, message)
+        .at(doc.value_loc(pointer))
+        .field(crate::schema::dotted(pointer))
+        .help(help)
+}
+
+/// What occupies one GPU according to the bindings.
+#[derive(Default)]
+struct Occupancy {
+    whole: Option<String>,
+    instances: BTreeMap<u8, String>,
+    shares: Gpus,
+    clients: u32,
+}
+
+fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mut Sink) {
+    // GPU (node, index) -> (pool, instances by start -> profile id)
+    let mut gpus: GpuTable = BTreeMap::new();
+    let mut node_names = BTreeSet::new();
+    let mut uuids = BTreeSet::new();
+    for (n, node) in spec.nodes.iter().enumerate() {
+        let np = format!("/spec/nodes/{n}");
+        if !node_names.insert(node.name.as_str()) {
+            sink.push(bad(
+                doc,
+                &format!("{np}/name"),
+                format!("node `{}` is listed twice", node.name),
+                "list each node once",
+            ));
+            continue;
+        }
+        let pool = ctx.pools.iter().find(|p| p.name == node.pool);
+        if pool.is_none() && ctx.repo.get(Kind::Pool, &node.pool).is_none() {
+            sink.push(
+                Diagnostic::new(
+                    Code::UnknownPool,
+                    format!("node `{}` is in unknown pool `{}`", node.name, node.pool),
+                )
+                .at(doc.value_loc(&format!("{np}/pool")))
+                .field(crate::schema::dotted(&format!("{np}/pool")))
+                .help("every node belongs to a Pool of the policy"),
+            );
+        }
+        let mut indices = BTreeSet::new();
+        for (g, gpu) in node.gpus.iter().enumerate() {
+            let gp = format!("{np}/gpus/{g}");
+            if !indices.insert(gpu.index) {
+                sink.push(bad(
+                    doc,
+                    &format!("{gp}/index"),
+                    format!(
+                        "GPU index {} appears twice on node `{}`",
+                        gpu.index, node.name
+                    ),
+                    "GPU indices on a node are unique",
+                ));
+                continue;
+            }
+            if !uuids.insert(gpu.uuid.as_str()) {
+                sink.push(bad(
+                    doc,
+                    &format!("{gp}/uuid"),
+                    format!("GPU UUID {} appears twice", gpu.uuid),
+                    "a UUID names one GPU",
+                ));
+            }
+            let Some(model) = ctx.models.get(&gpu.model) else {
+                sink.push(unknown_model(
+                    ctx.models,
+                    doc,
+                    &format!("{gp}/model"),
+                    &gpu.model,
+                ));
+                continue;
+            };
+            if let Some(p) = pool
+                && p.gpu_model != gpu.model
+            {
+                sink.push(bad(
+                    doc,
+                    &format!("{gp}/model"),
+                    format!(
+                        "GPU model {} on node `{}`, but pool `{}` is {}",
+                        gpu.model, node.name, p.name, p.gpu_model
+                    ),
+                    "a pool's nodes all have the pool's GPU model: move the node to another pool",
+                ));
+            }
+            let mut placements = Vec::new();
+            let mut by_start = BTreeMap::new();
+            if !gpu.instances.is_empty() && !gpu.mig.enabled {
+                sink.push(bad(
+                    doc,
+                    &format!("{gp}/instances"),
+                    format!("GPU {} has MIG instances but MIG is not enabled", gpu.uuid),
+                    "set `mig: {enabled: true}` or remove the instances",
+                ));
+            }
+            let mut resolved = true;
+            for (i, inst) in gpu.instances.iter().enumerate() {
+                let ip = format!("{gp}/instances/{i}");
+                match model.info.resolve_profile(&inst.profile) {
+                    Some(id) => {
+                        placements.push(mig::Placement {
+                            profile_id: id,
+                            start: inst.start,
+                        });
+                        by_start.insert(inst.start, id);
+                    }
+                    None => {
+                        resolved = false;
+                        sink.push(unknown_profile(
+                            &model.info,
+                            doc,
+                            &format!("{ip}/profile"),
+                            &inst.profile,
+                        ));
+                    }
+                }
+                if let Some(u) = &inst.uuid
+                    && !uuids.insert(u.as_str())
+                {
+                    sink.push(bad(
+                        doc,
+                        &format!("{ip}/uuid"),
+                        format!("MIG UUID {u} appears twice"),
+                        "a UUID names one instance",
+                    ));
+                }
+            }
+            if resolved && let Err(e) = mig::validate(&placements) {
+                sink.push(
+                    Diagnostic::new(Code::InvalidMigGeometry, format!("GPU {} has an impossible MIG geometry: {e}", gpu.uuid))
+                        .at(doc.loc(&format!("{gp}/instances")))
+                        .field(crate::schema::dotted(&format!("{gp}/instances")))
+                        .help("a snapshot must describe what NVML can report; check each instance's profile and start"),
+                );
+            }
+            gpus.insert(
+                (node.name.as_str(), gpu.index),
+                (pool.map(|p| p.name.as_str()), by_start),
+            );
+        }
+    }
+
+    let mut names = BTreeSet::new();
+    let mut occupancy: BTreeMap<(&str, u32), Occupancy> = BTreeMap::new();
+    for (w, run) in spec.running.iter().enumerate() {
+        let wp = format!("/spec/running/{w}");
+        if !names.insert(run.name.as_str()) {
+            sink.push(bad(
+                doc,
+                &format!("{wp}/name"),
+                format!("workload `{}` is listed twice", run.name),
+                "workload names are unique in a snapshot",
+            ));
+            continue;
+        }
+        let Some(compiled) = resolve_spec(
+            ctx,
+            &run.name,
+            &run.spec,
+            doc,
+            &format!("{wp}/spec"),
+            false,
+            sink,
+        ) else {
+            continue;
+        };
+        if run.bindings.len() != run.spec.replicas as usize {
+            sink.push(bad(
+                doc,
+                &format!("{wp}/bindings"),
+                format!(
+                    "workload `{}` has {} replicas but {} bindings",
+                    run.name,
+                    run.spec.replicas,
+                    run.bindings.len()
+                ),
+                "a running workload has one binding per replica",
+            ));
+            continue;
+        }
+        for (b, binding) in run.bindings.iter().enumerate() {
+            let bp = format!("{wp}/bindings/{b}");
+            if let Err(message) = check_binding(
+                binding,
+                &compiled.gpu,
+                &gpus,
+                &mut occupancy,
+                &run.name,
+                ctx,
+            ) {
+                sink.push(bad(doc, &bp, message, "a binding names GPUs of its node that the replica really holds, and nothing is held twice"));
+            }
+        }
+    }
+    for (w, pending) in spec.pending.iter().enumerate() {
+        let wp = format!("/spec/pending/{w}");
+        if !names.insert(pending.name.as_str()) {
+            sink.push(bad(
+                doc,
+                &format!("{wp}/name"),
+                format!("workload `{}` is listed twice", pending.name),
+                "workload names are unique in a snapshot",
+            ));
+            continue;
+        }
+        resolve_spec(
+            ctx,
+            &pending.name,
+            &pending.spec,
+            doc,
+            &format!("{wp}/spec"),
+            false,
+            sink,
+        );
+    }
+}
+
+/// Every GPU of the snapshot by (node, index): its pool and its MIG instances (start → profile).
+type GpuTable<'a> = BTreeMap<(&'a str, u32), (Option<&'a str>, BTreeMap<u8, u32>)>;
+
+fn check_binding<'a>(
+    binding: &'a Binding,
+    demand: &GpuDemand,
+    gpus: &GpuTable<'a>,
+    occupancy: &mut BTreeMap<(&'a str, u32), Occupancy>,
+    workload: &str,
+    ctx: &Ctx,
+) -> Result<(), String> {
+    let node = binding.node.as_str();
+    for g in &binding.gpus {
+        if !gpus.contains_key(&(node, *g)) {
+            return Err(format!("GPU {g} of node `{node}` does not exist"));
+        }
+    }
+    match demand {
+        GpuDemand::Whole { count } => {
+            if binding.gpus.len() != *count as usize
+                || binding.mig_start.is_some()
+                || binding.share.is_some()
+            {
+                return Err(format!(
+                    "a replica of `{workload}` holds {count} whole GPUs: list {count} GPU indices and no migStart or share"
+                ));
+            }
+            for g in &binding.gpus {
+                let o = occupancy.entry((node, *g)).or_default();
+                if let Some(other) = &o.whole {
+                    return Err(format!(
+                        "GPU {g} of node `{node}` is already held by `{other}`"
+                    ));
+                }
+                if !o.instances.is_empty() || o.clients > 0 {
+                    return Err(format!("GPU {g} of node `{node}` is already shared"));
+                }
+                o.whole = Some(workload.to_owned());
+            }
+        }
+        GpuDemand::Mig { profile_id } => {
+            let ([g], Some(start)) = (binding.gpus.as_slice(), binding.mig_start) else {
+                return Err(format!(
+                    "a MIG replica of `{workload}` names one GPU and its instance's migStart"
+                ));
+            };
+            let (_, instances) = &gpus[&(node, *g)];
+            if instances.get(&start) != Some(profile_id) {
+                return Err(format!(
+                    "GPU {g} of node `{node}` has no instance of the requested profile at start {start}"
+                ));
+            }
+            let o = occupancy.entry((node, *g)).or_default();
+            if let Some(other) = o.instances.get(&start) {
+                return Err(format!(
+                    "the instance at start {start} of GPU {g} on `{node}` is already held by `{other}`"
+                ));
+            }
+            o.instances.insert(start, workload.to_owned());
+        }
+        GpuDemand::Share { fraction } => {
+            let ([g], Some(share)) = (binding.gpus.as_slice(), binding.share) else {
+                return Err(format!(
+                    "a shared replica of `{workload}` names one GPU and its share"
+                ));
+            };
+            if share != *fraction {
+                return Err(format!(
+                    "the binding's share {share} differs from the workload's fraction {fraction}"
+                ));
+            }
+            let (pool, _) = &gpus[&(node, *g)];
+            let max_clients = pool
+                .and_then(|p| ctx.pools.iter().find(|x| x.name == p))
+                .and_then(|p| p.max_clients_per_gpu)
+                .unwrap_or(u32::MAX);
+            let o = occupancy.entry((node, *g)).or_default();
+            if o.whole.is_some() || !o.instances.is_empty() {
+                return Err(format!(
+                    "GPU {g} of node `{node}` is held whole or partitioned"
+                ));
+            }
+            o.shares += share;
+            o.clients += 1;
+            if o.shares > Gpus::whole(1) || o.clients > max_clients {
+                return Err(format!(
+                    "GPU {g} of node `{node}` is oversubscribed: shares add up to {} over {} clients",
+                    o.shares, o.clients
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,535 @@
+//! The tenant tree: one root, no cycles, quotas that nest, and every inherited value resolved.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Repo, Sink};
+use crate::compiled::{Amounts, CompiledPool, CompiledSloClass, CompiledTenant, PoolQuota};
+use crate::diagnostic::{Code, Diagnostic, did_you_mean};
+use crate::load::LoadedDocument;
+use crate::model::{Document, Kind, Quota, TenantSpec};
+use crate::units::{Bytes, Millicores};
+use crate::yaml::escape;
+
+struct Node<'a> {
+    doc: &'a LoadedDocument,
+    spec: &'a TenantSpec,
+}
+
+pub(crate) fn resolve(
+    repo: &Repo,
+    pools: &[CompiledPool],
+    classes: &[CompiledSloClass],
+    sink: &mut Sink,
+) -> Vec<CompiledTenant> {
+    let nodes: BTreeMap<&str, Node> = repo
+        .of(Kind::Tenant)
+        .filter_map(|doc| match &doc.document {
+            Document::Tenant(spec) => Some((doc.name.as_str(), Node { doc, spec })),
+            _ => None,
+        })
+        .collect();
+    if nodes.is_empty() {
+        return Vec::new();
+    }
+
+    // Parents resolve.
+    let mut parent_ok = BTreeMap::new();
+    for (name, n) in &nodes {
+        if let Some(p) = &n.spec.parent {
+            if nodes.contains_key(p.as_str()) {
+                parent_ok.insert(*name, p.as_str());
+            } else {
+                let mut help =
+                    "name an existing Tenant, or remove `parent` to make this the root".to_owned();
+                if let Some(s) = did_you_mean(p, nodes.keys().copied()) {
+                    help = format!("did you mean `{s}`?");
+                }
+                sink.push(
+                    Diagnostic::new(Code::UnknownParent, format!("unknown parent tenant `{p}`"))
+                        .at(n.doc.value_loc("/spec/parent"))
+                        .field("spec.parent")
+                        .help(help),
+                );
+            }
+        }
+    }
+
+    // Exactly one root.
+    let roots: Vec<&str> = nodes
+        .iter()
+        .filter(|(_, n)| n.spec.parent.is_none())
+        .map(|(name, _)| *name)
+        .collect();
+    match roots.as_slice() {
+        [] => {
+            let first = nodes.values().next().expect("nodes is not empty");
+            sink.push(
+                Diagnostic::new(
+                    Code::NoRootTenant,
+                    "every tenant has a parent, so the tree has no root",
+                )
+                .at(first.doc.value_loc("/metadata/name"))
+                .field("spec.parent")
+                .help("remove `parent` from the tenant at the top of the tree (the organisation)"),
+            );
+        }
+        [_] => {}
+        [first, rest @ ..] => {
+            for r in rest {
+                sink.push(
+                    Diagnostic::new(
+                        Code::MultipleRootTenants,
+                        format!("tenant `{r}` has no parent, and neither has `{first}`: the tree has more than one root"),
+                    )
+                    .at(nodes[r].doc.value_loc("/metadata/name"))
+                    .field("spec.parent")
+                    .help(format!("give `{r}` a parent (for example `parent: {first}`)")),
+                );
+            }
+        }
+    }
+
+    // Cycles: report each once, at its smallest member.
+    let mut in_cycle: BTreeSet<&str> = BTreeSet::new();
+    for start in nodes.keys() {
+        let mut seen = vec![*start];
+        let mut cur = *start;
+        while let Some(&p) = parent_ok.get(cur) {
+            if let Some(pos) = seen.iter().position(|s| *s == p) {
+                let cycle = &seen[pos..];
+                if cycle.iter().min() == Some(start) && !in_cycle.contains(start) {
+                    let mut path: Vec<&str> = cycle.to_vec();
+                    path.push(p);
+                    sink.push(
+                        Diagnostic::new(
+                            Code::TenantCycle,
+                            format!("tenants form a cycle: {}", path.join(" → ")),
+                        )
+                        .at(nodes[start].doc.value_loc("/spec/parent"))
+                        .field("spec.parent")
+                        .help("a tenant cannot be its own ancestor: point one of these parents up the tree"),
+                    );
+                }
+                in_cycle.extend(cycle.iter().copied());
+                break;
+            }
+            seen.push(p);
+            cur = p;
+        }
+    }
+
+    // References inside each tenant.
+    let class_names: BTreeSet<&str> = classes.iter().map(|c| c.name.as_str()).collect();
+    let pool_names: BTreeSet<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+    let mut refs_ok: BTreeSet<&str> = BTreeSet::new();
+    for (name, n) in &nodes {
+        let mut ok = true;
+        for (field, map) in [
+            ("guarantee", &n.spec.guarantee),
+            ("limit", &n.spec.limit),
+            ("lendingLimit", &n.spec.lending_limit),
+        ] {
+            for key in map.keys() {
+                if pool_names.contains(key.as_str()) {
+                    continue;
+                }
+                ok = false;
+                if repo.get(Kind::Pool, key).is_some() {
+                    continue; // the pool itself is broken and reported there
+                }
+                let mut help = format!(
+                    "quota is keyed by pool name; pools: {}",
+                    pool_names.iter().copied().collect::<Vec<_>>().join(", ")
+                );
+                if let Some(s) = did_you_mean(key, pool_names.iter().copied()) {
+                    help = format!("did you mean `{s}`? {help}");
+                }
+                sink.push(
+                    Diagnostic::new(
+                        Code::UnknownPool,
+                        format!("unknown pool `{key}` in `{field}`"),
+                    )
+                    .at(n.doc.loc(&format!("/spec/{field}/{}", escape(key))))
+                    .field(format!("spec.{field}.{key}"))
+                    .help(help),
+                );
+            }
+        }
+        if let Some(list) = &n.spec.slo_classes {
+            for (i, c) in list.iter().enumerate() {
+                if class_names.contains(c.as_str()) {
+                    continue;
+                }
+                ok = false;
+                if repo.get(Kind::SloClass, c).is_some() {
+                    continue;
+                }
+                let mut help = format!(
+                    "classes: {}",
+                    class_names.iter().copied().collect::<Vec<_>>().join(", ")
+                );
+                if let Some(s) = did_you_mean(c, class_names.iter().copied()) {
+                    help = format!("did you mean `{s}`? {help}");
+                }
+                sink.push(
+                    Diagnostic::new(Code::UnknownSloClass, format!("unknown SLO class `{c}`"))
+                        .at(n.doc.value_loc(&format!("/spec/sloClasses/{i}")))
+                        .field(format!("spec.sloClasses[{i}]"))
+                        .help(help),
+                );
+            }
+        }
+        if ok {
+            refs_ok.insert(*name);
+        }
+    }
+
+    // Walk the tree from the root, resolving inherited values and checking quotas nest.
+    let Some(root) = roots.first().copied() else {
+        return Vec::new();
+    };
+    let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (child, parent) in &parent_ok {
+        if !in_cycle.contains(child) {
+            children.entry(parent).or_default().push(child);
+        }
+    }
+    let mut out = Vec::new();
+    let capacity: BTreeMap<&str, Amounts> = pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.capacity))
+        .collect();
+    let all_classes: Vec<String> = classes.iter().map(|c| c.name.clone()).collect();
+    let root_node = &nodes[root];
+    check_root_capacity(root_node, pools, sink);
+    let root_ctx = Inherited {
+        path: Vec::new(),
+        trust_domain: root.to_owned(),
+        classes: all_classes,
+        limits: capacity.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    };
+    walk(
+        root, None, &root_ctx, &nodes, &children, &refs_ok, pools, sink, &mut out,
+    );
+    out
+}
+
+/// What a tenant inherits from its parent.
+struct Inherited {
+    path: Vec<String>,
+    trust_domain: String,
+    classes: Vec<String>,
+    /// Effective limit per pool.
+    limits: BTreeMap<String, Amounts>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    name: &str,
+    parent: Option<&str>,
+    inherited: &Inherited,
+    nodes: &BTreeMap<&str, Node>,
+    children: &BTreeMap<&str, Vec<&str>>,
+    refs_ok: &BTreeSet<&str>,
+    pools: &[CompiledPool],
+    sink: &mut Sink,
+    out: &mut Vec<CompiledTenant>,
+) {
+    let n = &nodes[name];
+    let spec = n.spec;
+    let doc = n.doc;
+
+    // SLO classes: own (a subset of the parent's) or inherited.
+    let classes = match &spec.slo_classes {
+        Some(own) => {
+            for (i, c) in own.iter().enumerate() {
+                if parent.is_some() && !inherited.classes.contains(c) && refs_ok.contains(name) {
+                    sink.push(
+                        Diagnostic::new(
+                            Code::SloClassNotInherited,
+                            format!("SLO class `{c}` is not allowed for parent `{}`", parent.unwrap_or_default()),
+                        )
+                        .at(doc.value_loc(&format!("/spec/sloClasses/{i}")))
+                        .field(format!("spec.sloClasses[{i}]"))
+                        .help(format!(
+                            "a tenant may use only its parent's classes ({}); allow `{c}` on the parent first",
+                            inherited.classes.join(", ")
+                        )),
+                    );
+                }
+            }
+            let mut v = own.clone();
+            v.sort();
+            v.dedup();
+            v
+        }
+        None => inherited.classes.clone(),
+    };
+
+    let mut quota = BTreeMap::new();
+    let mut limits = BTreeMap::new();
+    for pool in pools {
+        let p = pool.name.as_str();
+        let parent_limit = inherited.limits.get(p).copied().unwrap_or_default();
+        let guarantee = amounts_of(spec.guarantee.get(p));
+        let own_limit = spec.limit.get(p).map(|q| q.resources());
+        let limit = match own_limit {
+            Some(l) => Amounts {
+                gpus: l.gpus,
+                cpu: l.cpu.or(parent_limit.cpu),
+                memory: l.memory.or(parent_limit.memory),
+            },
+            None => parent_limit,
+        };
+        let pointer = |field: &str| format!("/spec/{field}/{}", escape(p));
+        if own_limit.is_some()
+            && let Some(what) = exceeds(&limit, &parent_limit, Absent::Unbounded)
+        {
+            sink.push(
+                Diagnostic::new(
+                    Code::LimitExceedsParent,
+                    format!(
+                        "limit in pool `{p}` ({}) is above {} ({})",
+                        show(&limit, what),
+                        parent.map(|p| format!("parent `{p}`'s limit")).unwrap_or_else(|| "the pool's capacity".to_owned()),
+                        show(&parent_limit, what)
+                    ),
+                )
+                .at(doc.value_loc(&pointer("limit")))
+                .field(format!("spec.limit.{p}"))
+                .help("a tenant can never use more than its parent may; lower the limit or raise the parent's"),
+            );
+        }
+        // At the root without its own limit the limit is the capacity, checked on its own.
+        let limit_is_capacity = parent.is_none() && own_limit.is_none();
+        if spec.guarantee.contains_key(p)
+            && !limit_is_capacity
+            && let Some(what) = exceeds(&guarantee, &limit, Absent::Unbounded)
+        {
+            sink.push(
+                Diagnostic::new(
+                    Code::GuaranteeExceedsLimit,
+                    format!(
+                        "guarantee in pool `{p}` ({}) is above the tenant's limit ({})",
+                        show(&guarantee, what),
+                        show(&limit, what)
+                    ),
+                )
+                .at(doc.value_loc(&pointer("guarantee")))
+                .field(format!("spec.guarantee.{p}"))
+                .help("a guarantee the tenant may not use is never honoured; lower it to the limit or raise the limit"),
+            );
+        }
+        let lending = match spec.lending_limit.get(p) {
+            Some(q) => {
+                let l = amounts_of(Some(q));
+                if let Some(what) = exceeds(&l, &guarantee, Absent::Zero) {
+                    sink.push(
+                        Diagnostic::new(
+                            Code::LendingLimitExceedsGuarantee,
+                            format!(
+                                "lending limit in pool `{p}` ({}) is above the guarantee ({})",
+                                show(&l, what),
+                                show(&guarantee, what)
+                            ),
+                        )
+                        .at(doc.value_loc(&pointer("lendingLimit")))
+                        .field(format!("spec.lendingLimit.{p}"))
+                        .help("a tenant can lend only what it is guaranteed; lower the lending limit or raise the guarantee"),
+                    );
+                }
+                l
+            }
+            None => guarantee,
+        };
+
+        // Children's guarantees fit in this tenant's.
+        if let Some(kids) = children.get(name) {
+            let mut sum = Amounts::default();
+            let mut any = false;
+            for k in kids {
+                if let Some(q) = nodes[k].spec.guarantee.get(p) {
+                    any = true;
+                    let r = q.resources();
+                    sum.gpus += r.gpus;
+                    sum.cpu = add(sum.cpu.map(|c| c.0), r.cpu.map(|c| c.0)).map(Millicores);
+                    sum.memory = add(sum.memory.map(|m| m.0), r.memory.map(|m| m.0)).map(Bytes);
+                }
+            }
+            if any && let Some(what) = exceeds(&sum, &guarantee, Absent::Zero) {
+                let names: Vec<&str> = kids
+                    .iter()
+                    .filter(|k| nodes[*k].spec.guarantee.contains_key(p))
+                    .copied()
+                    .collect();
+                let at = if spec.guarantee.contains_key(p) {
+                    doc.value_loc(&pointer("guarantee"))
+                } else {
+                    doc.value_loc("/metadata/name")
+                };
+                sink.push(
+                    Diagnostic::new(
+                        Code::ChildGuaranteesExceedParent,
+                        format!(
+                            "the guarantees of `{name}`'s children in pool `{p}` add up to {}, more than `{name}`'s own {}",
+                            show(&sum, what),
+                            show(&guarantee, what)
+                        ),
+                    )
+                    .at(at)
+                    .field(format!("spec.guarantee.{p}"))
+                    .help(format!(
+                        "children ({}) can only split what their parent is guaranteed: raise `{name}`'s guarantee or lower theirs",
+                        names.join(", ")
+                    )),
+                );
+            }
+        }
+        if limit.gpus.units() > 0 {
+            quota.insert(
+                p.to_owned(),
+                PoolQuota {
+                    guarantee,
+                    limit,
+                    lending_limit: lending,
+                },
+            );
+        }
+        limits.insert(p.to_owned(), limit);
+    }
+
+    let trust_domain = spec
+        .trust_domain
+        .clone()
+        .unwrap_or_else(|| inherited.trust_domain.clone());
+    let mut path = inherited.path.clone();
+    path.push(name.to_owned());
+    let kids: Vec<String> = children
+        .get(name)
+        .map(|k| k.iter().map(|s| s.to_string()).collect())
+        .unwrap_or_default();
+    out.push(CompiledTenant {
+        name: name.to_owned(),
+        parent: parent.map(str::to_owned),
+        path: path.clone(),
+        children: kids,
+        trust_domain: trust_domain.clone(),
+        weight: spec.weight.unwrap_or(1.0),
+        slo_classes: classes.clone(),
+        quota,
+    });
+    let next = Inherited {
+        path,
+        trust_domain,
+        classes,
+        limits,
+    };
+    if let Some(kids) = children.get(name) {
+        for k in kids {
+            walk(
+                k,
+                Some(name),
+                &next,
+                nodes,
+                children,
+                refs_ok,
+                pools,
+                sink,
+                out,
+            );
+        }
+    }
+}
+
+fn check_root_capacity(root: &Node, pools: &[CompiledPool], sink: &mut Sink) {
+    for pool in pools {
+        let Some(q) = root.spec.guarantee.get(&pool.name) else {
+            continue;
+        };
+        let g = amounts_of(Some(q));
+        if let Some(what) = exceeds(&g, &pool.capacity, Absent::Unbounded) {
+            sink.push(
+                Diagnostic::new(
+                    Code::GuaranteeExceedsCapacity,
+                    format!(
+                        "the root's guarantee in pool `{}` ({}) is more than the pool holds ({})",
+                        pool.name,
+                        show(&g, what),
+                        show(&pool.capacity, what)
+                    ),
+                )
+                .at(root.doc.value_loc(&format!("/spec/guarantee/{}", escape(&pool.name))))
+                .field(format!("spec.guarantee.{}", pool.name))
+                .help(format!(
+                    "pool `{}` declares {} nodes × {} GPUs; lower the guarantee or grow the pool's capacity",
+                    pool.name, pool.nodes, pool.gpus_per_node
+                )),
+            );
+        }
+    }
+}
+
+fn amounts_of(q: Option<&Quota>) -> Amounts {
+    let Some(q) = q else {
+        return Amounts::default();
+    };
+    let r = q.resources();
+    Amounts {
+        gpus: r.gpus,
+        cpu: r.cpu,
+        memory: r.memory,
+    }
+}
+
+fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (x, y) => Some(x.unwrap_or(0) + y.unwrap_or(0)),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Resource {
+    Gpus,
+    Cpu,
+    Memory,
+}
+
+/// How an absent CPU or memory reads on the right-hand side of a comparison.
+#[derive(Clone, Copy)]
+enum Absent {
+    /// In a limit: no ceiling.
+    Unbounded,
+    /// In a guarantee: nothing guaranteed.
+    Zero,
+}
+
+/// The first resource in which `a` exceeds `b`. Absent CPU or memory in `a` counts as zero.
+fn exceeds(a: &Amounts, b: &Amounts, absent: Absent) -> Option<Resource> {
+    if a.gpus > b.gpus {
+        return Some(Resource::Gpus);
+    }
+    let over = |x: Option<u64>, y: Option<u64>| match (x, y, absent) {
+        (Some(x), Some(y), _) => x > y,
+        (Some(x), None, Absent::Zero) => x > 0,
+        _ => false,
+    };
+    if over(a.cpu.map(|c| c.0), b.cpu.map(|c| c.0)) {
+        return Some(Resource::Cpu);
+    }
+    if over(a.memory.map(|m| m.0), b.memory.map(|m| m.0)) {
+        return Some(Resource::Memory);
+    }
+    None
+}
+
+fn show(a: &Amounts, what: Resource) -> String {
+    match what {
+        Resource::Gpus => format!("{} GPUs", a.gpus),
+        Resource::Cpu => format!("cpu {}", a.cpu.map(|c| c.to_string()).unwrap_or("0".into())),
+        Resource::Memory => format!(
+            "memory {}",
+            a.memory.map(|m| m.to_string()).unwrap_or("0".into())
+        ),
+    }
+}

@@ -1,0 +1,208 @@
+//! `CompiledPolicy`: the whole repository resolved into one plain value, what the solver reads.
+//!
+//! Every default is applied, every inherited value is written out per tenant, every layout is
+//! expanded to explicit placements. Field order and collection order are fixed so that
+//! `tessera compile --output json` is byte-for-byte stable.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Sharing, TopologyMode};
+use crate::units::{Bytes, Gpus, Millicores};
+
+/// Bumped on any change a consumer of the JSON could notice.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledPolicy {
+    pub format_version: u32,
+    pub api_version: String,
+    /// The GPU models the pools use.
+    pub gpu_models: Vec<CompiledGpuModel>,
+    /// By name.
+    pub pools: Vec<CompiledPool>,
+    /// Highest value first.
+    pub tiers: Vec<CompiledTier>,
+    /// By name.
+    pub slo_classes: Vec<CompiledSloClass>,
+    /// The tree in pre-order, children by name: a parent always precedes its children.
+    pub tenants: Vec<CompiledTenant>,
+    /// By name.
+    pub workloads: Vec<CompiledWorkload>,
+}
+
+impl CompiledPolicy {
+    pub fn pool(&self, name: &str) -> Option<&CompiledPool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+    pub fn tenant(&self, name: &str) -> Option<&CompiledTenant> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+    pub fn slo_class(&self, name: &str) -> Option<&CompiledSloClass> {
+        self.slo_classes.iter().find(|c| c.name == name)
+    }
+    pub fn gpu_model(&self, name: &str) -> Option<&CompiledGpuModel> {
+        self.gpu_models.iter().find(|m| m.name == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledGpuModel {
+    pub name: String,
+    pub memory: Bytes,
+    pub builtin: bool,
+    /// MIG profiles by profile ID; empty for a model without MIG.
+    pub mig_profiles: Vec<CompiledMigProfile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledMigProfile {
+    pub id: u32,
+    pub name: String,
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledPool {
+    pub name: String,
+    pub gpu_model: String,
+    pub sharing: Sharing,
+    pub node_selector: BTreeMap<String, String>,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub cpu_per_node: Millicores,
+    pub memory_per_node: Bytes,
+    /// `nodes × gpusPerNode`, CPU and memory likewise: what guarantees are checked against.
+    pub capacity: Amounts,
+    pub nvlink_domain: CompiledNvlinkDomain,
+    /// For mps and timeslice pools.
+    pub max_clients_per_gpu: Option<u32>,
+    pub reconfiguration: CompiledReconfiguration,
+    /// For mig pools: the geometries a GPU may take, with explicit placements.
+    pub layouts: Vec<CompiledLayout>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledNvlinkDomain {
+    pub nodes_per_domain: u32,
+    pub gpus_per_domain: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledReconfiguration {
+    pub max_per_gpu_per_hour: u32,
+    pub drain_timeout_seconds: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledLayout {
+    pub name: String,
+    /// Sorted by start.
+    pub instances: Vec<CompiledInstance>,
+    /// Compute slices in use, out of 7.
+    pub compute_slices: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledInstance {
+    pub profile_id: u32,
+    pub profile: String,
+    /// First memory slice.
+    pub start: u8,
+    /// Memory slices.
+    pub size: u8,
+    pub compute_slices: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledTier {
+    pub name: String,
+    pub value: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledSloClass {
+    pub name: String,
+    pub tier: String,
+    /// The tier's value: admission order, higher first.
+    pub priority: i64,
+    pub preemptible: bool,
+    pub isolation_minimum: Sharing,
+    pub checkpoint_signal: String,
+    pub grace_period_seconds: u64,
+    pub min_runtime_seconds: u64,
+}
+
+/// GPUs, CPU and memory. `None` for CPU or memory: not constrained.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Amounts {
+    pub gpus: Gpus,
+    pub cpu: Option<Millicores>,
+    pub memory: Option<Bytes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledTenant {
+    pub name: String,
+    pub parent: Option<String>,
+    /// Names from the root down to this tenant.
+    pub path: Vec<String>,
+    pub children: Vec<String>,
+    pub trust_domain: String,
+    pub weight: f64,
+    pub slo_classes: Vec<String>,
+    /// Effective quota per pool, for every pool the tenant may use (limit above zero).
+    pub quota: BTreeMap<String, PoolQuota>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolQuota {
+    pub guarantee: Amounts,
+    pub limit: Amounts,
+    pub lending_limit: Amounts,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledWorkload {
+    pub name: String,
+    pub tenant: String,
+    pub slo_class: String,
+    pub priority: i64,
+    /// Pools that can hold the workload's shape and that its tenant and class may use.
+    pub pools: Vec<String>,
+    pub replicas: u32,
+    pub min_member: u32,
+    pub gpu: GpuDemand,
+    /// GPUs one replica counts against quota.
+    pub gpus_per_replica: Gpus,
+    pub cpu: Millicores,
+    pub memory: Bytes,
+    pub topology: TopologyMode,
+    pub max_duration_seconds: Option<u64>,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// What one replica asks of a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum GpuDemand {
+    Whole { count: u32 },
+    Mig { profile_id: u32 },
+    Share { fraction: Gpus },
+}
+
+impl GpuDemand {
+    /// What one replica counts against quota: whole GPUs, compute slices / 7, or the share.
+    pub fn gpus(&self) -> Gpus {
+        match self {
+            GpuDemand::Whole { count } => Gpus::whole(i64::from(*count)),
+            GpuDemand::Mig { profile_id } => Gpus::sevenths(i64::from(
+                tessera_mig::shape(*profile_id).map_or(7, |s| s.compute_slices),
+            )),
+            GpuDemand::Share { fraction } => *fraction,
+        }
+    }
+}

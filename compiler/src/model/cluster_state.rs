@@ -1,0 +1,137 @@
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::model::WorkloadSpec;
+use crate::units::{Bytes, Gpus, Millicores};
+
+/// A snapshot of the fleet: nodes and their GPUs as observed, running workloads with their
+/// bindings, and the pending queue. The reconciler exports it; `tessera plan` reads it in CI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterStateSpec {
+    /// When the snapshot was taken, RFC 3339.
+    #[schemars(regex(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+    ))]
+    pub observed_at: String,
+    #[serde(default)]
+    pub nodes: Vec<Node>,
+    /// Workloads running now.
+    #[serde(default)]
+    pub running: Vec<RunningWorkload>,
+    /// Workloads waiting, in submission order.
+    #[serde(default)]
+    pub pending: Vec<PendingWorkload>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Node {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The pool the node belongs to.
+    pub pool: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
+    /// NVLink domain id; defaults to the node itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<String>,
+    pub cpu: Millicores,
+    pub memory: Bytes,
+    #[serde(default)]
+    pub health: Health,
+    pub gpus: Vec<Gpu>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Gpu {
+    /// NVML device index on the node.
+    pub index: u32,
+    /// `GPU-...` as NVML reports it.
+    #[schemars(regex(pattern = r"^GPU-[0-9a-fA-F-]+$"))]
+    pub uuid: String,
+    pub model: String,
+    #[serde(default)]
+    pub health: Health,
+    /// MIG mode now, and the mode pending until the next GPU reset.
+    #[serde(default)]
+    pub mig: MigState,
+    /// GPU instances that exist now, with their placements.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<MigInstance>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    #[default]
+    Healthy,
+    Degraded,
+    Lost,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigState {
+    #[serde(default)]
+    pub enabled: bool,
+    /// The mode a reset would switch to, when it differs from `enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigInstance {
+    /// Profile name of the GPU's model (`3g.40gb`) or profile ID.
+    pub profile: String,
+    /// First memory slice (0-7).
+    #[schemars(range(max = 7))]
+    pub start: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^MIG-[0-9a-fA-F-]+$"))]
+    pub uuid: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunningWorkload {
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"))]
+    pub name: String,
+    pub spec: WorkloadSpec,
+    /// One binding per replica.
+    pub bindings: Vec<Binding>,
+    pub started_at: String,
+    /// The last checkpoint, if the workload has taken one; work since then is lost on preemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_at: Option<String>,
+}
+
+/// Where one replica runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Binding {
+    pub node: String,
+    /// GPU indices on the node: whole GPUs, or the one GPU holding the instance or share.
+    pub gpus: Vec<u32>,
+    /// For a MIG replica: the first memory slice of its instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_start: Option<u8>,
+    /// For an MPS or time-slice replica: its share of the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<Gpus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PendingWorkload {
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"))]
+    pub name: String,
+    pub spec: WorkloadSpec,
+    pub submitted_at: String,
+}

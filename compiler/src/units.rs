@@ -1,0 +1,445 @@
+//! Quantities with their units, so that no bare number crosses a module boundary.
+//!
+//! Every quantity parses from the spelling a platform engineer already knows from Kubernetes
+//! (`16`, `500m`, `128Gi`, `90s`) and is stored as an exact integer, so that sums over ten
+//! thousand tenants never drift.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+/// An amount of GPU, exact to one seventh of a milli-GPU.
+///
+/// A MIG instance counts `compute slices / 7` of a GPU and an MPS or time-slice share counts its
+/// fraction in thousandths; 7000 units per GPU represents both without rounding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Gpus(i64);
+
+impl Gpus {
+    pub const UNITS_PER_GPU: i64 = 7000;
+    pub const ZERO: Gpus = Gpus(0);
+
+    pub const fn from_units(units: i64) -> Self {
+        Gpus(units)
+    }
+    pub const fn whole(gpus: i64) -> Self {
+        Gpus(gpus * Self::UNITS_PER_GPU)
+    }
+    /// `slices` sevenths of one GPU: a MIG instance with that many compute slices.
+    pub const fn sevenths(slices: i64) -> Self {
+        Gpus(slices * 1000)
+    }
+    /// A share in thousandths of a GPU.
+    pub const fn milli(milli: i64) -> Self {
+        Gpus(milli * 7)
+    }
+    pub const fn units(self) -> i64 {
+        self.0
+    }
+    pub fn as_f64(self) -> f64 {
+        self.0 as f64 / Self::UNITS_PER_GPU as f64
+    }
+    /// Parses a decimal amount; `None` unless it is a whole number of thousandths or of sevenths.
+    pub fn from_f64(value: f64) -> Option<Self> {
+        if !value.is_finite() || !(0.0..=1e12).contains(&value) {
+            return None;
+        }
+        let scaled = value * Self::UNITS_PER_GPU as f64;
+        let units = scaled.round();
+        // 1/7 written as 0.142857 is 999.999 units: accept it, but not 0.0001 GPU.
+        if (scaled - units).abs() > 0.01 {
+            return None;
+        }
+        let units = units as i64;
+        (units % 7 == 0 || units % 1000 == 0).then_some(Gpus(units))
+    }
+    pub fn saturating_sub(self, other: Gpus) -> Gpus {
+        Gpus((self.0 - other.0).max(0))
+    }
+}
+
+impl std::ops::Add for Gpus {
+    type Output = Gpus;
+    fn add(self, rhs: Gpus) -> Gpus {
+        Gpus(self.0 + rhs.0)
+    }
+}
+impl std::ops::AddAssign for Gpus {
+    fn add_assign(&mut self, rhs: Gpus) {
+        self.0 += rhs.0;
+    }
+}
+impl std::ops::Sub for Gpus {
+    type Output = Gpus;
+    fn sub(self, rhs: Gpus) -> Gpus {
+        Gpus(self.0 - rhs.0)
+    }
+}
+impl std::ops::Mul<i64> for Gpus {
+    type Output = Gpus;
+    fn mul(self, rhs: i64) -> Gpus {
+        Gpus(self.0 * rhs)
+    }
+}
+impl std::iter::Sum for Gpus {
+    fn sum<I: Iterator<Item = Gpus>>(iter: I) -> Gpus {
+        Gpus(iter.map(|g| g.0).sum())
+    }
+}
+
+impl fmt::Display for Gpus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let whole = self.0 / Self::UNITS_PER_GPU;
+        let rest = self.0 % Self::UNITS_PER_GPU;
+        if rest == 0 {
+            write!(f, "{whole}")
+        } else if rest % 1000 == 0 {
+            write!(f, "{whole}+{}/7", rest / 1000)
+        } else {
+            let s = format!("{:.3}", self.as_f64());
+            f.write_str(s.trim_end_matches('0'))
+        }
+    }
+}
+
+impl Serialize for Gpus {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Rounded to 1e-6 so the JSON spelling is the same on every platform.
+        s.serialize_f64((self.as_f64() * 1e6).round() / 1e6)
+    }
+}
+
+impl<'de> Deserialize<'de> for Gpus {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        Gpus::from_f64(v).ok_or_else(|| {
+            de::Error::custom(format!(
+                "{v} is not a GPU amount: use a non-negative decimal with at most three decimals \
+                 (0.25) or a whole number of MIG slices in sevenths (0.142857 for 1/7)"
+            ))
+        })
+    }
+}
+
+impl JsonSchema for Gpus {
+    fn schema_name() -> Cow<'static, str> {
+        "Gpus".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "number",
+            "minimum": 0,
+            "description": "GPUs as a decimal: 1 is a whole GPU, a MIG instance counts its compute slices / 7, an MPS or time-slice share its fraction (0.25)."
+        })
+    }
+}
+
+/// CPU in millicores. Spelled as cores (`16`, `0.5`) or millicores (`500m`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Millicores(pub u64);
+
+impl Millicores {
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        if let Some(m) = s.strip_suffix('m') {
+            return m.parse::<u64>().ok().map(Millicores);
+        }
+        parse_scaled(s, 1000).map(Millicores)
+    }
+}
+
+impl fmt::Display for Millicores {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_multiple_of(1000) {
+            write!(f, "{}", self.0 / 1000)
+        } else {
+            write!(f, "{}m", self.0)
+        }
+    }
+}
+
+impl Serialize for Millicores {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Millicores {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = NumberOrString::deserialize(d)?;
+        let text = raw.to_string();
+        Millicores::parse(&text).ok_or_else(|| {
+            de::Error::custom(format!(
+                "`{text}` is not a CPU amount: write cores (16, 0.5) or millicores (500m)"
+            ))
+        })
+    }
+}
+
+impl JsonSchema for Millicores {
+    fn schema_name() -> Cow<'static, str> {
+        "Cpu".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "CPU: cores as a number (16, 0.5) or millicores as a string (\"500m\").",
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": "^[0-9]+(\\.[0-9]{1,3})?m?$"}
+            ]
+        })
+    }
+}
+
+/// Memory in bytes. Spelled with Kubernetes suffixes: `128Gi`, `512Mi`, `2Ti`, `1G`, or bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bytes(pub u64);
+
+const BINARY_SUFFIXES: [(&str, u64); 6] = [
+    ("Ki", 1 << 10),
+    ("Mi", 1 << 20),
+    ("Gi", 1 << 30),
+    ("Ti", 1 << 40),
+    ("Pi", 1 << 50),
+    ("Ei", 1 << 60),
+];
+const DECIMAL_SUFFIXES: [(&str, u64); 7] = [
+    ("k", 1_000),
+    ("K", 1_000),
+    ("M", 1_000_000),
+    ("G", 1_000_000_000),
+    ("T", 1_000_000_000_000),
+    ("P", 1_000_000_000_000_000),
+    ("E", 1_000_000_000_000_000_000),
+];
+
+impl Bytes {
+    pub const fn gib(n: u64) -> Self {
+        Bytes(n << 30)
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        for (suffix, scale) in BINARY_SUFFIXES.iter().chain(DECIMAL_SUFFIXES.iter()) {
+            if let Some(number) = s.strip_suffix(suffix) {
+                return parse_scaled(number, *scale).map(Bytes);
+            }
+        }
+        parse_scaled(s, 1).map(Bytes)
+    }
+}
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (suffix, scale) in BINARY_SUFFIXES.iter().rev() {
+            if self.0 >= *scale && self.0.is_multiple_of(*scale) {
+                return write!(f, "{}{suffix}", self.0 / scale);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for Bytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = NumberOrString::deserialize(d)?;
+        let text = raw.to_string();
+        Bytes::parse(&text).ok_or_else(|| {
+            de::Error::custom(format!(
+                "`{text}` is not a memory amount: write bytes with a suffix such as 128Gi, 512Mi or 1Ti"
+            ))
+        })
+    }
+}
+
+impl JsonSchema for Bytes {
+    fn schema_name() -> Cow<'static, str> {
+        "Memory".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "Memory: bytes, or a number with a suffix Ki, Mi, Gi, Ti, Pi (powers of 1024) or k, M, G, T, P (powers of 1000), e.g. \"128Gi\".",
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$"}
+            ]
+        })
+    }
+}
+
+/// A duration such as `90s`, `10m`, `2h`, `1h30m` or `1d`, kept in whole seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Duration(pub u64);
+
+impl Duration {
+    pub const fn seconds(self) -> u64 {
+        self.0
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        if s.is_empty() {
+            return None;
+        }
+        let mut total: u64 = 0;
+        let mut digits = String::new();
+        for c in s.chars() {
+            if c.is_ascii_digit() {
+                digits.push(c);
+                continue;
+            }
+            let unit = match c {
+                's' => 1,
+                'm' => 60,
+                'h' => 3600,
+                'd' => 86_400,
+                _ => return None,
+            };
+            let n: u64 = digits.parse().ok()?;
+            total = total.checked_add(n.checked_mul(unit)?)?;
+            digits.clear();
+        }
+        digits.is_empty().then_some(Duration(total))
+    }
+}
+
+impl fmt::Display for Duration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut rest = self.0;
+        if rest == 0 {
+            return f.write_str("0s");
+        }
+        for (unit, scale) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+            if rest >= scale {
+                write!(f, "{}{unit}", rest / scale)?;
+                rest %= scale;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Duration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Duration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Duration::parse(&text).ok_or_else(|| {
+            de::Error::custom(format!(
+                "`{text}` is not a duration: write a number with a unit s, m, h or d, e.g. 90s, 10m, 2h, 1h30m"
+            ))
+        })
+    }
+}
+
+impl JsonSchema for Duration {
+    fn schema_name() -> Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": "^([0-9]+[smhd])+$",
+            "description": "A duration: numbers with units s, m, h, d, e.g. \"90s\", \"10m\", \"2h\", \"1h30m\"."
+        })
+    }
+}
+
+/// `16` and `"16"` read the same for CPU and memory, as in Kubernetes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrString {
+    Int(u64),
+    Float(f64),
+    Str(String),
+}
+
+impl fmt::Display for NumberOrString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NumberOrString::Int(n) => write!(f, "{n}"),
+            NumberOrString::Float(x) => write!(f, "{x}"),
+            NumberOrString::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+/// `"1.5"` scaled by 1000 is 1500; `None` when the result is not a whole number.
+fn parse_scaled(number: &str, scale: u64) -> Option<u64> {
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if int.is_empty() || !int.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut value = int.parse::<u64>().ok()?.checked_mul(scale)?;
+    let mut divisor = 1u64;
+    let mut frac_value = 0u64;
+    for b in frac.bytes() {
+        divisor = divisor.checked_mul(10)?;
+        frac_value = frac_value * 10 + u64::from(b - b'0');
+    }
+    let scaled_frac = frac_value.checked_mul(scale)?;
+    if scaled_frac % divisor != 0 {
+        return None;
+    }
+    value = value.checked_add(scaled_frac / divisor)?;
+    Some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_are_exact_in_sevenths_and_thousandths() {
+        assert_eq!(Gpus::from_f64(3.5), Some(Gpus::milli(3500)));
+        assert_eq!(Gpus::from_f64(0.142857), Some(Gpus::sevenths(1)));
+        assert_eq!(Gpus::from_f64(0.25), Some(Gpus::milli(250)));
+        assert_eq!(Gpus::from_f64(0.0001), None);
+        assert_eq!(Gpus::from_f64(-1.0), None);
+        assert_eq!(Gpus::sevenths(3).to_string(), "0+3/7");
+        assert_eq!(Gpus::whole(64).to_string(), "64");
+        assert_eq!(Gpus::milli(250).to_string(), "0.25");
+    }
+
+    #[test]
+    fn cpu_spellings() {
+        assert_eq!(Millicores::parse("16"), Some(Millicores(16_000)));
+        assert_eq!(Millicores::parse("0.5"), Some(Millicores(500)));
+        assert_eq!(Millicores::parse("500m"), Some(Millicores(500)));
+        assert_eq!(Millicores::parse("0.0001"), None);
+        assert_eq!(Millicores::parse("lots"), None);
+    }
+
+    #[test]
+    fn memory_spellings() {
+        assert_eq!(Bytes::parse("128Gi"), Some(Bytes(128 << 30)));
+        assert_eq!(Bytes::parse("1.5Gi"), Some(Bytes(3 << 29)));
+        assert_eq!(Bytes::parse("1G"), Some(Bytes(1_000_000_000)));
+        assert_eq!(Bytes::parse("4096"), Some(Bytes(4096)));
+        assert_eq!(Bytes::parse("12GB"), None);
+        assert_eq!(Bytes(2 << 40).to_string(), "2Ti");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(Duration::parse("90s"), Some(Duration(90)));
+        assert_eq!(Duration::parse("1h30m"), Some(Duration(5400)));
+        assert_eq!(Duration::parse("2h"), Some(Duration(7200)));
+        assert_eq!(Duration::parse("10"), None);
+        assert_eq!(Duration::parse("5x"), None);
+        assert_eq!(Duration(5400).to_string(), "1h30m");
+    }
+}

@@ -1,0 +1,46 @@
+//! One module per verb.
+
+mod compile;
+mod mig;
+mod schema;
+mod validate;
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command, MigCommand};
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Validate {
+            paths,
+            output,
+            deny_warnings,
+        } => validate::run(&paths, output, deny_warnings),
+        Command::Compile { paths, output } => compile::run(&paths, output),
+        Command::Schema { out, check } => schema::run(out.as_deref(), check.as_deref()),
+        Command::Mig(MigCommand::Layouts { gpu_model, output }) => mig::layouts(&gpu_model, output),
+        Command::Mig(MigCommand::Check {
+            gpu_model,
+            profiles,
+            output,
+        }) => mig::check(&gpu_model, &profiles, output),
+    }
+}
+
+/// Reads and compiles the given paths; I/O failures are usage errors (exit 2).
+fn compile_paths(
+    paths: &[std::path::PathBuf],
+) -> anyhow::Result<(
+    tessera_compiler::Compilation,
+    Vec<tessera_compiler::SourceFile>,
+)> {
+    let loaded = tessera_compiler::source::discover(paths)?;
+    let sources: Vec<_> = loaded
+        .iter()
+        .filter_map(|l| match l {
+            tessera_compiler::Loaded::File(f) => Some(f.clone()),
+            _ => None,
+        })
+        .collect();
+    Ok((tessera_compiler::compile_loaded(loaded), sources))
+}

@@ -1,0 +1,152 @@
+//! End-to-end tests of `tessera validate`, driven by data: every directory under
+//! `tests/data/invalid/` is one case, layered on the valid fleet in `tests/data/base/` (unless
+//! it holds a file named `STANDALONE`), and its diagnostics are snapshot-tested in every output
+//! format, with `--deny-warnings` so that warning cases fail too. Adding a case is adding a
+//! directory; `INSTA_UPDATE=always cargo test --test validate`
+//! records its expectation.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+
+fn tessera(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the tessera binary runs");
+    (
+        out.status.code().expect("exited normally"),
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    )
+}
+
+fn cases() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/invalid");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("tests/data/invalid exists")
+        .map(|e| e.expect("readable").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    cases
+}
+
+fn args_for(case: &Path) -> Vec<String> {
+    let rel = |p: &Path| {
+        p.strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .expect("inside the package")
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut args = Vec::new();
+    if !case.join("STANDALONE").exists() {
+        args.push("tests/data/base".to_owned());
+    }
+    args.push(rel(case));
+    args
+}
+
+#[test]
+fn base_fleet_is_valid_and_clean() {
+    let (code, stdout, _) = tessera(&["validate", "--deny-warnings", "tests/data/base"]);
+    assert_eq!(code, 0, "{stdout}");
+}
+
+#[test]
+fn every_invalid_case_fails_with_its_diagnostics_in_every_format() {
+    let cases = cases();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let name = case.file_name().unwrap().to_string_lossy().into_owned();
+        let paths = args_for(&case);
+        let mut report = String::new();
+        let mut json_codes = Vec::new();
+        for format in ["human", "json", "github", "sarif"] {
+            let mut args = vec!["validate", "--deny-warnings", "--output", format];
+            args.extend(paths.iter().map(String::as_str));
+            let (code, stdout, stderr) = tessera(&args);
+            assert_eq!(
+                code, 1,
+                "case {name} ({format}) must exit 1\n{stdout}{stderr}"
+            );
+            let shown = match format {
+                "json" => {
+                    let v: serde_json::Value = serde_json::from_str(&stdout).expect("valid JSON");
+                    json_codes = v["diagnostics"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|d| d["name"].as_str().unwrap().to_owned())
+                        .collect();
+                    stdout
+                }
+                "sarif" => {
+                    let v: serde_json::Value = serde_json::from_str(&stdout).expect("valid SARIF");
+                    assert_eq!(v["version"], "2.1.0");
+                    serde_json::to_string_pretty(&v["runs"][0]["results"]).unwrap() + "\n"
+                }
+                _ => stdout,
+            };
+            report.push_str(&format!("===== {format} (exit {code})\n{shown}"));
+        }
+        // The directory name starts with the slug of the diagnostic it is about.
+        let slug = name.split("--").next().unwrap();
+        assert!(
+            json_codes.iter().any(|c| c == slug),
+            "case {name} does not report `{slug}`: {json_codes:?}"
+        );
+        insta::assert_snapshot!(name, report);
+    }
+}
+
+#[test]
+fn sarif_lists_every_rule_once_in_a_stable_order() {
+    let (_, stdout, _) = tessera(&["validate", "--output", "sarif", "tests/data/base"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rules: Vec<String> = v["runs"][0]["tool"]["driver"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}",
+                r["id"].as_str().unwrap(),
+                r["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    insta::assert_snapshot!(rules.join("\n"));
+}
+
+#[test]
+fn missing_path_is_a_usage_error() {
+    let (code, _, stderr) = tessera(&["validate", "tests/data/does-not-exist"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("does-not-exist"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_are_usage_errors() {
+    let (code, _, _) = tessera(&["validate", "--output", "xml", "tests/data/base"]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn warnings_fail_only_with_deny_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("unused.yaml"),
+        "apiVersion: tessera/v1alpha1\nkind: MigLayout\nmetadata: {name: spare}\nspec: {gpuModel: H100-SXM5-80GB, instances: [7g.80gb]}\n",
+    )
+    .unwrap();
+    let p = dir.path().to_str().unwrap();
+    let (code, stdout, _) = tessera(&["validate", "tests/data/base", p]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("TSR202"), "{stdout}");
+    let (code, _, _) = tessera(&["validate", "--deny-warnings", "tests/data/base", p]);
+    assert_eq!(code, 1);
+}
