@@ -1,4 +1,3 @@
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -23,9 +22,7 @@ pub fn run(paths: &[PathBuf], format: CompileFormat) -> anyhow::Result<ExitCode>
         CompileFormat::Json => {
             let mut text = serde_json::to_string_pretty(policy)?;
             text.push('\n');
-            let mut stdout = std::io::stdout().lock();
-            stdout.write_all(text.as_bytes())?;
-            stdout.flush()?;
+            crate::output::emit(&text)?;
         }
     }
     Ok(ExitCode::SUCCESS)

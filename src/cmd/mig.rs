@@ -1,9 +1,11 @@
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use serde::Serialize;
 use tessera_compiler::mig::{self, GpuModel, Placement};
 
 use crate::cli::TextOrJson;
+use crate::output::emit;
 
 fn model(name: &str) -> anyhow::Result<GpuModel> {
     let Some(m) = mig::builtin_model(name) else {
@@ -112,24 +114,24 @@ pub fn layouts(name: &str, output: TextOrJson) -> anyhow::Result<ExitCode> {
                     })
                     .collect(),
             };
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            emit(&(serde_json::to_string_pretty(&out)? + "\n"))?;
         }
         TextOrJson::Human => {
             let names: Vec<String> = ids
                 .iter()
                 .map(|id| format!("{} ({id})", model.profile_name(*id).unwrap_or_default()))
                 .collect();
-            println!(
-                "{}: {} maximal layouts over {}",
+            let mut text = format!(
+                "{}: {} maximal layouts over {}\neach instance is shown as profile@first-memory-slice\n",
                 model.name,
                 layouts.len(),
                 names.join(", ")
             );
-            println!("each instance is shown as profile@first-memory-slice");
             for (i, l) in layouts.iter().enumerate() {
                 let slices: u8 = l.iter().map(|i| i.compute_slices).sum();
-                println!("{:>4}  {}/7  {}", i + 1, slices, line(l));
+                let _ = writeln!(text, "{:>4}  {}/7  {}", i + 1, slices, line(l));
             }
+            emit(&text)?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -166,15 +168,15 @@ pub fn check(name: &str, profiles: &[String], output: TextOrJson) -> anyhow::Res
                     serde_json::json!({"format_version": 1, "gpu_model": model.name, "fits": false, "reason": e.to_string()})
                 }
             };
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            emit(&(serde_json::to_string_pretty(&value)? + "\n"))?;
         }
         TextOrJson::Human => match &result {
-            Ok(p) => println!(
-                "fits on one {}: {}",
+            Ok(p) => emit(&format!(
+                "fits on one {}: {}\n",
                 model.name,
                 line(&instances(&model, p))
-            ),
-            Err(e) => println!("does not fit on one {}: {e}", model.name),
+            ))?,
+            Err(e) => emit(&format!("does not fit on one {}: {e}\n", model.name))?,
         },
     }
     Ok(if result.is_ok() {

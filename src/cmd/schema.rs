@@ -20,7 +20,7 @@ pub fn run(out: Option<&Path>, check: Option<&Path>) -> anyhow::Result<ExitCode>
             let path = dir.join(schema::file_name(kind));
             fs::write(&path, rendered(kind)?)
                 .with_context(|| format!("writing {}", path.display()))?;
-            println!("wrote {}", path.display());
+            crate::output::emit(&format!("wrote {}\n", path.display()))?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -52,7 +52,7 @@ pub fn run(out: Option<&Path>, check: Option<&Path>) -> anyhow::Result<ExitCode>
         }
     }
     if stale.is_empty() {
-        println!("schemas in {} are up to date", dir.display());
+        crate::output::emit(&format!("schemas in {} are up to date\n", dir.display()))?;
         Ok(ExitCode::SUCCESS)
     } else {
         for s in &stale {

@@ -1,4 +1,3 @@
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,9 +18,7 @@ pub fn run(
         DiagnosticFormat::Github => output::github::render(&compilation),
         DiagnosticFormat::Sarif => output::sarif::render(&compilation),
     };
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()?;
+    crate::output::emit(&text)?;
     let failed = compilation.errors() > 0 || (deny_warnings && compilation.warnings() > 0);
     Ok(if failed {
         ExitCode::from(1)

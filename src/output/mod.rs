@@ -5,7 +5,20 @@ pub mod human;
 pub mod json;
 pub mod sarif;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+
+/// Writes to stdout. A closed pipe (`tessera mig layouts X | head`) ends the output quietly
+/// instead of failing: the reader has all it wanted.
+pub fn emit(text: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
 
 /// Colour only on a terminal, and never when `NO_COLOR` is set (no-color.org).
 pub fn color_stdout() -> bool {

@@ -1,0 +1,174 @@
+//! End-to-end tests of `compile`, `schema` and `mig`, through the built binary.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+
+fn tessera(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the tessera binary runs");
+    (
+        out.status.code().expect("exited normally"),
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    )
+}
+
+#[test]
+fn compiled_policy_of_the_base_fleet() {
+    let (code, stdout, stderr) = tessera(&["compile", "tests/data/base"]);
+    assert_eq!(code, 0, "{stderr}");
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn compile_is_byte_for_byte_stable_whatever_the_order_of_paths() {
+    let files = ["tests/data/base/tenants.yaml", "tests/data/base/fleet.yaml"];
+    let (_, a, _) = tessera(&["compile", files[0], files[1]]);
+    let (_, b, _) = tessera(&["compile", files[1], files[0]]);
+    let (_, c, _) = tessera(&["compile", "tests/data/base"]);
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+    assert_eq!(a, c);
+}
+
+#[test]
+fn compile_refuses_an_invalid_policy_and_prints_nothing_on_stdout() {
+    let (code, stdout, stderr) = tessera(&[
+        "compile",
+        "tests/data/base",
+        "tests/data/invalid/unknown-parent--typo",
+    ]);
+    assert_eq!(code, 1);
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("TSR102"), "{stderr}");
+}
+
+#[test]
+fn checked_in_schemas_are_current() {
+    let (code, stdout, stderr) = tessera(&["schema", "--check", "schemas"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+}
+
+#[test]
+fn schema_check_finds_stale_missing_and_foreign_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (code, _, _) = tessera(&["schema", "--out", d]);
+    assert_eq!(code, 0);
+    let (code, _, _) = tessera(&["schema", "--check", d]);
+    assert_eq!(code, 0);
+
+    let pool = dir.path().join("Pool.schema.json");
+    let text = std::fs::read_to_string(&pool).unwrap();
+    std::fs::write(&pool, text.replace("\"gpuModel\"", "\"gpu_model\"")).unwrap();
+    std::fs::remove_file(dir.path().join("Tenant.schema.json")).unwrap();
+    std::fs::write(dir.path().join("Old.schema.json"), "{}").unwrap();
+    let (code, _, stderr) = tessera(&["schema", "--check", d]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("Pool.schema.json is stale"), "{stderr}");
+    assert!(stderr.contains("Tenant.schema.json is missing"), "{stderr}");
+    assert!(
+        stderr.contains("Old.schema.json is not generated"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn schema_needs_a_directory_to_check() {
+    let (code, _, _) = tessera(&["schema", "--check", "tests/data/nowhere"]);
+    assert_eq!(code, 2);
+    let (code, _, _) = tessera(&["schema"]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn mig_layouts_lists_every_maximal_layout() {
+    let (code, stdout, _) = tessera(&["mig", "layouts", "H100-SXM5-80GB", "--output", "json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let layouts = v["layouts"].as_array().unwrap();
+    // 78 maximal layouts over profiles 19, 15, 14, 9, 5 and 0 (NVIDIA's MIG user guide).
+    assert_eq!(layouts.len(), 78);
+    for l in layouts {
+        let slices: u64 = l["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["compute_slices"].as_u64().unwrap())
+            .sum();
+        assert!(slices <= 7);
+        assert_eq!(l["compute_slices"].as_u64().unwrap(), slices);
+    }
+    let (code, stdout, _) = tessera(&["mig", "layouts", "A100-SXM4-40GB"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("3g.20gb@4"), "{stdout}");
+}
+
+#[test]
+fn mig_check_answers_with_a_placement_or_a_reason() {
+    let (code, stdout, _) = tessera(&["mig", "check", "H100-SXM5-80GB", "3g.40gb", "4g.40gb"]);
+    assert_eq!(code, 0);
+    assert_eq!(stdout, "fits on one H100-SXM5-80GB: 4g.40gb@0  3g.40gb@4\n");
+
+    let (code, stdout, _) = tessera(&[
+        "mig",
+        "check",
+        "H100-SXM5-80GB",
+        "2g.20gb",
+        "2g.20gb",
+        "2g.20gb",
+        "1g.10gb",
+    ]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("1g.10gb@6"), "{stdout}");
+
+    let (code, stdout, _) = tessera(&[
+        "mig",
+        "check",
+        "H100-SXM5-80GB",
+        "3g.40gb",
+        "3g.40gb",
+        "1g.10gb",
+    ]);
+    assert_eq!(code, 1);
+    assert!(stdout.starts_with("does not fit"), "{stdout}");
+
+    let seven = ["1g.10gb"; 7];
+    let mut args = vec!["mig", "check", "H100-SXM5-80GB"];
+    args.extend(seven);
+    assert_eq!(tessera(&args).0, 0);
+    args.push("1g.10gb");
+    assert_eq!(tessera(&args).0, 1);
+
+    // Profile IDs work as well as names.
+    let (code, stdout, _) = tessera(&[
+        "mig",
+        "check",
+        "H100-SXM5-80GB",
+        "9",
+        "5",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["fits"], true);
+    assert_eq!(v["instances"][0]["profile"], "4g.40gb");
+}
+
+#[test]
+fn mig_rejects_unknown_models_and_profiles_as_usage_errors() {
+    assert_eq!(tessera(&["mig", "check", "H100", "1g.10gb"]).0, 2);
+    assert_eq!(tessera(&["mig", "check", "L40S-48GB", "1g.10gb"]).0, 2);
+    let (code, _, stderr) = tessera(&["mig", "check", "H100-SXM5-80GB", "3g.20gb"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("3g.40gb"),
+        "the error lists the model's profiles: {stderr}"
+    );
+}
