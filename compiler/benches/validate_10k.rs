@@ -22,7 +22,7 @@ fn main() {
         }
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let files = generate(dir.path(), tenants);
+    let (files, tenants) = generate(dir.path(), tenants);
 
     let runs = 5;
     let mut times = Vec::new();
@@ -71,7 +71,8 @@ fn peak_rss() -> String {
 
 /// A root, 20 orgs, 500 teams, and projects for the rest, one file per team, as teams would own
 /// them. Guarantees nest exactly: root 4,000 GPUs, 200 per org, 8 per team, a share per project.
-fn generate(dir: &std::path::Path, tenants: usize) -> usize {
+/// Returns the number of files and of tenants written.
+fn generate(dir: &std::path::Path, tenants: usize) -> (usize, usize) {
     let header = "apiVersion: tessera/v1alpha1\n";
     let mut fleet = String::new();
     write!(
@@ -88,7 +89,8 @@ fn generate(dir: &std::path::Path, tenants: usize) -> usize {
     let mut files = vec![(PathBuf::from("fleet.yaml"), fleet)];
     let teams = ORGS * TEAMS_PER_ORG;
     let projects = tenants.saturating_sub(1 + ORGS + teams);
-    let per_team = projects.div_ceil(teams).max(1);
+    // Team k gets `base` projects, one more for the first `extra` teams: exactly `tenants` in all.
+    let (base, extra) = (projects / teams, projects % teams);
     let mut made = 1;
     for o in 0..ORGS {
         let mut org = String::new();
@@ -107,12 +109,10 @@ fn generate(dir: &std::path::Path, tenants: usize) -> usize {
             )
             .unwrap();
             made += 1;
-            let share = 8.0 / per_team as f64;
+            let count = base + usize::from(o * TEAMS_PER_ORG + t < extra);
+            let share = 8.0 / count.max(1) as f64;
             let share = (share * 1000.0).floor() / 1000.0;
-            for p in 0..per_team {
-                if made >= tenants {
-                    break;
-                }
+            for p in 0..count {
                 write!(
                     text,
                     "---\n{header}kind: Tenant\nmetadata: {{name: proj-{o}-{t}-{p}}}\nspec:\n  parent: team-{o}-{t}\n  guarantee: {{train: {share}}}\n  sloClasses: [training]\n"
@@ -128,5 +128,5 @@ fn generate(dir: &std::path::Path, tenants: usize) -> usize {
         std::fs::create_dir_all(full.parent().unwrap()).unwrap();
         std::fs::write(full, text).unwrap();
     }
-    files.len()
+    (files.len(), made)
 }
