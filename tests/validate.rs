@@ -150,3 +150,27 @@ fn warnings_fail_only_with_deny_warnings() {
     let (code, _, _) = tessera(&["validate", "--deny-warnings", "tests/data/base", p]);
     assert_eq!(code, 1);
 }
+
+#[test]
+fn every_diagnostic_code_has_a_case_in_the_corpus() {
+    let (_, stdout, _) = tessera(&["validate", "--output", "sarif", "tests/data/base"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let covered: Vec<String> = cases()
+        .iter()
+        .map(|c| {
+            let name = c.file_name().unwrap().to_string_lossy().into_owned();
+            name.split("--").next().unwrap().to_owned()
+        })
+        .collect();
+    let missing: Vec<&str> = v["runs"][0]["tool"]["driver"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .filter(|name| !covered.iter().any(|c| c == name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "codes without a case in tests/data/invalid: {missing:?}"
+    );
+}
