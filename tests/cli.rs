@@ -1,22 +1,8 @@
 //! End-to-end tests of `compile`, `schema` and `mig`, through the built binary.
 
-use std::process::Command;
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tessera");
-
-fn tessera(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the tessera binary runs");
-    (
-        out.status.code().expect("exited normally"),
-        String::from_utf8(out.stdout).expect("utf-8 stdout"),
-        String::from_utf8(out.stderr).expect("utf-8 stderr"),
-    )
-}
+use common::tessera;
 
 #[test]
 fn compiled_policy_of_the_base_fleet() {

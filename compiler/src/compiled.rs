@@ -105,6 +105,38 @@ pub struct CompiledLayout {
     pub compute_slices: u8,
 }
 
+impl CompiledLayout {
+    /// A geometry of `model`'s GPU from placements the MIG engine produced.
+    pub fn from_placements(
+        name: &str,
+        model: &tessera_mig::GpuModel,
+        placements: &[tessera_mig::Placement],
+    ) -> CompiledLayout {
+        let mut instances: Vec<CompiledInstance> = placements
+            .iter()
+            .map(|p| {
+                let shape = tessera_mig::shape(p.profile_id).expect("placed profiles are known");
+                CompiledInstance {
+                    profile_id: p.profile_id,
+                    profile: model
+                        .profile_name(p.profile_id)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    start: p.start,
+                    size: shape.memory_slices,
+                    compute_slices: shape.compute_slices,
+                }
+            })
+            .collect();
+        instances.sort_by_key(|i| (i.start, i.profile_id));
+        CompiledLayout {
+            name: name.to_owned(),
+            compute_slices: instances.iter().map(|i| i.compute_slices).sum(),
+            instances,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompiledInstance {
     pub profile_id: u32,

@@ -197,29 +197,17 @@ pub fn validate(file: &str, doc: &ParsedDocument, kind: Kind) -> Vec<Diagnostic>
                 )
             }
             ValidationErrorKind::Enum { options } => {
-                let opts = options
+                let choices: Vec<String> = options
                     .as_array()
                     .map(|a| {
                         a.iter()
                             .map(|v| v.as_str().map(str::to_owned).unwrap_or(v.to_string()))
-                            .collect::<Vec<_>>()
+                            .collect()
                     })
                     .unwrap_or_default();
-                let got = err.instance().as_str().unwrap_or_default().to_owned();
-                let mut help = format!("use one of: {}", opts.join(", "));
-                if let Some(s) = did_you_mean(&got, opts.iter().map(String::as_str)) {
-                    help = format!("did you mean `{s}`? {help}");
-                }
-                Diagnostic::new(
-                    Code::InvalidValue,
-                    format!(
-                        "{shown} is {}, which is not one of its values",
-                        err.instance()
-                    ),
-                )
-                .at(at(doc.spans.value(&ptr)))
-                .field(field.clone())
-                .help(help)
+                not_one_of(&shown, err.instance(), &choices)
+                    .at(at(doc.spans.value(&ptr)))
+                    .field(field.clone())
             }
             ValidationErrorKind::Constant { expected_value } => {
                 if ptr == "/apiVersion" || ptr == "/kind" {
@@ -235,22 +223,10 @@ pub fn validate(file: &str, doc: &ParsedDocument, kind: Kind) -> Vec<Diagnostic>
             ValidationErrorKind::AnyOf { .. } | ValidationErrorKind::OneOfNotValid { .. } => {
                 let choices = constants(root, &doc.value, &ptr);
                 if !choices.is_empty() {
-                    let got = err.instance().as_str().unwrap_or_default().to_owned();
-                    let mut help = format!("use one of: {}", choices.join(", "));
-                    if let Some(s) = did_you_mean(&got, choices.iter().map(String::as_str)) {
-                        help = format!("did you mean `{s}`? {help}");
-                    }
                     out.push(
-                        Diagnostic::new(
-                            Code::InvalidValue,
-                            format!(
-                                "{shown} is {}, which is not one of its values",
-                                err.instance()
-                            ),
-                        )
-                        .at(at(doc.spans.value(&ptr)))
-                        .field(field.clone())
-                        .help(help),
+                        not_one_of(&shown, err.instance(), &choices)
+                            .at(at(doc.spans.value(&ptr)))
+                            .field(field.clone()),
                     );
                     continue;
                 }
@@ -274,6 +250,22 @@ pub fn validate(file: &str, doc: &ParsedDocument, kind: Kind) -> Vec<Diagnostic>
         out.push(d);
     }
     out
+}
+
+/// A value outside an enumeration, with the closest allowed value suggested.
+fn not_one_of(shown: &str, got: &Value, choices: &[String]) -> Diagnostic {
+    let mut help = format!("use one of: {}", choices.join(", "));
+    if let Some(s) = did_you_mean(
+        got.as_str().unwrap_or_default(),
+        choices.iter().map(String::as_str),
+    ) {
+        help = format!("did you mean `{s}`? {help}");
+    }
+    Diagnostic::new(
+        Code::InvalidValue,
+        format!("{shown} is {got}, which is not one of its values"),
+    )
+    .help(help)
 }
 
 fn article(word: &str) -> &'static str {

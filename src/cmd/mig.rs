@@ -2,6 +2,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use serde::Serialize;
+use tessera_compiler::compiled::{CompiledInstance, CompiledLayout};
 use tessera_compiler::mig::{self, GpuModel, Placement};
 
 use crate::cli::TextOrJson;
@@ -24,35 +25,11 @@ fn model(name: &str) -> anyhow::Result<GpuModel> {
     Ok(m)
 }
 
-#[derive(Serialize)]
-struct Instance {
-    profile_id: u32,
-    profile: String,
-    start: u8,
-    size: u8,
-    compute_slices: u8,
+fn instances(model: &GpuModel, placements: &[Placement]) -> Vec<CompiledInstance> {
+    CompiledLayout::from_placements("", model, placements).instances
 }
 
-fn instances(model: &GpuModel, placements: &[Placement]) -> Vec<Instance> {
-    placements
-        .iter()
-        .map(|p| {
-            let shape = mig::shape(p.profile_id).expect("placed profiles are known");
-            Instance {
-                profile_id: p.profile_id,
-                profile: model
-                    .profile_name(p.profile_id)
-                    .unwrap_or_default()
-                    .to_owned(),
-                start: p.start,
-                size: shape.memory_slices,
-                compute_slices: shape.compute_slices,
-            }
-        })
-        .collect()
-}
-
-fn line(instances: &[Instance]) -> String {
+fn line(instances: &[CompiledInstance]) -> String {
     instances
         .iter()
         .map(|i| format!("{}@{}", i.profile, i.start))
@@ -81,7 +58,7 @@ fn layout_profiles(model: &GpuModel) -> Vec<u32> {
 pub fn layouts(name: &str, output: TextOrJson) -> anyhow::Result<ExitCode> {
     let model = model(name)?;
     let ids = layout_profiles(&model);
-    let layouts: Vec<Vec<Instance>> = mig::maximal_layouts(&ids)
+    let layouts: Vec<Vec<CompiledInstance>> = mig::maximal_layouts(&ids)
         .iter()
         .map(|l| instances(&model, l))
         .collect();
@@ -90,7 +67,7 @@ pub fn layouts(name: &str, output: TextOrJson) -> anyhow::Result<ExitCode> {
             #[derive(Serialize)]
             struct Layout {
                 compute_slices: u8,
-                instances: Vec<Instance>,
+                instances: Vec<CompiledInstance>,
             }
             #[derive(Serialize)]
             struct Out {

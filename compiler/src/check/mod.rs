@@ -52,6 +52,27 @@ impl<'a> Repo<'a> {
     }
 }
 
+/// "unknown X `name`" at the value at `pointer`, with a did-you-mean among `candidates` when one
+/// is close, else `otherwise` as help.
+pub(crate) fn unknown_reference<'a>(
+    code: Code,
+    what: &str,
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+    otherwise: &str,
+    doc: &LoadedDocument,
+    pointer: &str,
+) -> Diagnostic {
+    let help = match crate::diagnostic::did_you_mean(name, candidates) {
+        Some(s) => format!("did you mean `{s}`?"),
+        None => otherwise.to_owned(),
+    };
+    Diagnostic::new(code, format!("unknown {what} `{name}`"))
+        .at(doc.value_loc(pointer))
+        .field(crate::schema::dotted(pointer))
+        .help(help)
+}
+
 /// Diagnostics of a pass.
 #[derive(Default)]
 pub(crate) struct Sink {

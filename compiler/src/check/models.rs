@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessera_mig as mig;
 
 use super::{Repo, Sink};
-use crate::compiled::{CompiledGpuModel, CompiledInstance, CompiledLayout, CompiledMigProfile};
+use crate::compiled::{CompiledGpuModel, CompiledLayout, CompiledMigProfile};
 use crate::diagnostic::{Code, Diagnostic, did_you_mean};
 use crate::load::LoadedDocument;
 use crate::model::{Document, Kind};
@@ -227,7 +227,11 @@ pub(crate) fn resolve_layouts(
                     doc.name.clone(),
                     Layout {
                         gpu_model: spec.gpu_model.clone(),
-                        compiled: compile_layout(&doc.name, &model.info, &placements),
+                        compiled: CompiledLayout::from_placements(
+                            &doc.name,
+                            &model.info,
+                            &placements,
+                        ),
                     },
                 );
             }
@@ -250,35 +254,6 @@ pub(crate) fn resolve_layouts(
         }
     }
     layouts
-}
-
-pub(crate) fn compile_layout(
-    name: &str,
-    model: &mig::GpuModel,
-    placements: &[mig::Placement],
-) -> CompiledLayout {
-    let mut instances: Vec<CompiledInstance> = placements
-        .iter()
-        .map(|p| {
-            let shape = mig::shape(p.profile_id).expect("placed profiles are known shapes");
-            CompiledInstance {
-                profile_id: p.profile_id,
-                profile: model
-                    .profile_name(p.profile_id)
-                    .unwrap_or_default()
-                    .to_owned(),
-                start: p.start,
-                size: shape.memory_slices,
-                compute_slices: shape.compute_slices,
-            }
-        })
-        .collect();
-    instances.sort_by_key(|i| (i.start, i.profile_id));
-    CompiledLayout {
-        name: name.to_owned(),
-        compute_slices: instances.iter().map(|i| i.compute_slices).sum(),
-        instances,
-    }
 }
 
 pub(crate) fn compile_model(model: &Model) -> CompiledGpuModel {

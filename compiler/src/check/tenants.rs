@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Repo, Sink};
+use super::{Repo, Sink, unknown_reference};
 use crate::compiled::{Amounts, CompiledPool, CompiledSloClass, CompiledTenant, PoolQuota};
 use crate::diagnostic::{Code, Diagnostic, did_you_mean};
 use crate::load::LoadedDocument;
@@ -39,17 +39,15 @@ pub(crate) fn resolve(
             if nodes.contains_key(p.as_str()) {
                 parent_ok.insert(*name, p.as_str());
             } else {
-                let mut help =
-                    "name an existing Tenant, or remove `parent` to make this the root".to_owned();
-                if let Some(s) = did_you_mean(p, nodes.keys().copied()) {
-                    help = format!("did you mean `{s}`?");
-                }
-                sink.push(
-                    Diagnostic::new(Code::UnknownParent, format!("unknown parent tenant `{p}`"))
-                        .at(n.doc.value_loc("/spec/parent"))
-                        .field("spec.parent")
-                        .help(help),
-                );
+                sink.push(unknown_reference(
+                    Code::UnknownParent,
+                    "parent tenant",
+                    p,
+                    nodes.keys().copied(),
+                    "name an existing Tenant, or remove `parent` to make this the root",
+                    n.doc,
+                    "/spec/parent",
+                ));
             }
         }
     }

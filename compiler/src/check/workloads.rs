@@ -1,11 +1,11 @@
 //! Workloads: references, a well-formed GPU request, and a shape that fits some pool.
 
 use super::models::{Models, unknown_profile};
-use super::{Repo, Sink};
+use super::{Repo, Sink, unknown_reference};
 use crate::compiled::{
     CompiledPool, CompiledSloClass, CompiledTenant, CompiledWorkload, GpuDemand,
 };
-use crate::diagnostic::{Code, Diagnostic, did_you_mean};
+use crate::diagnostic::{Code, Diagnostic};
 use crate::load::LoadedDocument;
 use crate::model::{Document, Kind, Sharing, TopologyMode, WorkloadSpec};
 use crate::units::Gpus;
@@ -64,41 +64,30 @@ pub(crate) fn resolve_spec(
     if tenant.is_none() {
         ok = false;
         if ctx.repo.get(Kind::Tenant, &spec.tenant).is_none() {
-            let mut help = "name an existing Tenant".to_owned();
-            if let Some(s) = did_you_mean(&spec.tenant, ctx.tenants.iter().map(|t| t.name.as_str()))
-            {
-                help = format!("did you mean `{s}`?");
-            }
-            sink.push(
-                Diagnostic::new(
-                    Code::UnknownTenant,
-                    format!("unknown tenant `{}`", spec.tenant),
-                )
-                .at(doc.value_loc(&ptr("/tenant")))
-                .field(field("/tenant"))
-                .help(help),
-            );
+            sink.push(unknown_reference(
+                Code::UnknownTenant,
+                "tenant",
+                &spec.tenant,
+                ctx.tenants.iter().map(|t| t.name.as_str()),
+                "name an existing Tenant",
+                doc,
+                &ptr("/tenant"),
+            ));
         }
     }
     let class = ctx.classes.iter().find(|c| c.name == spec.slo_class);
     if class.is_none() {
         ok = false;
         if ctx.repo.get(Kind::SloClass, &spec.slo_class).is_none() {
-            let mut help = "name an existing SloClass".to_owned();
-            if let Some(s) =
-                did_you_mean(&spec.slo_class, ctx.classes.iter().map(|c| c.name.as_str()))
-            {
-                help = format!("did you mean `{s}`?");
-            }
-            sink.push(
-                Diagnostic::new(
-                    Code::UnknownSloClass,
-                    format!("unknown SLO class `{}`", spec.slo_class),
-                )
-                .at(doc.value_loc(&ptr("/sloClass")))
-                .field(field("/sloClass"))
-                .help(help),
-            );
+            sink.push(unknown_reference(
+                Code::UnknownSloClass,
+                "SLO class",
+                &spec.slo_class,
+                ctx.classes.iter().map(|c| c.name.as_str()),
+                "name an existing SloClass",
+                doc,
+                &ptr("/sloClass"),
+            ));
         }
     }
     if let (Some(t), Some(c)) = (tenant, class)
@@ -125,18 +114,15 @@ pub(crate) fn resolve_spec(
             None => {
                 ok = false;
                 if ctx.repo.get(Kind::Pool, p).is_none() {
-                    let mut help =
-                        "name an existing Pool, or remove `pool` to let the solver choose"
-                            .to_owned();
-                    if let Some(s) = did_you_mean(p, ctx.pools.iter().map(|x| x.name.as_str())) {
-                        help = format!("did you mean `{s}`?");
-                    }
-                    sink.push(
-                        Diagnostic::new(Code::UnknownPool, format!("unknown pool `{p}`"))
-                            .at(doc.value_loc(&ptr("/pool")))
-                            .field(field("/pool"))
-                            .help(help),
-                    );
+                    sink.push(unknown_reference(
+                        Code::UnknownPool,
+                        "pool",
+                        p,
+                        ctx.pools.iter().map(|x| x.name.as_str()),
+                        "name an existing Pool, or remove `pool` to let the solver choose",
+                        doc,
+                        &ptr("/pool"),
+                    ));
                 }
                 None
             }
