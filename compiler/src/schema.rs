@@ -51,6 +51,18 @@ fn envelope<S: JsonSchema>(kind: Kind) -> Value {
             "A tessera `{kind}` document (apiVersion {API_VERSION}). Generated from the Rust types by `tessera schema`; do not edit."
         )),
     );
+    if kind == Kind::GpuModel {
+        // Models keep NVIDIA's spelling (`B300-SXM-288GB`), like the built-in ones.
+        if let Some(name) = obj
+            .get_mut("$defs")
+            .and_then(|d| d.pointer_mut("/Metadata/properties/name"))
+        {
+            name["pattern"] = json!(r"^[A-Za-z0-9]([-A-Za-z0-9.]{0,61}[A-Za-z0-9])?$");
+            name["description"] = json!(
+                "The model's name as workloads and pools write it, e.g. `B300-SXM-288GB`: letters, digits, `-` and `.`."
+            );
+        }
+    }
     let props = obj
         .get_mut("properties")
         .and_then(Value::as_object_mut)
