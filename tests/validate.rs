@@ -161,3 +161,21 @@ fn every_diagnostic_code_has_a_case_in_the_corpus() {
         "codes without a case in tests/data/invalid: {missing:?}"
     );
 }
+
+#[test]
+fn huge_files_are_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.yaml");
+    let line = "# padding\n".repeat(1 << 16);
+    let mut text = String::with_capacity(33 << 20);
+    while text.len() <= 32 << 20 {
+        text.push_str(&line);
+    }
+    std::fs::write(&path, text).unwrap();
+    let (code, stdout, _) =
+        tessera(&["validate", "--output", "json", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["diagnostics"].as_array().unwrap().len(), 1, "{stdout}");
+    assert_eq!(v["diagnostics"][0]["name"], "input-too-large");
+}

@@ -109,6 +109,14 @@ pub fn compile_loaded(loaded: Vec<Loaded>) -> Compilation {
     let loading_failed = diagnostics.iter().any(Diagnostic::is_error);
     let (policy, checks) = check::check(&docs);
     diagnostics.extend(checks);
+    // Files that failed to load may have held the policy; saying there is none would mislead.
+    let has_policy = docs.iter().any(|d| d.kind() != model::Kind::ClusterState);
+    if !has_policy && !loading_failed {
+        diagnostics.push(
+            Diagnostic::new(Code::EmptyRepository, "no policy document was found")
+                .help("point tessera at the directory that holds the policy's *.yaml files"),
+        );
+    }
     diagnostic::normalize(&mut diagnostics);
     let states = docs
         .into_iter()

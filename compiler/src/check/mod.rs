@@ -113,13 +113,6 @@ pub fn check(docs: &[LoadedDocument]) -> (Option<CompiledPolicy>, Vec<Diagnostic
     models::warn_unused_layouts(&repo, &mut sink);
     classes::check_isolation(&repo, &pools, &classes, &tenants, &mut sink);
 
-    let has_policy = docs.iter().any(|d| d.kind() != Kind::ClusterState);
-    if !has_policy {
-        sink.push(
-            Diagnostic::new(Code::EmptyRepository, "no policy document was found")
-                .help("point tessera at the directory that holds the policy's *.yaml files"),
-        );
-    }
     if sink.has_errors() {
         return (None, sink.diagnostics);
     }
