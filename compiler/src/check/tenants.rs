@@ -95,7 +95,7 @@ pub(crate) fn resolve(
         while let Some(&p) = parent_ok.get(cur) {
             if let Some(pos) = seen.iter().position(|s| *s == p) {
                 let cycle = &seen[pos..];
-                if cycle.iter().min() == Some(start) && !in_cycle.contains(start) {
+                if cycle.iter().min() == Some(start) {
                     let mut path: Vec<&str> = cycle.to_vec();
                     path.push(p);
                     sink.push(
