@@ -53,9 +53,60 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         check: Option<PathBuf>,
     },
+    /// What a policy change would do, like `terraform plan`: the semantic diff between two Git
+    /// revisions, the head validated with a cluster-state snapshot. Exit 1 when the head is
+    /// invalid; with --detailed-exitcode, 0 no changes, 1 error, 2 changes.
+    #[command(group(clap::ArgGroup::new("source").required(true).args(["repo", "policy"])))]
+    Plan {
+        /// A Git repository, bare or with a work tree (nothing is checked out).
+        #[arg(long, value_name = "PATH", requires_all = ["base", "head"])]
+        repo: Option<PathBuf>,
+        /// The revision to compare against (a branch, tag or commit: `origin/main`).
+        #[arg(long, value_name = "REV", requires = "repo")]
+        base: Option<String>,
+        /// The revision to plan (`HEAD`, the pull request's commit).
+        #[arg(long, value_name = "REV", requires = "repo")]
+        head: Option<String>,
+        /// The policy directory inside the repository (default: the whole repository).
+        #[arg(long, value_name = "SUBDIR", requires = "repo")]
+        path: Option<String>,
+        /// Without Git: validate DIR with the state; no diff (there is no base).
+        #[arg(long, value_name = "DIR", conflicts_with = "repo")]
+        policy: Option<PathBuf>,
+        /// A ClusterState snapshot (YAML or JSON); its SHA-256 pins a saved plan.
+        #[arg(long, value_name = "FILE")]
+        state: PathBuf,
+        #[arg(long, value_enum, default_value_t = PlanFormat::Human)]
+        output: PlanFormat,
+        /// Terraform's exit codes: 0 no changes, 1 error, 2 changes.
+        #[arg(long)]
+        detailed_exitcode: bool,
+        /// Save the plan (JSON, with both commits and the state's digest) to PLAN.json.
+        #[arg(long, value_name = "PLAN.json")]
+        out: Option<PathBuf>,
+    },
     /// MIG geometry of the built-in GPU models.
     #[command(subcommand)]
     Mig(MigCommand),
+    /// Decide one cycle: admission, placement, MIG geometry and preemption, with the reason
+    /// for everything left waiting.
+    Solve {
+        /// The policy directory (or files).
+        #[arg(long)]
+        policy: PathBuf,
+        /// A ClusterState snapshot (YAML or JSON). May be omitted when the policy paths hold
+        /// exactly one.
+        #[arg(long)]
+        state: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
+        output: TextOrJson,
+        /// Budget for refining the decision (the heuristic alone answers at once).
+        #[arg(long, default_value = "2s")]
+        time_limit: String,
+    },
+    /// Benchmarks that print figures (they never assert).
+    #[command(subcommand)]
+    Bench(BenchCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -75,6 +126,60 @@ pub enum MigCommand {
         #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The openb GPU-sharing trace under the FGD paper's protocol (arrivals up to 130 % of
+    /// capacity, placed in order, never removed), every policy side by side.
+    Openb {
+        /// A pod list, e.g. ../shared/data/openb/openb_pod_list_default.csv.
+        #[arg(long)]
+        trace: PathBuf,
+        /// A node list, e.g. ../shared/data/openb/openb_node_list_gpu_node.csv.
+        #[arg(long)]
+        nodes: PathBuf,
+        /// Seeds 42, 43, ... (the paper used 10).
+        #[arg(long)]
+        seeds: Option<u64>,
+        #[arg(long, value_enum, default_value_t = OpenbVariant::FgdMd)]
+        variant: OpenbVariant,
+        /// `online`: one task at a time, as the paper; `cycles`: the arrivals of each cycle are
+        /// decided together, largest first, as tessera runs.
+        #[arg(long, value_enum, default_value_t = OpenbMode::Online)]
+        mode: OpenbMode,
+        /// Arrivals per cycle with `--mode cycles`.
+        #[arg(long, default_value_t = 100)]
+        cycle: usize,
+        /// Also compute the LP relaxation's upper bound on allocation at each checkpoint.
+        #[arg(long)]
+        bound: bool,
+        /// Policies to run (FGD, BestFit, FirstFit, Random); all by default.
+        #[arg(long, value_delimiter = ',')]
+        policies: Vec<String>,
+        /// The paper's results to compare with; by default `fgd-paper-results.csv` beside the
+        /// trace, when it is there.
+        #[arg(long)]
+        paper: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
+        output: TextOrJson,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OpenbMode {
+    Online,
+    Cycles,
+}
+
+/// Which reading of the paper's protocol to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OpenbVariant {
+    /// `shared/reference/fgd.md` to the letter.
+    FgdMd,
+    /// What the published runs did (shuffled arrivals, integer scores, per-seed node order,
+    /// memory checked): reproduces the paper's figures.
+    Published,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -98,4 +203,16 @@ pub enum CompileFormat {
 pub enum TextOrJson {
     Human,
     Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlanFormat {
+    /// For people, on a terminal.
+    Human,
+    /// A pull-request comment or `$GITHUB_STEP_SUMMARY`.
+    Markdown,
+    /// Versioned, stable JSON (the same as --out writes).
+    Json,
+    /// GitHub Actions annotations (at most 10) and the summary line.
+    Github,
 }

@@ -9,6 +9,7 @@
 
 mod cli;
 mod cmd;
+mod git;
 mod output;
 
 use std::process::ExitCode;
@@ -16,7 +17,20 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // Under `--detailed-exitcode` (Terraform's contract) 2 means "changes", so a usage
+            // error must read as an error: 1.
+            let detailed = std::env::args_os().any(|a| a == "--detailed-exitcode");
+            return match e.exit_code() {
+                0 => ExitCode::SUCCESS,
+                _ if detailed => ExitCode::from(1),
+                code => ExitCode::from(u8::try_from(code).unwrap_or(2)),
+            };
+        }
+    };
     match cmd::run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -158,3 +158,41 @@ fn mig_rejects_unknown_models_and_profiles_as_usage_errors() {
         "the error lists the model's profiles: {stderr}"
     );
 }
+
+#[test]
+fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
+    let (code, stdout, stderr) = tessera(&[
+        "bench",
+        "openb",
+        "--trace",
+        "solver/tests/data/openb_slice/openb_pod_list_default.csv",
+        "--nodes",
+        "solver/tests/data/openb_slice/openb_node_list_gpu_node.csv",
+        "--seeds",
+        "2",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["trace"], "default");
+    let policies: Vec<&str> = v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["FGD", "BestFit", "FirstFit", "Random"]);
+    let (code, _, stderr) = tessera(&[
+        "bench",
+        "openb",
+        "--trace",
+        "solver/tests/data/openb_slice/openb_pod_list_default.csv",
+        "--nodes",
+        "solver/tests/data/openb_slice/openb_node_list_gpu_node.csv",
+        "--policies",
+        "tetris",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("unknown policy"), "{stderr}");
+}

@@ -179,3 +179,29 @@ fn huge_files_are_refused_unread() {
     assert_eq!(v["diagnostics"].as_array().unwrap().len(), 1, "{stdout}");
     assert_eq!(v["diagnostics"][0]["name"], "input-too-large");
 }
+
+#[test]
+fn a_cluster_state_in_json_is_read_like_yaml() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    std::fs::write(
+        &path,
+        r#"{"apiVersion": "tessera/v1alpha1", "kind": "ClusterState", "metadata": {"name": "now"},
+  "spec": {"observedAt": "2026-11-20T08:00:00Z",
+    "nodes": [{"name": "n1", "pool": "train", "cpu": 192, "memory": "2Ti",
+      "gpus": [{"index": 0, "uuid": "GPU-0a", "model": "H100-SXM5-80GB"}]}],
+    "running": [{"name": "job", "spec": {"tenant": "research", "sloClass": "training", "gpu": {"count": 1}},
+      "bindings": [{"node": "n1", "gpus": [7]}], "startedAt": "2026-11-20T07:00:00Z"}]}}
+"#,
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let (code, stdout, _) = tessera(&["validate", "--output", "json", "tests/data/base", p]);
+    assert_eq!(code, 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let d = &v["diagnostics"][0];
+    assert_eq!(d["name"], "invalid-cluster-state");
+    assert!(d["message"].as_str().unwrap().contains("GPU 7"), "{d}");
+    // The position is the JSON text's own: line 6, where the binding is.
+    assert_eq!(d["line"], 6);
+}

@@ -90,13 +90,10 @@ impl std::iter::Sum for Gpus {
 }
 
 impl fmt::Display for Gpus {
+    /// Whole GPUs as integers, anything else with up to three decimals (`2.571` for 2 + 4/7).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let whole = self.0 / Self::UNITS_PER_GPU;
-        let rest = self.0 % Self::UNITS_PER_GPU;
-        if rest == 0 {
-            write!(f, "{whole}")
-        } else if rest % 1000 == 0 {
-            write!(f, "{whole}+{}/7", rest / 1000)
+        if self.0 % Self::UNITS_PER_GPU == 0 {
+            write!(f, "{}", self.0 / Self::UNITS_PER_GPU)
         } else {
             let s = format!("{:.3}", self.as_f64());
             f.write_str(s.trim_end_matches('0'))
@@ -409,7 +406,8 @@ mod tests {
         assert_eq!(Gpus::from_f64(0.25), Some(Gpus::milli(250)));
         assert_eq!(Gpus::from_f64(0.0001), None);
         assert_eq!(Gpus::from_f64(-1.0), None);
-        assert_eq!(Gpus::sevenths(3).to_string(), "0+3/7");
+        assert_eq!(Gpus::sevenths(3).to_string(), "0.429");
+        assert_eq!(Gpus::sevenths(18).to_string(), "2.571");
         assert_eq!(Gpus::whole(64).to_string(), "64");
         assert_eq!(Gpus::milli(250).to_string(), "0.25");
     }

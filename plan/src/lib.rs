@@ -1,10 +1,22 @@
 //! `tessera plan`'s pure core: what changes between two revisions of a policy.
 //!
-//! [`policy_diff`] compares two `CompiledPolicy` values semantically (by name and field, never
+//! [`policy_diff()`] compares two `CompiledPolicy` values semantically (by name and field, never
 //! as text), so that renaming a file or reordering documents shows no change, and a raised
-//! guarantee shows as exactly that. The decision diff (who is admitted, preempted, moved, which
-//! GPUs re-partition) joins it once the solver lands.
+//! guarantee shows as exactly that. [`plan()`] wraps it with both revisions, the cluster
+//! state's digest and the head's diagnostics into a versioned [`Plan`], which [`render`] turns
+//! into a terminal view, a pull-request comment or GitHub annotations, and [`SavedPlan`] reads
+//! back and checks against the current commit and state (a stale plan is refused).
+//!
+//! The decision diff (who is admitted, preempted, moved, which GPUs re-partition) is not
+//! computed yet: [`Plan::decisions`] says so, and will carry it once the solver lands.
 
+pub mod plan;
 pub mod policy_diff;
+pub mod render;
 
+pub use plan::{
+    Counts, DECISIONS_NOT_COMPUTED, Decisions, FORMAT_VERSION, ItemLocation, LoadError, Mode, Plan,
+    PlanDiagnostic, PlanInput, Revision, RevisionInfo, SavedPlan, Side, Stale, StateRef, plan,
+    state_digest,
+};
 pub use policy_diff::{FieldChange, ItemChange, PolicyDiff, policy_diff};

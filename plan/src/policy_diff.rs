@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tessera_compiler::CompiledPolicy;
 
 /// Every change between two policies, grouped by what changed, each group sorted by name.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PolicyDiff {
     pub tenants: Vec<ItemChange>,
     pub pools: Vec<ItemChange>,
@@ -27,7 +27,7 @@ impl PolicyDiff {
 }
 
 /// What happened to one named item.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
 pub enum ItemChange {
     Added {
@@ -57,7 +57,7 @@ pub enum ItemChange {
 
 /// One field, in dotted form (`quota.h100-train.guarantee.gpus`), before and after as compact
 /// JSON (`null` when absent).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldChange {
     pub field: String,
     pub before: String,
@@ -171,9 +171,25 @@ fn identity_free(v: &Value) -> Value {
     v
 }
 
-/// Field-level differences; objects recurse, anything else (lists included) compares whole.
+/// Field-level differences; objects recurse, and so do lists of uniquely named objects (a pool's
+/// MIG layouts: `layouts[balanced].instances`), element by name; anything else (other lists
+/// included) compares whole.
 fn diff_values(path: &str, a: &Value, b: &Value, out: &mut Vec<FieldChange>) {
     if a == b {
+        return;
+    }
+    if let (Some(x), Some(y)) = (by_name(a), by_name(b)) {
+        let mut names: Vec<&str> = x.keys().chain(y.keys()).copied().collect();
+        names.sort_unstable();
+        names.dedup();
+        for n in names {
+            diff_values(
+                &format!("{path}[{n}]"),
+                x.get(n).copied().unwrap_or(&Value::Null),
+                y.get(n).copied().unwrap_or(&Value::Null),
+                out,
+            );
+        }
         return;
     }
     if let (Value::Object(x), Value::Object(y)) = (a, b) {
@@ -200,6 +216,20 @@ fn diff_values(path: &str, a: &Value, b: &Value, out: &mut Vec<FieldChange>) {
         before: a.to_string(),
         after: b.to_string(),
     });
+}
+
+/// A list whose elements are all objects with distinct `name` strings, by name; `None` for any
+/// other value. An empty list is an empty map: a pool's first layout is `layouts[x]` added.
+fn by_name(v: &Value) -> Option<BTreeMap<&str, &Value>> {
+    let items = v.as_array()?;
+    let mut map = BTreeMap::new();
+    for item in items {
+        let name = item.get("name")?.as_str()?;
+        if map.insert(name, item).is_some() {
+            return None;
+        }
+    }
+    Some(map)
 }
 
 #[cfg(test)]
@@ -301,5 +331,26 @@ spec:
         );
         let d = policy_diff(&a, &b);
         insta::assert_json_snapshot!(d.tenants);
+    }
+
+    #[test]
+    fn named_lists_diff_element_by_element() {
+        let a =
+            serde_json::json!({"layouts": [{"name": "x", "size": 1}, {"name": "y", "size": 2}]});
+        let b =
+            serde_json::json!({"layouts": [{"name": "y", "size": 3}, {"name": "z", "size": 1}]});
+        let mut out = Vec::new();
+        diff_values("", &a, &b, &mut out);
+        let fields: Vec<&str> = out.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, ["layouts[x]", "layouts[y].size", "layouts[z]"]);
+        // Lists of anything else compare whole.
+        let mut out = Vec::new();
+        diff_values(
+            "",
+            &serde_json::json!({"l": ["a"]}),
+            &serde_json::json!({"l": ["b"]}),
+            &mut out,
+        );
+        assert_eq!(out[0].field, "l");
     }
 }

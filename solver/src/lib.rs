@@ -1,1 +1,85 @@
-//! placeholder
+//! tessera's solver: from a [`CompiledPolicy`] and a [`ClusterStateSpec`] to a [`Decision`]:
+//! what runs where, which GPUs take which MIG geometry, who is preempted, and why everything
+//! left waiting waits.
+//!
+//! - [`problem`]: the inputs resolved and indexed once ([`Problem`]), with typed errors for
+//!   snapshots that contradict themselves.
+//! - [`quota`]: hierarchical accounting (limits, guaranteed and borrowed usage, reservations of
+//!   idle guarantees, fair share).
+//! - [`heuristic`]: the fast greedy cycle; its decision is valid on its own, and is the warm
+//!   start and fallback of the integer program that will refine it per pool and NVLink domain.
+//! - [`decision`]: the output, serializable and byte-stable.
+//!
+//! [`openb`]: the openb benchmark harness and its baseline placement policies, against which the
+//! solver's placement is measured.
+//!
+//! Solving is pure and deterministic (invariant 7): no clock is read (the instant is the
+//! snapshot's `observedAt` or [`SolveOptions::now`]), and every collection in the output has a
+//! fixed order.
+
+pub mod decision;
+pub mod heuristic;
+pub mod openb;
+pub mod problem;
+pub mod quota;
+
+use std::time::Duration;
+
+use tessera_compiler::CompiledPolicy;
+use tessera_compiler::model::ClusterStateSpec;
+
+pub use decision::{Decision, Outcome, PreemptReason, Reason};
+pub use problem::{Problem, ProblemError};
+
+/// How to solve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SolveOptions {
+    /// Wall-clock budget for refinement. The heuristic alone ignores it (it runs one bounded
+    /// greedy pass); the integer program will stop at it and fall back to the heuristic.
+    pub time_limit: Duration,
+    /// The instant of the decision, as Unix seconds; defaults to the snapshot's `observedAt`.
+    pub now: Option<i64>,
+}
+
+impl Default for SolveOptions {
+    fn default() -> Self {
+        SolveOptions {
+            time_limit: Duration::from_secs(10),
+            now: None,
+        }
+    }
+}
+
+/// Why no decision could be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SolveError {
+    #[error("inconsistent input: {0}")]
+    Problem(#[from] ProblemError),
+}
+
+/// A method that turns a [`Problem`] into a [`Decision`] within a time budget. The heuristic is
+/// one; the integer program will be another, taking the heuristic's decision as warm start and
+/// returning it unchanged when it finds nothing better in time.
+pub trait Solver {
+    fn solve(&self, problem: &Problem, time_limit: Duration) -> Decision;
+}
+
+/// The greedy heuristic of [`heuristic`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Heuristic;
+
+impl Solver for Heuristic {
+    fn solve(&self, problem: &Problem, _time_limit: Duration) -> Decision {
+        heuristic::solve(problem)
+    }
+}
+
+/// Decides one cycle for `state` under `policy`.
+pub fn solve(
+    policy: &CompiledPolicy,
+    state: &ClusterStateSpec,
+    options: &SolveOptions,
+) -> Result<Decision, SolveError> {
+    let problem = Problem::new(policy, state, options.now)?;
+    Ok(Heuristic.solve(&problem, options.time_limit))
+}

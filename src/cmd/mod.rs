@@ -1,13 +1,16 @@
 //! One module per verb.
 
+mod bench;
 mod compile;
 mod mig;
+mod plan;
 mod schema;
+mod solve;
 mod validate;
 
 use std::process::ExitCode;
 
-use crate::cli::{Cli, Command, MigCommand};
+use crate::cli::{BenchCommand, Cli, Command, MigCommand};
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -24,6 +27,55 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             profiles,
             output,
         }) => mig::check(&gpu_model, &profiles, output),
+        Command::Plan {
+            repo,
+            base,
+            head,
+            path,
+            policy,
+            state,
+            output,
+            detailed_exitcode,
+            out,
+        } => plan::run(plan::Args {
+            repo,
+            base,
+            head,
+            path,
+            policy,
+            state,
+            output,
+            detailed_exitcode,
+            out,
+        }),
+        Command::Solve {
+            policy,
+            state,
+            output,
+            time_limit,
+        } => solve::run(&policy, state.as_deref(), output, &time_limit),
+        Command::Bench(BenchCommand::Openb {
+            trace,
+            nodes,
+            seeds,
+            variant,
+            mode,
+            cycle,
+            bound,
+            policies,
+            paper,
+            output,
+        }) => bench::openb(bench::OpenbArgs {
+            trace: &trace,
+            nodes: &nodes,
+            seeds,
+            variant,
+            cycle: (mode == crate::cli::OpenbMode::Cycles).then_some(cycle),
+            policies: &policies,
+            paper: paper.as_deref(),
+            bound,
+            output,
+        }),
     }
 }
 

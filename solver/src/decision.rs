@@ -1,0 +1,432 @@
+//! [`Decision`]: what the solver decided for one cycle, serializable and byte-stable.
+//!
+//! Collections are in a fixed order (workloads by name, GPUs by node and index, tenants in the
+//! policy's pre-order, pools by name) so that the same inputs serialize to the same bytes.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tessera_compiler::model::Sharing;
+use tessera_compiler::units::Gpus;
+
+/// Bumped on any change a consumer of the JSON could notice.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub format_version: u32,
+    /// The instant the decision is for (RFC 3339, UTC).
+    pub now: String,
+    /// Which method produced the decision.
+    pub method: Method,
+    /// The value of the decision: the sum over placed workloads (kept and admitted) of
+    /// `priority × GPUs`, minus the GPU-hours of work lost to preemptions times the victim's
+    /// priority. Higher is better.
+    pub objective: f64,
+    /// An upper bound on `objective` proven by a relaxation. The heuristic proves none: `None`
+    /// until the integer program fills it; no bound is ever estimated.
+    pub bound: Option<f64>,
+    /// `(bound − objective) / |bound|` when a bound exists; `None` otherwise.
+    pub gap: Option<f64>,
+    /// Every workload of the snapshot and every committed workload of the policy, by name.
+    pub workloads: Vec<WorkloadDecision>,
+    /// Every GPU of a MIG pool, by node and index: its geometry now and after the decision.
+    pub geometry: Vec<GeometryPlan>,
+    /// Per tenant (pre-order) and pool (by name) the tenant may use: usage after the decision.
+    pub usage: Vec<TenantUsage>,
+    /// Per pool, by name.
+    pub pools: Vec<PoolReport>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// The greedy heuristic alone.
+    Heuristic,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadDecision {
+    pub name: String,
+    pub tenant: String,
+    pub slo_class: String,
+    pub priority: i64,
+    /// The pool it runs (or will run) in; `None` while it waits or is stopped.
+    pub pool: Option<String>,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum Outcome {
+    /// Running, and stays where it is.
+    Keep { bindings: Vec<ReplicaBinding> },
+    /// Starts now, on these bindings (at least `minMember` replicas).
+    Admit {
+        bindings: Vec<ReplicaBinding>,
+        /// Part of its GPUs within its tenant's guarantee, and part borrowed above it.
+        guaranteed: Gpus,
+        borrowed: Gpus,
+    },
+    /// Running, and stopped after a checkpoint signal: its capacity is counted free in this
+    /// decision, but is really released only after `grace_seconds`.
+    Preempt {
+        grace_seconds: u64,
+        /// GPUs × seconds since the last checkpoint (or the start).
+        lost_gpu_seconds: f64,
+        reason: PreemptReason,
+        message: String,
+    },
+    /// Not placed this cycle.
+    Pending { reason: Reason, message: String },
+}
+
+/// Where one replica runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaBinding {
+    pub node: String,
+    /// Device indices: whole GPUs, or the one GPU holding the instance or share.
+    pub gpus: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_start: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<Gpus>,
+}
+
+/// One MIG instance on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Instance {
+    pub start: u8,
+    pub profile_id: u32,
+    pub profile: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GeometryPlan {
+    pub node: String,
+    pub gpu: u32,
+    pub pool: String,
+    pub current: Vec<Instance>,
+    pub target: Vec<Instance>,
+    /// Instances of `current` not in `target`.
+    pub destroy: Vec<Instance>,
+    /// Instances of `target` not in `current`.
+    pub create: Vec<Instance>,
+    /// MIG mode must be switched on first (a GPU reset).
+    pub enable_mig: bool,
+    /// An instance to destroy is held by a workload preempted in this decision: it must drain
+    /// (grace period) before the change.
+    pub drain: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantUsage {
+    pub tenant: String,
+    pub pool: String,
+    pub guarantee: Gpus,
+    pub limit: Gpus,
+    /// Usage of the tenant and its descendants after the decision.
+    pub total: Gpus,
+    /// `min(total, guarantee)`.
+    pub guaranteed: Gpus,
+    /// `total − guaranteed`.
+    pub borrowed: Gpus,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolReport {
+    pub pool: String,
+    pub sharing: Sharing,
+    /// GPUs of the snapshot's healthy nodes in the pool.
+    pub capacity: Gpus,
+    /// GPUs held after the decision (MIG instances count compute slices / 7, shares their
+    /// fraction).
+    pub allocated: Gpus,
+    /// `allocated / capacity`, to four decimals (0 for an empty pool).
+    pub allocation: f64,
+    pub free: Gpus,
+    /// Free capacity that no shape still pending on this pool can use (0 when none is pending).
+    pub stranded: Gpus,
+    /// Healthy nodes with every GPU free.
+    pub free_nodes: u32,
+    /// NVLink domains whose nodes are all free.
+    pub free_domains: u32,
+}
+
+/// Which resource a quota refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resource {
+    Gpus,
+    Cpu,
+    Memory,
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Resource::Gpus => "GPUs",
+            Resource::Cpu => "CPU",
+            Resource::Memory => "memory",
+        })
+    }
+}
+
+/// Why a running workload's preemption was blocked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "why")]
+pub enum Protected {
+    NonPreemptible {
+        workload: String,
+    },
+    MinRuntime {
+        workload: String,
+        remaining_seconds: u64,
+    },
+    WithinGuarantee {
+        workload: String,
+    },
+    NotLowerPriority {
+        workload: String,
+    },
+}
+
+impl fmt::Display for Protected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Protected::NonPreemptible { workload } => write!(f, "`{workload}` is non-preemptible"),
+            Protected::MinRuntime {
+                workload,
+                remaining_seconds,
+            } => write!(
+                f,
+                "`{workload}` has not reached its minRuntime ({} left)",
+                tessera_compiler::units::Duration(*remaining_seconds)
+            ),
+            Protected::WithinGuarantee { workload } => {
+                write!(f, "`{workload}` is within its tenant's guarantee")
+            }
+            Protected::NotLowerPriority { workload } => {
+                write!(f, "`{workload}` is not of lower priority")
+            }
+        }
+    }
+}
+
+/// Why a workload is left waiting. Each renders one precise sentence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Reason {
+    /// Usage + request would exceed a limit at the tenant or an ancestor.
+    QuotaExceeded {
+        tenant: String,
+        pool: String,
+        resource: Resource,
+        usage: String,
+        request: String,
+        limit: String,
+    },
+    /// Borrowing would take capacity other tenants reserve (idle guarantee beyond lending).
+    BorrowReserved {
+        pool: String,
+        borrow: Gpus,
+        free: Gpus,
+        reserved: Gpus,
+    },
+    /// `required` topology: no domain has room for the gang.
+    NoNvlinkDomain {
+        pool: String,
+        needed_gpus: Gpus,
+        best_free: Gpus,
+    },
+    /// Not enough room for `minMember` replicas in the pool.
+    NoCapacity {
+        pool: String,
+        needed: u32,
+        fit: u32,
+        free: Gpus,
+    },
+    /// No GPU has a free instance of the profile or can be given one.
+    NoMigInstance { pool: String, profile: String },
+    /// An instance could be created only by reconfiguring GPUs whose budget is spent.
+    ReconfigurationBudget { pool: String, gpus: Vec<String> },
+    /// Every GPU with room is shared with another trust domain.
+    TrustDomain { pool: String, trust_domain: String },
+    /// No node has the CPU or memory a replica needs next to free GPUs.
+    NodeResources { pool: String, resource: Resource },
+    /// The pools that could hold the shape are below the class's isolation minimum.
+    Isolation {
+        class: String,
+        minimum: Sharing,
+        pools: Vec<String>,
+    },
+    /// No pool the workload may use can hold its shape.
+    NoPool { attempts: Vec<PoolAttempt> },
+    /// Every usable pool refused it; one attempt per pool.
+    Pools { attempts: Vec<PoolAttempt> },
+    /// Preemption would have made room, but the candidates are protected.
+    PreemptionNotAllowed {
+        pool: String,
+        capacity: Box<Reason>,
+        protected: Vec<Protected>,
+    },
+    /// The workload's tenant, class or pool left the policy.
+    Orphaned { cause: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolAttempt {
+    pub pool: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::QuotaExceeded {
+                tenant,
+                pool,
+                resource,
+                usage,
+                request,
+                limit,
+            } => write!(
+                f,
+                "quota exhausted at tenant `{tenant}` for pool `{pool}`: {resource} usage {usage} + request {request} > limit {limit}"
+            ),
+            Reason::BorrowReserved {
+                pool,
+                borrow,
+                free,
+                reserved,
+            } => write!(
+                f,
+                "borrowing {borrow} GPUs in pool `{pool}` would use capacity reserved by other tenants' idle guarantees: {free} free, {reserved} reserved"
+            ),
+            Reason::NoNvlinkDomain {
+                pool,
+                needed_gpus,
+                best_free,
+            } => write!(
+                f,
+                "no NVLink domain in pool `{pool}` with {needed_gpus} free GPUs for the gang (best has {best_free})"
+            ),
+            Reason::NoCapacity {
+                pool,
+                needed,
+                fit,
+                free,
+            } => write!(
+                f,
+                "pool `{pool}` has room for {fit} of the {needed} replicas the gang needs ({free} GPUs free)"
+            ),
+            Reason::NoMigInstance { pool, profile } => write!(
+                f,
+                "no GPU in pool `{pool}` with a free or creatable `{profile}` instance"
+            ),
+            Reason::ReconfigurationBudget { pool, gpus } => write!(
+                f,
+                "reconfiguration budget spent on GPU {} of pool `{pool}`",
+                gpus.join(", ")
+            ),
+            Reason::TrustDomain { pool, trust_domain } => write!(
+                f,
+                "every GPU of pool `{pool}` with room is shared with a trust domain other than `{trust_domain}`"
+            ),
+            Reason::NodeResources { pool, resource } => write!(
+                f,
+                "no node of pool `{pool}` has the {resource} a replica needs next to free GPUs"
+            ),
+            Reason::Isolation {
+                class,
+                minimum,
+                pools,
+            } => write!(
+                f,
+                "isolation: only pools below class `{class}`'s minimum `{}` could hold it ({})",
+                minimum.as_str(),
+                pools.join(", ")
+            ),
+            Reason::NoPool { attempts } => {
+                f.write_str("no pool it may use can hold its shape")?;
+                if !attempts.is_empty() {
+                    f.write_str(": ")?;
+                    write_attempts(f, attempts)?;
+                }
+                Ok(())
+            }
+            Reason::Pools { attempts } => {
+                f.write_str("no pool can take it now: ")?;
+                write_attempts(f, attempts)
+            }
+            Reason::PreemptionNotAllowed {
+                pool: _,
+                capacity,
+                protected,
+            } => {
+                write!(f, "{capacity}; preemption not allowed: ")?;
+                for (i, p) in protected.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{p}")?;
+                }
+                Ok(())
+            }
+            Reason::Orphaned { cause } => write!(f, "orphaned: {cause}"),
+        }
+    }
+}
+
+fn write_attempts(f: &mut fmt::Formatter<'_>, attempts: &[PoolAttempt]) -> fmt::Result {
+    for (i, a) in attempts.iter().enumerate() {
+        if i > 0 {
+            f.write_str("; ")?;
+        }
+        write!(f, "{}: {}", a.pool, a.reason)?;
+    }
+    Ok(())
+}
+
+/// Why a running workload is stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum PreemptReason {
+    /// Its GPUs were borrowed; their owner's work within guarantee reclaims them.
+    Reclaim { for_workload: String, owner: String },
+    /// A workload of a higher priority needs the room.
+    Priority { for_workload: String, priority: i64 },
+    /// Its tenant's limit no longer allows it (the policy changed).
+    OverLimit { tenant: String, pool: String },
+    /// Its tenant, class or pool left the policy.
+    Orphaned { cause: String },
+}
+
+impl fmt::Display for PreemptReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PreemptReason::Reclaim {
+                for_workload,
+                owner,
+            } => write!(
+                f,
+                "its borrowed capacity is reclaimed for `{for_workload}`, within tenant `{owner}`'s guarantee"
+            ),
+            PreemptReason::Priority {
+                for_workload,
+                priority,
+            } => write!(
+                f,
+                "preempted for `{for_workload}` of higher priority {priority}"
+            ),
+            PreemptReason::OverLimit { tenant, pool } => write!(
+                f,
+                "tenant `{tenant}`'s limit in pool `{pool}` no longer allows it"
+            ),
+            PreemptReason::Orphaned { cause } => write!(f, "orphaned: {cause}"),
+        }
+    }
+}

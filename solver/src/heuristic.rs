@@ -1,0 +1,1381 @@
+//! The fast greedy cycle: a valid [`Decision`] on its own, and the warm start and fallback of the
+//! integer program to come.
+//!
+//! (a) Keep every running workload that may stay (those whose tenant's limit no longer allows
+//! them are preempted when preemptible). (b) Repeatedly pick the next pending workload: priority
+//! desc, within-guarantee before borrowing, borrowed dominant share / weight asc, submission
+//! time, name. (c) Place its gang all-or-nothing (at least `minMember`, up to `replicas`),
+//! best-fit so that whole nodes and domains stay free; MIG instances come from free instances,
+//! else from re-laying out a GPU into one of the pool's layouts around its busy instances,
+//! within the per-GPU change budget. (d) When it does not fit, preempt the cheapest sufficient
+//! set of allowed victims. (e) Explain everything left waiting.
+//!
+//! Choices a reader should know:
+//!
+//! - A running workload is *within guarantee* when its tenant's usage (descendants included),
+//!   counting running work by priority desc then start time, had not reached the guarantee
+//!   before it; a workload that straddles the guarantee counts as within it (protected).
+//! - Victims: only preemptible classes past their `minRuntime`; a requester within its
+//!   guarantee may reclaim other tenants' borrowed work of any priority, or take lower-priority
+//!   work (it then takes no more replicas than its guarantee covers); a borrower may only take
+//!   lower-priority borrowed work. Victims are looked for in the requester's pool (within the subtree whose
+//!   limit refused it, when a limit did). One sufficient victim with the fewest GPUs, then the
+//!   least lost work, then the lowest priority; otherwise a set grown borrowed-first and
+//!   lowest-tier-first, then pruned.
+//! - A non-preemptible workload stays even when a policy change lowered its tenant's limit
+//!   below its usage (invariant 4 over invariant 3 for work already running); a preemptible one
+//!   is preempted (`OverLimit`).
+//! - New work goes only to healthy GPUs of healthy nodes; running work on degraded or lost
+//!   GPUs is kept (the reconciler decides about hardware), as is running work whose isolation
+//!   or trust domain a policy change made invalid.
+//! - The reconfiguration budget is a per-decision cap: at most `maxPerGpuPerHour` geometry
+//!   changes of one GPU in one decision.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_compiler::mig::{self, Placement};
+use tessera_compiler::model::{Sharing, TopologyMode};
+use tessera_compiler::units::Gpus;
+
+use crate::decision::{
+    Decision, FORMAT_VERSION, GeometryPlan, Instance, Method, Outcome, PoolAttempt, PoolReport,
+    PreemptReason, Protected, Reason, ReplicaBinding, Resource, TenantUsage, WorkloadDecision,
+};
+use crate::problem::{Demand, Exclusion, OrphanCause, Phase, Problem, Slot};
+use crate::quota::Ledger;
+
+/// What holds a GPU now, in this decision.
+#[derive(Debug, Clone, Default)]
+struct GpuState {
+    /// Held whole (exclusive pool, or the 7g instance of a MIG GPU).
+    whole: Option<usize>,
+    /// MIG geometry after the decision so far, sorted.
+    geometry: Vec<Placement>,
+    /// Instances held, by start.
+    held: BTreeMap<u8, usize>,
+    /// Shares: (workload, fraction, trust domain).
+    shares: Vec<(usize, Gpus, String)>,
+    /// Geometry changes in this decision.
+    changes: u32,
+    /// Placements (or the whole GPU, as start 255) released by preempted workloads.
+    preempted: BTreeSet<u8>,
+}
+
+impl GpuState {
+    fn share_total(&self) -> Gpus {
+        self.shares.iter().map(|s| s.1).sum()
+    }
+    fn allocated(&self) -> Gpus {
+        if self.whole.is_some() {
+            return Gpus::whole(1);
+        }
+        let mig: Gpus = self
+            .geometry
+            .iter()
+            .filter(|p| self.held.contains_key(&p.start))
+            .map(|p| {
+                Gpus::sevenths(i64::from(
+                    mig::gpu_fraction_sevenths(p.profile_id).unwrap_or(0),
+                ))
+            })
+            .sum();
+        mig + self.share_total()
+    }
+    fn is_free(&self) -> bool {
+        self.whole.is_none() && self.held.is_empty() && self.shares.is_empty()
+    }
+    fn busy(&self) -> Vec<Placement> {
+        self.geometry
+            .iter()
+            .copied()
+            .filter(|p| self.held.contains_key(&p.start))
+            .collect()
+    }
+}
+
+/// A replica's place in this decision.
+#[derive(Debug, Clone)]
+struct Placed {
+    node: usize,
+    gpus: Vec<usize>,
+    mig: Option<Placement>,
+    share: Option<Gpus>,
+}
+
+/// The fleet's occupancy, cloned for each tentative placement.
+#[derive(Debug, Clone)]
+struct Fleet {
+    gpu: Vec<GpuState>,
+    cpu: Vec<u64>,
+    memory: Vec<u64>,
+    placed: BTreeMap<usize, Vec<Placed>>,
+}
+
+/// Why one replica does not fit on one node.
+#[derive(Debug, Clone, Default)]
+struct Misses {
+    node_resources: Option<Resource>,
+    trust: bool,
+    budget: BTreeSet<usize>,
+}
+
+/// How to place one replica on a node.
+#[derive(Debug, Clone)]
+enum Plan {
+    Whole {
+        gpus: Vec<usize>,
+        /// GPUs of a MIG pool that must be re-laid out to a 7g instance.
+        relayout: Vec<usize>,
+    },
+    Instance {
+        gpu: usize,
+        placement: Placement,
+        geometry: Option<Vec<Placement>>,
+    },
+    Share {
+        gpu: usize,
+    },
+}
+
+impl Fleet {
+    fn new(p: &Problem) -> Fleet {
+        Fleet {
+            gpu: p
+                .gpus
+                .iter()
+                .map(|g| GpuState {
+                    geometry: g.instances.clone(),
+                    ..GpuState::default()
+                })
+                .collect(),
+            cpu: vec![0; p.nodes.len()],
+            memory: vec![0; p.nodes.len()],
+            placed: BTreeMap::new(),
+        }
+    }
+
+    fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
+        let wl = &p.workloads[w];
+        self.cpu[slot.node] += wl.cpu.0;
+        self.memory[slot.node] += wl.memory.0;
+        match (slot.mig, slot.share) {
+            (Some(pl), _) => {
+                self.gpu[slot.gpus[0]].held.insert(pl.start, w);
+            }
+            (None, Some(s)) => {
+                let td = p.tenants[wl.tenant].trust_domain.clone();
+                self.gpu[slot.gpus[0]].shares.push((w, s, td));
+            }
+            (None, None) => {
+                for &g in &slot.gpus {
+                    self.gpu[g].whole = Some(w);
+                }
+            }
+        }
+        self.placed.entry(w).or_default().push(slot);
+    }
+
+    /// Frees everything `w` holds; `preempted` marks it for drains.
+    fn release(&mut self, p: &Problem, w: usize, preempted: bool) {
+        let wl = &p.workloads[w];
+        for slot in self.placed.remove(&w).unwrap_or_default() {
+            self.cpu[slot.node] -= wl.cpu.0;
+            self.memory[slot.node] -= wl.memory.0;
+            match (slot.mig, slot.share) {
+                (Some(pl), _) => {
+                    let g = &mut self.gpu[slot.gpus[0]];
+                    g.held.remove(&pl.start);
+                    if preempted {
+                        g.preempted.insert(pl.start);
+                    }
+                }
+                (None, Some(_)) => {
+                    let g = &mut self.gpu[slot.gpus[0]];
+                    if let Some(i) = g.shares.iter().position(|s| s.0 == w) {
+                        g.shares.remove(i);
+                    }
+                }
+                (None, None) => {
+                    for &g in &slot.gpus {
+                        self.gpu[g].whole = None;
+                        if preempted {
+                            self.gpu[g].preempted.insert(u8::MAX);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn usable(&self, p: &Problem, g: usize) -> bool {
+        p.gpus[g].healthy
+    }
+
+    /// Free GPU units on a node (healthy GPUs).
+    fn node_free(&self, p: &Problem, n: usize) -> i64 {
+        p.nodes[n]
+            .gpus
+            .iter()
+            .filter(|&&g| self.usable(p, g))
+            .map(|&g| Gpus::whole(1).units() - self.gpu[g].allocated().units())
+            .sum()
+    }
+
+    /// How a replica of `w` could go on node `n` of `pool`; with its cost (re-layouts first).
+    fn option(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        n: usize,
+        miss: &mut Misses,
+    ) -> Option<Plan> {
+        let wl = &p.workloads[w];
+        let node = &p.nodes[n];
+        if !node.healthy || node.pool != Some(pool) {
+            return None;
+        }
+        if self.cpu[n] + wl.cpu.0 > node.cpu.0 {
+            miss.node_resources.get_or_insert(Resource::Cpu);
+            return None;
+        }
+        if self.memory[n] + wl.memory.0 > node.memory.0 {
+            miss.node_resources.get_or_insert(Resource::Memory);
+            return None;
+        }
+        let info = &p.pools[pool];
+        let gpus: Vec<usize> = node
+            .gpus
+            .iter()
+            .copied()
+            .filter(|&g| self.usable(p, g))
+            .collect();
+        match wl.demand {
+            Demand::Whole { count } => {
+                let mut ready = Vec::new();
+                let mut relayout = Vec::new();
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if !s.is_free() {
+                        continue;
+                    }
+                    if info.sharing != Sharing::Mig
+                        || s.geometry == [Placement::new(mig::PROFILE_7G, 0)]
+                    {
+                        ready.push(g);
+                    } else if s.changes < info.max_changes_per_gpu {
+                        relayout.push(g);
+                    } else {
+                        miss.budget.insert(g);
+                    }
+                }
+                let need = count as usize;
+                if ready.len() + relayout.len() < need {
+                    return None;
+                }
+                let take_ready = ready.len().min(need);
+                let mut chosen: Vec<usize> = ready[..take_ready].to_vec();
+                let extra: Vec<usize> = relayout[..need - take_ready].to_vec();
+                chosen.extend(&extra);
+                chosen.sort_unstable();
+                Some(Plan::Whole {
+                    gpus: chosen,
+                    relayout: extra,
+                })
+            }
+            Demand::Mig { profile_id } => {
+                // A free existing instance, on the tightest GPU.
+                let mut best: Option<(i64, usize, Placement)> = None;
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if s.whole.is_some() {
+                        continue;
+                    }
+                    if let Some(pl) = s
+                        .geometry
+                        .iter()
+                        .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
+                    {
+                        let free = Gpus::whole(1).units() - s.allocated().units();
+                        if best.as_ref().is_none_or(|b| free < b.0) {
+                            best = Some((free, g, *pl));
+                        }
+                    }
+                }
+                if let Some((_, gpu, placement)) = best {
+                    return Some(Plan::Instance {
+                        gpu,
+                        placement,
+                        geometry: None,
+                    });
+                }
+                // Re-lay out a GPU around its busy instances, destroying the fewest instances.
+                type Candidate = ((usize, usize, i64), usize, Vec<Placement>);
+                let mut best: Option<Candidate> = None;
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if s.whole.is_some() {
+                        continue;
+                    }
+                    let busy = s.busy();
+                    for (li, layout) in info.layouts.iter().enumerate() {
+                        let Some(geometry) = relayout_into(&busy, layout) else {
+                            continue;
+                        };
+                        let free_of_profile = geometry
+                            .iter()
+                            .filter(|pl| {
+                                pl.profile_id == profile_id && !s.held.contains_key(&pl.start)
+                            })
+                            .count();
+                        if free_of_profile == 0 || geometry == s.geometry {
+                            continue;
+                        }
+                        if s.changes >= info.max_changes_per_gpu {
+                            miss.budget.insert(g);
+                            continue;
+                        }
+                        let destroyed = s.geometry.iter().filter(|x| !geometry.contains(x)).count();
+                        let free = Gpus::whole(1).units() - s.allocated().units();
+                        let key = (destroyed, li, free);
+                        if best.as_ref().is_none_or(|b| key < b.0) {
+                            best = Some((key, g, geometry));
+                        }
+                    }
+                }
+                let (_, gpu, geometry) = best?;
+                let s = &self.gpu[gpu];
+                let placement = *geometry
+                    .iter()
+                    .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))?;
+                Some(Plan::Instance {
+                    gpu,
+                    placement,
+                    geometry: Some(geometry),
+                })
+            }
+            Demand::Share { fraction } => {
+                let td = &p.tenants[wl.tenant].trust_domain;
+                let mut best: Option<(Gpus, usize)> = None;
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if s.whole.is_some() || !s.held.is_empty() {
+                        continue;
+                    }
+                    let total = s.share_total();
+                    if total + fraction > Gpus::whole(1)
+                        || s.shares.len() as u32 >= info.max_clients_per_gpu
+                    {
+                        continue;
+                    }
+                    if s.shares.iter().any(|x| &x.2 != td) {
+                        miss.trust = true;
+                        continue;
+                    }
+                    // Tightest first: the most loaded GPU that still fits.
+                    if best.as_ref().is_none_or(|b| total > b.0) {
+                        best = Some((total, g));
+                    }
+                }
+                best.map(|(_, gpu)| Plan::Share { gpu })
+            }
+        }
+    }
+
+    fn apply(&mut self, p: &Problem, w: usize, n: usize, plan: Plan) {
+        let slot = match plan {
+            Plan::Whole { gpus, relayout } => {
+                for g in relayout {
+                    let s = &mut self.gpu[g];
+                    s.geometry = vec![Placement::new(mig::PROFILE_7G, 0)];
+                    s.changes += 1;
+                }
+                Placed {
+                    node: n,
+                    gpus,
+                    mig: None,
+                    share: None,
+                }
+            }
+            Plan::Instance {
+                gpu,
+                placement,
+                geometry,
+            } => {
+                if let Some(geometry) = geometry {
+                    let s = &mut self.gpu[gpu];
+                    s.geometry = geometry;
+                    s.changes += 1;
+                }
+                Placed {
+                    node: n,
+                    gpus: vec![gpu],
+                    mig: Some(placement),
+                    share: None,
+                }
+            }
+            Plan::Share { gpu } => Placed {
+                node: n,
+                gpus: vec![gpu],
+                mig: None,
+                share: match p.workloads[w].demand {
+                    Demand::Share { fraction } => Some(fraction),
+                    _ => None,
+                },
+            },
+        };
+        self.occupy(p, w, slot);
+    }
+
+    /// Places up to `want` replicas of `w` on `nodes`, one at a time, each on the node where it
+    /// fits with the least room left (re-layouts last). Returns how many were placed.
+    fn fill(
+        &mut self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: &[usize],
+        want: u32,
+        miss: &mut Misses,
+    ) -> u32 {
+        let mut placed = 0;
+        while placed < want {
+            let mut best: Option<((bool, i64, usize), usize, Plan)> = None;
+            for &n in nodes {
+                if let Some(plan) = self.option(p, w, pool, n, miss) {
+                    let relayout = match &plan {
+                        Plan::Whole { relayout, .. } => !relayout.is_empty(),
+                        Plan::Instance { geometry, .. } => geometry.is_some(),
+                        Plan::Share { .. } => false,
+                    };
+                    let key = (relayout, self.node_free(p, n), n);
+                    if best.as_ref().is_none_or(|b| key < b.0) {
+                        best = Some((key, n, plan));
+                    }
+                }
+            }
+            let Some((_, n, plan)) = best else { break };
+            self.apply(p, w, n, plan);
+            placed += 1;
+        }
+        placed
+    }
+
+    /// Places the gang on `pool` honouring its topology: at least `min`, up to `want` replicas.
+    fn place_gang(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        want: u32,
+        min: u32,
+    ) -> Result<Fleet, Reason> {
+        let wl = &p.workloads[w];
+        let info = &p.pools[pool];
+        let mut miss = Misses::default();
+        let all: Vec<usize> = info.nodes.clone();
+        let by_domain = |d: &str| -> Vec<usize> {
+            all.iter()
+                .copied()
+                .filter(|&n| p.nodes[n].domain == d)
+                .collect()
+        };
+        let domain_free =
+            |f: &Fleet, d: &str| -> i64 { by_domain(d).iter().map(|&n| f.node_free(p, n)).sum() };
+        let try_sets = |sets: Vec<Vec<usize>>, at_least: u32, miss: &mut Misses| -> Option<Fleet> {
+            for set in sets {
+                let mut f = self.clone();
+                if f.fill(p, w, pool, &set, want, miss) >= at_least {
+                    return Some(f);
+                }
+            }
+            None
+        };
+        // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
+        let mut domains: Vec<&String> = info.domains.iter().collect();
+        domains.sort_by_key(|d| (domain_free(self, d), (*d).clone()));
+        let domain_sets: Vec<Vec<usize>> = domains.iter().map(|d| by_domain(d)).collect();
+        match wl.topology {
+            TopologyMode::Required => {
+                // A domain that takes every replica, else one that takes at least `min`.
+                let mut scratch = Misses::default();
+                if let Some(f) = try_sets(domain_sets.clone(), want, &mut scratch) {
+                    return Ok(f);
+                }
+                if let Some(f) = try_sets(domain_sets, min, &mut miss) {
+                    return Ok(f);
+                }
+                // Would it fit split? Then the domain is the reason; otherwise the capacity.
+                let mut f = self.clone();
+                let mut m2 = Misses::default();
+                if f.fill(p, w, pool, &all, want, &mut m2) >= min {
+                    let best = info
+                        .domains
+                        .iter()
+                        .map(|d| domain_free(self, d))
+                        .max()
+                        .unwrap_or(0);
+                    return Err(Reason::NoNvlinkDomain {
+                        pool: info.name.clone(),
+                        needed_gpus: wl.demand.gpus() * i64::from(min),
+                        best_free: Gpus::from_units(best),
+                    });
+                }
+                Err(self.capacity_reason(p, w, pool, min, &f, &m2))
+            }
+            TopologyMode::Preferred => {
+                let mut nodes = all.clone();
+                nodes.sort_by_key(|&n| (self.node_free(p, n), n));
+                let node_sets = nodes.iter().map(|&n| vec![n]).collect();
+                // A one-node, then one-domain placement, if it takes the whole gang.
+                for sets in [node_sets, domain_sets] {
+                    for set in sets {
+                        let mut f = self.clone();
+                        let mut m = Misses::default();
+                        if f.fill(p, w, pool, &set, want, &mut m) >= want {
+                            return Ok(f);
+                        }
+                    }
+                }
+                let mut f = self.clone();
+                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                    return Ok(f);
+                }
+                Err(self.capacity_reason(p, w, pool, min, &f, &miss))
+            }
+            TopologyMode::None => {
+                let mut f = self.clone();
+                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                    return Ok(f);
+                }
+                Err(self.capacity_reason(p, w, pool, min, &f, &miss))
+            }
+        }
+    }
+
+    fn capacity_reason(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        min: u32,
+        after: &Fleet,
+        miss: &Misses,
+    ) -> Reason {
+        let wl = &p.workloads[w];
+        let info = &p.pools[pool];
+        let fit = after.placed.get(&w).map_or(0, |v| v.len() as u32);
+        if let Demand::Mig { profile_id } = wl.demand
+            && fit == 0
+        {
+            if !miss.budget.is_empty() {
+                return Reason::ReconfigurationBudget {
+                    pool: info.name.clone(),
+                    gpus: miss.budget.iter().map(|&g| p.gpu_label(g)).collect(),
+                };
+            }
+            return Reason::NoMigInstance {
+                pool: info.name.clone(),
+                profile: info.profile_name(profile_id),
+            };
+        }
+        if matches!(wl.demand, Demand::Share { .. }) && miss.trust && fit == 0 {
+            return Reason::TrustDomain {
+                pool: info.name.clone(),
+                trust_domain: p.tenants[wl.tenant].trust_domain.clone(),
+            };
+        }
+        if let Some(resource) = miss.node_resources
+            && fit == 0
+        {
+            return Reason::NodeResources {
+                pool: info.name.clone(),
+                resource,
+            };
+        }
+        let free: i64 = info.nodes.iter().map(|&n| self.node_free(p, n)).sum();
+        Reason::NoCapacity {
+            pool: info.name.clone(),
+            needed: min,
+            fit,
+            free: Gpus::from_units(free),
+        }
+    }
+}
+
+/// The geometry `layout` takes on a GPU whose `busy` instances must stay where they are, if
+/// the busy instances are part of the layout's multiset and the rest can be placed around them.
+fn relayout_into(busy: &[Placement], layout: &[Placement]) -> Option<Vec<Placement>> {
+    let mut rest: Vec<u32> = layout.iter().map(|p| p.profile_id).collect();
+    for b in busy {
+        let i = rest.iter().position(|&id| id == b.profile_id)?;
+        rest.remove(i);
+    }
+    if busy.is_empty() {
+        return Some(layout.to_vec());
+    }
+    let g = mig::place_with(busy, &rest).ok()?;
+    mig::validate(&g).ok()?;
+    Some(g)
+}
+
+/// Per-workload status while solving.
+#[derive(Debug, Clone)]
+enum Status {
+    Keep,
+    Admit { guaranteed: Gpus, borrowed: Gpus },
+    Preempt(PreemptReason),
+    Pending(Reason),
+}
+
+struct Solver<'p> {
+    p: &'p Problem,
+    fleet: Fleet,
+    ledger: Ledger,
+    status: Vec<Option<Status>>,
+    /// Running workloads within their tenant's guarantee (at the start of the cycle).
+    within_guarantee: Vec<bool>,
+}
+
+fn pool_of(p: &Problem, w: usize) -> usize {
+    p.workloads[w].pools[0]
+}
+
+impl<'p> Solver<'p> {
+    fn new(p: &'p Problem) -> Self {
+        let mut fleet = Fleet::new(p);
+        for (w, wl) in p.workloads.iter().enumerate() {
+            if let Phase::Running { slots, .. } = &wl.phase {
+                for s in slots {
+                    fleet.occupy(p, w, placed_of(p, w, s));
+                }
+            }
+        }
+        Solver {
+            p,
+            fleet,
+            ledger: Ledger::new(p),
+            status: vec![None; p.workloads.len()],
+            within_guarantee: vec![false; p.workloads.len()],
+        }
+    }
+
+    /// (a) Running workloads, highest priority and oldest first, stay while their tenant's limit
+    /// allows them; the part of each tenant's work up to its guarantee is protected.
+    fn keep_running(&mut self) {
+        let p = self.p;
+        let mut running: Vec<usize> = (0..p.workloads.len())
+            .filter(|&w| p.workloads[w].is_running())
+            .collect();
+        running.sort_by_key(|&w| {
+            let wl = &p.workloads[w];
+            let started = match wl.phase {
+                Phase::Running { started_at, .. } => started_at,
+                Phase::Pending { .. } => 0,
+            };
+            (-p.classes[wl.class].priority, started, wl.name.clone())
+        });
+        for w in running {
+            let wl = &p.workloads[w];
+            let pool = pool_of(p, w);
+            let amount = wl.amount(wl.replicas);
+            let before = self.ledger.usage(wl.tenant, pool).gpus;
+            self.within_guarantee[w] = before < Ledger::guarantee(p, wl.tenant, pool);
+            if self.ledger.check_limit(p, wl.tenant, pool, amount).is_err()
+                && p.classes[wl.class].preemptible
+            {
+                self.fleet.release(p, w, true);
+                self.status[w] = Some(Status::Preempt(PreemptReason::OverLimit {
+                    tenant: p.tenants[wl.tenant].name.clone(),
+                    pool: p.pools[pool].name.clone(),
+                }));
+                continue;
+            }
+            // A non-preemptible workload stays even above a lowered limit (invariant 4 wins).
+            self.ledger.add(p, wl.tenant, pool, amount);
+            self.status[w] = Some(Status::Keep);
+        }
+    }
+
+    /// Sort key of a pending workload now: priority desc, guaranteed first, fair share, time.
+    fn key(&self, w: usize) -> (i64, bool, u64, i64, String) {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        let amount = wl.demand.gpus() * i64::from(wl.min_member);
+        let guaranteed = wl
+            .pools
+            .iter()
+            .any(|&pool| self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO);
+        let share = wl
+            .pools
+            .iter()
+            .map(|&pool| self.ledger.fair_share(p, wl.tenant, pool))
+            .fold(f64::INFINITY, f64::min);
+        let share = if share.is_finite() { share } else { 0.0 };
+        let submitted = match wl.phase {
+            Phase::Pending { submitted_at } => submitted_at,
+            Phase::Running { .. } => 0,
+        };
+        (
+            -p.classes[wl.class].priority,
+            !guaranteed,
+            (share * 1e9).round() as u64,
+            submitted,
+            wl.name.clone(),
+        )
+    }
+
+    fn run(&mut self) {
+        self.keep_running();
+        let mut queue: Vec<usize> = (0..self.p.workloads.len())
+            .filter(|&w| !self.p.workloads[w].is_running())
+            .collect();
+        while !queue.is_empty() {
+            let (i, _) = queue
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| (i, self.key(w)))
+                .min_by(|a, b| a.1.cmp(&b.1))
+                .expect("non-empty");
+            let w = queue.remove(i);
+            let status = self.admit(w);
+            self.status[w] = Some(status);
+        }
+    }
+
+    /// Tries each pool without preemption, then with; the status of `w`.
+    fn admit(&mut self, w: usize) -> Status {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        if wl.pools.is_empty() {
+            return Status::Pending(no_pool_reason(p, w));
+        }
+        let mut attempts = Vec::new();
+        for &pool in &wl.pools {
+            match try_pool(p, &self.fleet, &self.ledger, w, pool, wl.replicas) {
+                Ok((fleet, ledger, guaranteed, borrowed)) => {
+                    self.fleet = fleet;
+                    self.ledger = ledger;
+                    return Status::Admit {
+                        guaranteed,
+                        borrowed,
+                    };
+                }
+                Err(r) => attempts.push((pool, r)),
+            }
+        }
+        // Releasing victims frees room and quota alike (the root's limit is the pool).
+        for (pool, reason) in &mut attempts {
+            // A limit refused at tenant X: only X's subtree can give quota back.
+            let scope = match reason {
+                Reason::QuotaExceeded { tenant, .. } => {
+                    p.tenants.iter().position(|t| &t.name == tenant)
+                }
+                _ => None,
+            };
+            match self.preempt_for(w, *pool, scope) {
+                Ok(status) => return status,
+                Err(protected) if !protected.is_empty() => {
+                    *reason = Reason::PreemptionNotAllowed {
+                        pool: p.pools[*pool].name.clone(),
+                        capacity: Box::new(reason.clone()),
+                        protected,
+                    };
+                }
+                Err(_) => {}
+            }
+        }
+        if attempts.len() == 1 {
+            return Status::Pending(attempts.remove(0).1);
+        }
+        Status::Pending(Reason::Pools {
+            attempts: attempts
+                .into_iter()
+                .map(|(pool, r)| PoolAttempt {
+                    pool: p.pools[pool].name.clone(),
+                    reason: r.to_string(),
+                })
+                .collect(),
+        })
+    }
+
+    /// (d) Finds the cheapest sufficient set of allowed victims in `pool` and admits `w`; the
+    /// protected workloads otherwise.
+    fn preempt_for(
+        &mut self,
+        w: usize,
+        pool: usize,
+        scope: Option<usize>,
+    ) -> Result<Status, Vec<Protected>> {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        let prio = p.classes[wl.class].priority;
+        let amount = wl.demand.gpus() * i64::from(wl.min_member);
+        let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
+        let mut protected = Vec::new();
+        let mut eligible = Vec::new();
+        for v in 0..p.workloads.len() {
+            if !matches!(self.status[v], Some(Status::Keep)) || pool_of(p, v) != pool {
+                continue;
+            }
+            if scope.is_some_and(|x| !p.tenants[p.workloads[v].tenant].lineage.contains(&x)) {
+                continue;
+            }
+            let vl = &p.workloads[v];
+            let class = &p.classes[vl.class];
+            let name = vl.name.clone();
+            let Phase::Running { started_at, .. } = vl.phase else {
+                continue;
+            };
+            let ran = (p.now - started_at).max(0) as u64;
+            if !class.preemptible {
+                protected.push(Protected::NonPreemptible { workload: name });
+            } else if ran < class.min_runtime_seconds {
+                protected.push(Protected::MinRuntime {
+                    workload: name,
+                    remaining_seconds: class.min_runtime_seconds - ran,
+                });
+            } else if self.within_guarantee[v] && !(requester_guaranteed && class.priority < prio) {
+                protected.push(Protected::WithinGuarantee { workload: name });
+            } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
+                protected.push(Protected::NotLowerPriority { workload: name });
+            } else if !self.within_guarantee[v]
+                && requester_guaranteed
+                && class.priority >= prio
+                && vl.tenant == wl.tenant
+            {
+                // Reclaiming from oneself is no reclaim.
+                protected.push(Protected::NotLowerPriority { workload: name });
+            } else {
+                eligible.push(v);
+            }
+        }
+        let cost = |v: usize| {
+            let vl = &p.workloads[v];
+            (
+                vl.amount(vl.replicas).gpus,
+                lost_units_seconds(p, v),
+                p.classes[vl.class].priority,
+                vl.name.clone(),
+            )
+        };
+        // Preempting within-guarantee work is only for work that stays within guarantee: a
+        // guaranteed requester takes no more replicas than its guarantee covers.
+        let cap = if requester_guaranteed {
+            (wl.min_member..=wl.replicas)
+                .rev()
+                .find(|&n| {
+                    self.ledger
+                        .split(p, wl.tenant, pool, wl.demand.gpus() * i64::from(n))
+                        .1
+                        == Gpus::ZERO
+                })
+                .unwrap_or(wl.min_member)
+        } else {
+            wl.replicas
+        };
+        let attempt = |victims: &[usize]| {
+            let mut fleet = self.fleet.clone();
+            let mut ledger = self.ledger.clone();
+            for &v in victims {
+                let vl = &p.workloads[v];
+                fleet.release(p, v, true);
+                ledger.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
+            }
+            try_pool(p, &fleet, &ledger, w, pool, cap)
+        };
+        // One victim, the cheapest that suffices.
+        let mut singles: Vec<usize> = eligible.clone();
+        singles.sort_by_key(|&v| cost(v));
+        let mut chosen: Option<Vec<usize>> = None;
+        for &v in &singles {
+            if attempt(&[v]).is_ok() {
+                chosen = Some(vec![v]);
+                break;
+            }
+        }
+        // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
+        if chosen.is_none() {
+            let mut order = eligible.clone();
+            order.sort_by_key(|&v| {
+                let c = cost(v);
+                (self.within_guarantee[v], c.2, c.0, c.1, c.3)
+            });
+            let mut set = Vec::new();
+            for v in order {
+                set.push(v);
+                if attempt(&set).is_ok() {
+                    let mut i = set.len();
+                    while i > 0 {
+                        i -= 1;
+                        let mut without = set.clone();
+                        without.remove(i);
+                        if !without.is_empty() && attempt(&without).is_ok() {
+                            set = without;
+                        }
+                    }
+                    chosen = Some(set);
+                    break;
+                }
+            }
+        }
+        let Some(victims) = chosen else {
+            protected.sort_by(|a, b| protected_name(a).cmp(protected_name(b)));
+            return Err(protected);
+        };
+        let (fleet, ledger, guaranteed, borrowed) = match attempt(&victims) {
+            Ok(x) => x,
+            Err(_) => return Err(protected),
+        };
+        for &v in &victims {
+            // Drains are recorded on the fleet that admits `w`.
+            let reason = if requester_guaranteed && !self.within_guarantee[v] {
+                PreemptReason::Reclaim {
+                    for_workload: wl.name.clone(),
+                    owner: p.tenants[wl.tenant].name.clone(),
+                }
+            } else {
+                PreemptReason::Priority {
+                    for_workload: wl.name.clone(),
+                    priority: prio,
+                }
+            };
+            self.status[v] = Some(Status::Preempt(reason));
+        }
+        self.fleet = fleet;
+        self.ledger = ledger;
+        Ok(Status::Admit {
+            guaranteed,
+            borrowed,
+        })
+    }
+}
+
+fn protected_name(p: &Protected) -> &str {
+    match p {
+        Protected::NonPreemptible { workload }
+        | Protected::MinRuntime { workload, .. }
+        | Protected::WithinGuarantee { workload }
+        | Protected::NotLowerPriority { workload } => workload,
+    }
+}
+
+/// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
+/// (guaranteed, borrowed) split of what was admitted.
+fn try_pool(
+    p: &Problem,
+    fleet: &Fleet,
+    ledger: &Ledger,
+    w: usize,
+    pool: usize,
+    cap: u32,
+) -> Result<(Fleet, Ledger, Gpus, Gpus), Reason> {
+    let wl = &p.workloads[w];
+    let min = wl.min_member;
+    ledger.check_limit(p, wl.tenant, pool, wl.amount(min))?;
+    // The most replicas (up to `cap`) the limit and the reservations allow.
+    let mut want = min;
+    for n in (min..=cap.clamp(min, wl.replicas)).rev() {
+        if ledger.check_limit(p, wl.tenant, pool, wl.amount(n)).is_ok() {
+            want = n;
+            break;
+        }
+    }
+    let borrow_ok = |n: u32| {
+        let gpus = wl.amount(n).gpus;
+        let (_, borrowed) = ledger.split(p, wl.tenant, pool, gpus);
+        ledger.check_borrow(p, wl.tenant, pool, gpus, borrowed)
+    };
+    borrow_ok(min)?;
+    while want > min && borrow_ok(want).is_err() {
+        want -= 1;
+    }
+    let fleet = fleet.place_gang(p, w, pool, want, min)?;
+    let placed = fleet.placed.get(&w).map_or(0, |v| v.len() as u32);
+    let amount = wl.amount(placed);
+    let (guaranteed, borrowed) = ledger.split(p, wl.tenant, pool, amount.gpus);
+    let mut ledger = ledger.clone();
+    ledger.add(p, wl.tenant, pool, amount);
+    Ok((fleet, ledger, guaranteed, borrowed))
+}
+
+fn no_pool_reason(p: &Problem, w: usize) -> Reason {
+    let wl = &p.workloads[w];
+    let isolation: Vec<String> = wl
+        .excluded
+        .iter()
+        .filter(|(_, e)| matches!(e, Exclusion::Isolation { .. }))
+        .map(|(pool, _)| p.pools[*pool].name.clone())
+        .collect();
+    if !isolation.is_empty() {
+        let class = &p.classes[wl.class];
+        return Reason::Isolation {
+            class: class.name.clone(),
+            minimum: class.isolation_minimum,
+            pools: isolation,
+        };
+    }
+    Reason::NoPool {
+        attempts: wl
+            .excluded
+            .iter()
+            .map(|(pool, e)| PoolAttempt {
+                pool: p.pools[*pool].name.clone(),
+                reason: match e {
+                    Exclusion::Isolation { .. } => unreachable!("handled above"),
+                    Exclusion::NoQuota => {
+                        format!("tenant `{}` has no quota there", p.tenants[wl.tenant].name)
+                    }
+                    Exclusion::Shape(s) => s.clone(),
+                },
+            })
+            .collect(),
+    }
+}
+
+fn placed_of(p: &Problem, w: usize, s: &Slot) -> Placed {
+    let mig = match p.workloads[w].demand {
+        Demand::Mig { profile_id } => s.mig_start.map(|start| Placement::new(profile_id, start)),
+        _ => None,
+    };
+    Placed {
+        node: s.node,
+        gpus: s.gpus.clone(),
+        mig,
+        share: s.share,
+    }
+}
+
+/// GPU units × seconds of work since the last checkpoint (or the start).
+fn lost_units_seconds(p: &Problem, w: usize) -> i64 {
+    let wl = &p.workloads[w];
+    match wl.phase {
+        Phase::Running {
+            started_at,
+            last_checkpoint_at,
+            ..
+        } => {
+            let since = last_checkpoint_at.unwrap_or(started_at).max(started_at);
+            wl.amount(wl.replicas).gpus.units() * (p.now - since).max(0)
+        }
+        Phase::Pending { .. } => 0,
+    }
+}
+
+fn round(x: f64, scale: f64) -> f64 {
+    (x * scale).round() / scale
+}
+
+fn bindings(p: &Problem, slots: &[Placed]) -> Vec<ReplicaBinding> {
+    let pool = slots.first().and_then(|s| p.nodes[s.node].pool);
+    slots
+        .iter()
+        .map(|s| ReplicaBinding {
+            node: p.nodes[s.node].name.clone(),
+            gpus: s.gpus.iter().map(|&g| p.gpus[g].index).collect(),
+            mig_profile: s.mig.map(|m| {
+                pool.map_or_else(
+                    || m.profile_id.to_string(),
+                    |pl| p.pools[pl].profile_name(m.profile_id),
+                )
+            }),
+            mig_start: s.mig.map(|m| m.start),
+            share: s.share,
+        })
+        .collect()
+}
+
+fn orphan_cause(c: &OrphanCause) -> String {
+    match c {
+        OrphanCause::Tenant(t) => format!("tenant `{t}` was removed from the policy"),
+        OrphanCause::SloClass(c) => format!("SLO class `{c}` was removed from the policy"),
+        OrphanCause::Pool(pl) => format!("pool `{pl}` was removed from the policy"),
+        OrphanCause::ClassNotAllowed { tenant, class } => {
+            format!("tenant `{tenant}` may no longer use SLO class `{class}`")
+        }
+        OrphanCause::NodePool { node, pool } => {
+            format!("pool `{pool}` of node `{node}` was removed from the policy")
+        }
+    }
+}
+
+/// Runs one heuristic cycle.
+pub fn solve(p: &Problem) -> Decision {
+    let mut s = Solver::new(p);
+    s.run();
+    let mut workloads = Vec::new();
+    let mut objective = 0.0;
+    for (w, wl) in p.workloads.iter().enumerate() {
+        let class = &p.classes[wl.class];
+        let status = s.status[w].clone().unwrap_or(Status::Keep);
+        let slots = s.fleet.placed.get(&w).cloned().unwrap_or_default();
+        let placed_gpus = wl.demand.gpus() * slots.len() as i64;
+        let pool = match status {
+            Status::Keep | Status::Admit { .. } => {
+                objective += class.priority as f64 * placed_gpus.as_f64();
+                Some(p.pools[pool_of(p, w)].name.clone())
+            }
+            _ => None,
+        };
+        let pool = match (&status, &slots.first()) {
+            (Status::Admit { .. }, Some(sl)) => {
+                p.nodes[sl.node].pool.map(|x| p.pools[x].name.clone())
+            }
+            _ => pool,
+        };
+        let outcome = match status {
+            Status::Keep => Outcome::Keep {
+                bindings: bindings(p, &slots),
+            },
+            Status::Admit {
+                guaranteed,
+                borrowed,
+            } => Outcome::Admit {
+                bindings: bindings(p, &slots),
+                guaranteed,
+                borrowed,
+            },
+            Status::Preempt(reason) => {
+                let lost = lost_units_seconds(p, w) as f64 / Gpus::UNITS_PER_GPU as f64;
+                objective -= class.priority as f64 * lost / 3600.0;
+                Outcome::Preempt {
+                    grace_seconds: class.grace_period_seconds,
+                    lost_gpu_seconds: round(lost, 1e3),
+                    message: reason.to_string(),
+                    reason,
+                }
+            }
+            Status::Pending(reason) => Outcome::Pending {
+                message: reason.to_string(),
+                reason,
+            },
+        };
+        workloads.push(WorkloadDecision {
+            name: wl.name.clone(),
+            tenant: p.tenants[wl.tenant].name.clone(),
+            slo_class: class.name.clone(),
+            priority: class.priority,
+            pool,
+            outcome,
+        });
+    }
+    for o in &p.orphans {
+        let cause = orphan_cause(&o.cause);
+        let outcome = if o.was_running {
+            let lost = o.gpus.units() as f64 * (p.now - o.since.unwrap_or(p.now)).max(0) as f64
+                / Gpus::UNITS_PER_GPU as f64;
+            let reason = PreemptReason::Orphaned { cause };
+            Outcome::Preempt {
+                grace_seconds: 0,
+                lost_gpu_seconds: round(lost, 1e3),
+                message: reason.to_string(),
+                reason,
+            }
+        } else {
+            let reason = Reason::Orphaned { cause };
+            Outcome::Pending {
+                message: reason.to_string(),
+                reason,
+            }
+        };
+        workloads.push(WorkloadDecision {
+            name: o.name.clone(),
+            tenant: o.tenant.clone(),
+            slo_class: String::new(),
+            priority: 0,
+            pool: None,
+            outcome,
+        });
+    }
+    workloads.sort_by(|a, b| a.name.cmp(&b.name));
+
+    Decision {
+        format_version: FORMAT_VERSION,
+        now: p.now_text.clone(),
+        method: Method::Heuristic,
+        objective: round(objective, 1e6),
+        bound: None,
+        gap: None,
+        geometry: geometry(p, &s.fleet),
+        usage: usage(p, &s.ledger),
+        pools: pool_reports(p, &s),
+        workloads,
+    }
+}
+
+fn instances(p: &Problem, pool: usize, v: &[Placement]) -> Vec<Instance> {
+    let mut out: Vec<Instance> = v
+        .iter()
+        .map(|pl| Instance {
+            start: pl.start,
+            profile_id: pl.profile_id,
+            profile: p.pools[pool].profile_name(pl.profile_id),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn geometry(p: &Problem, fleet: &Fleet) -> Vec<GeometryPlan> {
+    let mut out = Vec::new();
+    for (g, info) in p.gpus.iter().enumerate() {
+        let Some(pool) = p.nodes[info.node].pool else {
+            continue;
+        };
+        if p.pools[pool].sharing != Sharing::Mig {
+            continue;
+        }
+        let state = &fleet.gpu[g];
+        let current = &info.instances;
+        let target = &state.geometry;
+        let destroy: Vec<Placement> = current
+            .iter()
+            .copied()
+            .filter(|x| !target.contains(x))
+            .collect();
+        let create: Vec<Placement> = target
+            .iter()
+            .copied()
+            .filter(|x| !current.contains(x))
+            .collect();
+        let drain = destroy.iter().any(|d| state.preempted.contains(&d.start))
+            || (!destroy.is_empty() && state.preempted.contains(&u8::MAX));
+        out.push(GeometryPlan {
+            node: p.nodes[info.node].name.clone(),
+            gpu: info.index,
+            pool: p.pools[pool].name.clone(),
+            current: instances(p, pool, current),
+            target: instances(p, pool, target),
+            destroy: instances(p, pool, &destroy),
+            create: instances(p, pool, &create),
+            enable_mig: !info.mig_enabled && !target.is_empty(),
+            drain,
+        });
+    }
+    out
+}
+
+fn usage(p: &Problem, ledger: &Ledger) -> Vec<TenantUsage> {
+    let mut out = Vec::new();
+    for (t, info) in p.tenants.iter().enumerate() {
+        let mut pools: Vec<(&String, usize)> = info
+            .quota
+            .keys()
+            .map(|&pl| (&p.pools[pl].name, pl))
+            .collect();
+        pools.sort();
+        for (name, pl) in pools {
+            let q = &info.quota[&pl];
+            let total = ledger.usage(t, pl).gpus;
+            let guaranteed = total.min(q.guarantee.gpus);
+            out.push(TenantUsage {
+                tenant: info.name.clone(),
+                pool: name.clone(),
+                guarantee: q.guarantee.gpus,
+                limit: q.limit.gpus,
+                total,
+                guaranteed,
+                borrowed: total - guaranteed,
+            });
+        }
+    }
+    out
+}
+
+fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
+    let fleet = &s.fleet;
+    let mut order: Vec<usize> = (0..p.pools.len()).collect();
+    order.sort_by(|&a, &b| p.pools[a].name.cmp(&p.pools[b].name));
+    // Shapes still pending per pool.
+    let mut pending: BTreeMap<usize, Vec<Demand>> = BTreeMap::new();
+    for (w, wl) in p.workloads.iter().enumerate() {
+        if matches!(s.status[w], Some(Status::Pending(_))) {
+            for &pl in &wl.pools {
+                pending.entry(pl).or_default().push(wl.demand);
+            }
+        }
+    }
+    order
+        .into_iter()
+        .map(|pl| {
+            let info = &p.pools[pl];
+            let mut capacity = Gpus::ZERO;
+            let mut allocated = Gpus::ZERO;
+            let mut stranded = Gpus::ZERO;
+            let mut free_nodes = 0;
+            let mut free_domains: BTreeMap<&str, bool> = BTreeMap::new();
+            let shapes = pending.get(&pl).cloned().unwrap_or_default();
+            for &n in &info.nodes {
+                let node = &p.nodes[n];
+                let healthy: Vec<usize> = node
+                    .gpus
+                    .iter()
+                    .copied()
+                    .filter(|&g| p.gpus[g].healthy)
+                    .collect();
+                let node_free = node.healthy
+                    && node
+                        .gpus
+                        .iter()
+                        .all(|&g| p.gpus[g].healthy && fleet.gpu[g].is_free());
+                if node_free {
+                    free_nodes += 1;
+                }
+                let e = free_domains.entry(node.domain.as_str()).or_insert(true);
+                *e &= node_free;
+                let free_whole = healthy.iter().filter(|&&g| fleet.gpu[g].is_free()).count() as u32;
+                for &g in &healthy {
+                    let st = &fleet.gpu[g];
+                    capacity += Gpus::whole(1);
+                    let a = st.allocated();
+                    allocated += a;
+                    let free = Gpus::whole(1) - a;
+                    if free > Gpus::ZERO && !shapes.is_empty() {
+                        let usable = shapes.iter().any(|d| match *d {
+                            Demand::Whole { count } => st.is_free() && free_whole >= count,
+                            Demand::Mig { profile_id } => {
+                                st.whole.is_none()
+                                    && (st.geometry.iter().any(|x| {
+                                        x.profile_id == profile_id
+                                            && !st.held.contains_key(&x.start)
+                                    }) || info.layouts.iter().any(|l| {
+                                        relayout_into(&st.busy(), l).is_some_and(|geo| {
+                                            geo.iter().any(|x| {
+                                                x.profile_id == profile_id
+                                                    && !st.held.contains_key(&x.start)
+                                            })
+                                        })
+                                    }))
+                            }
+                            Demand::Share { fraction } => {
+                                st.whole.is_none()
+                                    && st.held.is_empty()
+                                    && st.share_total() + fraction <= Gpus::whole(1)
+                                    && (st.shares.len() as u32) < info.max_clients_per_gpu
+                            }
+                        });
+                        if !usable {
+                            stranded += free;
+                        }
+                    }
+                }
+            }
+            let allocation = if capacity == Gpus::ZERO {
+                0.0
+            } else {
+                round(allocated.units() as f64 / capacity.units() as f64, 1e4)
+            };
+            PoolReport {
+                pool: info.name.clone(),
+                sharing: info.sharing,
+                capacity,
+                allocated,
+                allocation,
+                free: capacity - allocated,
+                stranded,
+                free_nodes,
+                free_domains: free_domains.values().filter(|v| **v).count() as u32,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,339 @@
+//! Results (serde-serialisable, for a JSON output), the published figures
+//! (`fgd-paper-results.csv`) and the side-by-side table.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::protocol::{CHECKPOINTS, SimConfig};
+use super::trace::TraceError;
+
+/// One policy, one seed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    /// Allocation ratio (%) at each checkpoint, in [`SimConfig::checkpoints`] order.
+    pub alloc_at: Vec<f64>,
+    /// Arrived GPU request at the end, % of capacity.
+    pub arrived_pct: f64,
+    pub final_alloc_pct: f64,
+    /// Tasks in the scaled list.
+    pub tasks: usize,
+    pub placed: usize,
+    pub skipped: usize,
+}
+
+/// One policy over its seeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyResult {
+    pub policy: String,
+    pub seeds: Vec<u64>,
+    pub checkpoints: Vec<u32>,
+    /// Mean over the seeds at each checkpoint (seeds with no value there left out; NaN, written
+    /// as `null`, if none has one).
+    pub mean_alloc_at: Vec<f64>,
+    pub per_seed: Vec<SeedResult>,
+}
+
+impl PolicyResult {
+    pub fn from_seeds(policy: &str, checkpoints: &[u32], per_seed: Vec<SeedResult>) -> Self {
+        let mean_alloc_at = (0..checkpoints.len())
+            .map(|j| {
+                let vals: Vec<f64> = per_seed
+                    .iter()
+                    .map(|s| s.alloc_at[j])
+                    .filter(|v| !v.is_nan())
+                    .collect();
+                if vals.is_empty() {
+                    f64::NAN
+                } else {
+                    vals.iter().sum::<f64>() / vals.len() as f64
+                }
+            })
+            .collect();
+        Self {
+            policy: policy.to_string(),
+            seeds: per_seed.iter().map(|s| s.seed).collect(),
+            checkpoints: checkpoints.to_vec(),
+            mean_alloc_at,
+            per_seed,
+        }
+    }
+
+    /// The mean at checkpoint `k` (percent), if it is one of this result's checkpoints.
+    pub fn at(&self, k: u32) -> Option<f64> {
+        let j = self.checkpoints.iter().position(|&c| c == k)?;
+        Some(self.mean_alloc_at[j])
+    }
+}
+
+/// Every policy on one trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceResult {
+    pub trace: String,
+    pub config: SimConfig,
+    pub nodes: usize,
+    pub gpu_capacity_milli: u64,
+    pub tasks_in_trace: usize,
+    pub trace_gpu_request_milli: u64,
+    /// Number of FGD typical shapes.
+    pub typical_shapes: usize,
+    pub policies: Vec<PolicyResult>,
+    /// The LP upper bound on allocation at each checkpoint, mean over the seeds, when computed
+    /// ([`super::mean_bound_at`]): no policy can do better.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<Vec<f64>>,
+}
+
+impl TraceResult {
+    pub fn policy(&self, name: &str) -> Option<&PolicyResult> {
+        self.policies.iter().find(|p| p.policy == name)
+    }
+}
+
+/// One row of `fgd-paper-results.csv`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PaperRow {
+    pub trace: String,
+    pub policy: String,
+    pub seeds: u32,
+    /// Allocation ratio (%) at [`CHECKPOINTS`].
+    pub alloc_at: [f64; 7],
+}
+
+/// The published figures.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PaperResults {
+    pub rows: Vec<PaperRow>,
+}
+
+impl PaperResults {
+    /// Reads `fgd-paper-results.csv` (`trace,policy,seeds,alloc_at_50,...,alloc_at_130`).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses the CSV text; `path` only names the file in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, TraceError> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
+        let header: Vec<&str> = match lines.next() {
+            Some((_, h)) => h.split(',').map(str::trim).collect(),
+            None => {
+                return Err(TraceError::Empty {
+                    path: path.to_path_buf(),
+                });
+            }
+        };
+        let col = |name: &'static str| {
+            header
+                .iter()
+                .position(|h| *h == name)
+                .ok_or(TraceError::MissingColumn {
+                    path: path.to_path_buf(),
+                    column: name,
+                })
+        };
+        let c_trace = col("trace")?;
+        let c_policy = col("policy")?;
+        let c_seeds = col("seeds")?;
+        let names = [
+            "alloc_at_50",
+            "alloc_at_80",
+            "alloc_at_90",
+            "alloc_at_100",
+            "alloc_at_110",
+            "alloc_at_120",
+            "alloc_at_130",
+        ];
+        let mut c_alloc = [0usize; 7];
+        for (c, name) in c_alloc.iter_mut().zip(names) {
+            *c = col(name)?;
+        }
+        let mut rows = Vec::new();
+        for (i, line) in lines {
+            let f: Vec<&str> = line.split(',').map(str::trim).collect();
+            let bad = |message: String| TraceError::BadRow {
+                path: path.to_path_buf(),
+                line: i + 1,
+                message,
+            };
+            if f.len() != header.len() {
+                return Err(bad(format!(
+                    "expected {} fields, found {}",
+                    header.len(),
+                    f.len()
+                )));
+            }
+            let mut alloc_at = [0.0; 7];
+            for (v, &c) in alloc_at.iter_mut().zip(&c_alloc) {
+                *v = f[c]
+                    .parse()
+                    .map_err(|_| bad(format!("`{}` is not a number: {:?}", header[c], f[c])))?;
+            }
+            rows.push(PaperRow {
+                trace: f[c_trace].to_string(),
+                policy: f[c_policy].to_string(),
+                seeds: f[c_seeds]
+                    .parse()
+                    .map_err(|_| bad(format!("`seeds` is not an integer: {:?}", f[c_seeds])))?,
+                alloc_at,
+            });
+        }
+        Ok(Self { rows })
+    }
+
+    pub fn get(&self, trace: &str, policy: &str) -> Option<&PaperRow> {
+        self.rows
+            .iter()
+            .find(|r| r.trace == trace && r.policy.eq_ignore_ascii_case(policy))
+    }
+
+    /// The published value at checkpoint `k`, if `k` is one of [`CHECKPOINTS`].
+    pub fn at(&self, trace: &str, policy: &str, k: u32) -> Option<f64> {
+        let j = CHECKPOINTS.iter().position(|&c| c == k)?;
+        self.get(trace, policy).map(|r| r.alloc_at[j])
+    }
+}
+
+fn fmt_val(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("{v:7.2}"),
+        _ => format!("{:>7}", "-"),
+    }
+}
+
+fn fmt_diff(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("{v:+7.2}"),
+        _ => format!("{:>7}", "-"),
+    }
+}
+
+/// The side-by-side table: per policy three lines (ours, paper, ours − paper) over the
+/// checkpoints of `result`; paper lines only where the paper has the trace and policy.
+pub fn comparison_table(result: &TraceResult, paper: &PaperResults) -> String {
+    let checkpoints = &result.config.checkpoints;
+    let mut out = String::new();
+    let _ = write!(out, "{:<10} {:<6}", "policy", "");
+    for k in checkpoints {
+        let _ = write!(out, " {:>6}%", k);
+    }
+    out.push('\n');
+    for p in &result.policies {
+        let _ = write!(out, "{:<10} {:<6}", p.policy, "ours");
+        for &k in checkpoints {
+            let _ = write!(out, " {}", fmt_val(p.at(k)));
+        }
+        out.push('\n');
+        if paper.get(&result.trace, &p.policy).is_some() {
+            let _ = write!(out, "{:<10} {:<6}", "", "paper");
+            for &k in checkpoints {
+                let _ = write!(out, " {}", fmt_val(paper.at(&result.trace, &p.policy, k)));
+            }
+            out.push('\n');
+            let _ = write!(out, "{:<10} {:<6}", "", "diff");
+            for &k in checkpoints {
+                let d = match (p.at(k), paper.at(&result.trace, &p.policy, k)) {
+                    (Some(a), Some(b)) => Some(a - b),
+                    _ => None,
+                };
+                let _ = write!(out, " {}", fmt_diff(d));
+            }
+            out.push('\n');
+        }
+    }
+    if let Some(bound) = &result.bound {
+        let _ = write!(out, "{:<10} {:<6}", "LP bound", "");
+        for b in bound {
+            let _ = write!(out, " {}", fmt_val(Some(*b)));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAPER: &str = "trace,policy,seeds,alloc_at_50,alloc_at_80,alloc_at_90,alloc_at_100,alloc_at_110,alloc_at_120,alloc_at_130\n\
+        default,BestFit,10,50.01,80.02,89.99,92.86,92.94,93.00,93.08\n\
+        default,FGD,10,50.01,80.02,89.98,95.23,95.30,95.35,95.39\n";
+
+    #[test]
+    fn loads_paper_results_and_builds_the_table() {
+        let paper = PaperResults::parse(Path::new("r.csv"), PAPER).unwrap();
+        assert_eq!(paper.rows.len(), 2);
+        assert_eq!(paper.at("default", "FGD", 130), Some(95.39));
+        assert_eq!(paper.at("default", "fgd", 50), Some(50.01));
+        assert_eq!(paper.at("default", "Random", 130), None);
+
+        let seeds = vec![
+            SeedResult {
+                seed: 42,
+                alloc_at: vec![50.0, 95.0, 95.0, 95.0, 95.0, 95.0, 95.0],
+                arrived_pct: 129.9,
+                final_alloc_pct: 95.0,
+                tasks: 10,
+                placed: 9,
+                skipped: 1,
+            },
+            SeedResult {
+                seed: 43,
+                alloc_at: vec![50.0, 95.0, 95.0, 95.0, 95.0, 95.0, 96.0],
+                arrived_pct: 129.9,
+                final_alloc_pct: 96.0,
+                tasks: 10,
+                placed: 9,
+                skipped: 1,
+            },
+        ];
+        let fgd = PolicyResult::from_seeds("FGD", &CHECKPOINTS, seeds.clone());
+        assert_eq!(fgd.at(130), Some(95.5));
+        let ff = PolicyResult::from_seeds("FirstFit", &CHECKPOINTS, seeds);
+        let result = TraceResult {
+            trace: "default".into(),
+            config: SimConfig::fgd_md(),
+            nodes: 1,
+            gpu_capacity_milli: 1000,
+            tasks_in_trace: 10,
+            trace_gpu_request_milli: 900,
+            typical_shapes: 1,
+            policies: vec![fgd, ff],
+            bound: None,
+        };
+        let table = comparison_table(&result, &paper);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 1 + 3 + 1, "{table}");
+        assert!(
+            lines[1].starts_with("FGD") && lines[1].ends_with("95.50"),
+            "{table}"
+        );
+        assert!(lines[2].contains("paper") && lines[2].ends_with("95.39"));
+        assert!(lines[3].contains("diff") && lines[3].ends_with("+0.11"));
+        assert!(lines[4].starts_with("FirstFit"));
+
+        let json = serde_json::to_string(&result).unwrap();
+        let back: TraceResult = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, result);
+    }
+
+    #[test]
+    fn bad_paper_rows_name_the_line() {
+        let text = "trace,policy,seeds,alloc_at_50,alloc_at_80,alloc_at_90,alloc_at_100,alloc_at_110,alloc_at_120,alloc_at_130\n\
+                    default,FGD,10,50,80,90,x,1,1,1\n";
+        let msg = PaperResults::parse(Path::new("r.csv"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("r.csv:2:"), "{msg}");
+    }
+}

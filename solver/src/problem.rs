@@ -1,0 +1,1075 @@
+//! [`Problem`]: the policy and one cluster snapshot, resolved and indexed once, immutable.
+//!
+//! Everything the solver needs is looked up here by index (pool, tenant, node, GPU, workload), so
+//! that the heuristic and the integer program that will refine it read the same facts. Building
+//! it checks the snapshot for contradictions the solver cannot decide around ([`ProblemError`]);
+//! workloads whose tenant, class or pool left the policy are kept as [`Orphan`]s so that the
+//! decision explains them instead of dropping them.
+//!
+//! Committed workloads of the policy (`kind: Workload`) that the snapshot neither runs nor
+//! queues are demand too: they join the queue after the snapshot's pending work, submitted at
+//! `observedAt`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_compiler::CompiledPolicy;
+use tessera_compiler::compiled::{Amounts, PoolQuota};
+use tessera_compiler::mig::{self, Placement};
+use tessera_compiler::model::{
+    Binding, ClusterStateSpec, Health, Sharing, TopologyMode, WorkloadSpec,
+};
+use tessera_compiler::units::{Bytes, Gpus, Millicores};
+
+/// Why a snapshot cannot be solved: it contradicts itself or the policy in a way no decision can
+/// repair.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProblemError {
+    #[error("`{value}` in {field} is not an RFC 3339 timestamp")]
+    Timestamp { field: String, value: String },
+    #[error("node `{0}` is listed twice")]
+    DuplicateNode(String),
+    #[error("GPU index {index} appears twice on node `{node}`")]
+    DuplicateGpu { node: String, index: u32 },
+    #[error("workload `{0}` is listed twice")]
+    DuplicateWorkload(String),
+    #[error("GPU {index} of node `{node}`: unknown MIG profile `{profile}` for model {model}")]
+    UnknownInstanceProfile {
+        node: String,
+        index: u32,
+        profile: String,
+        model: String,
+    },
+    #[error("GPU {index} of node `{node}` has an impossible MIG geometry: {error}")]
+    InvalidGeometry {
+        node: String,
+        index: u32,
+        error: String,
+    },
+    #[error("workload `{workload}`: {message}")]
+    InvalidRequest { workload: String, message: String },
+    #[error("workload `{workload}` has {replicas} replicas but {bindings} bindings")]
+    BindingCount {
+        workload: String,
+        replicas: u32,
+        bindings: usize,
+    },
+    #[error("workload `{workload}`: binding {binding}: {message}")]
+    InvalidBinding {
+        workload: String,
+        binding: usize,
+        message: String,
+    },
+}
+
+/// Why a workload can no longer be solved for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrphanCause {
+    Tenant(String),
+    SloClass(String),
+    Pool(String),
+    /// The tenant may no longer use the class.
+    ClassNotAllowed {
+        tenant: String,
+        class: String,
+    },
+    /// The pool of the node a running workload is bound to left the policy.
+    NodePool {
+        node: String,
+        pool: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolInfo {
+    pub name: String,
+    pub sharing: Sharing,
+    pub gpu_model: String,
+    /// MIG profile ID → this model's name.
+    pub profile_names: BTreeMap<u32, String>,
+    /// For mig pools: the allowed geometries, each sorted.
+    pub layouts: Vec<Vec<Placement>>,
+    pub max_clients_per_gpu: u32,
+    pub max_changes_per_gpu: u32,
+    pub drain_timeout_seconds: u64,
+    /// Nodes of the snapshot in this pool, by name.
+    pub nodes: Vec<usize>,
+    /// NVLink domain ids of those nodes, sorted.
+    pub domains: Vec<String>,
+    pub gpus_per_node: u32,
+}
+
+impl PoolInfo {
+    /// The model's name of a profile, or its ID.
+    pub fn profile_name(&self, id: u32) -> String {
+        self.profile_names
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| format!("profile {id}"))
+    }
+    pub fn resolve_profile(&self, name_or_id: &str) -> Option<u32> {
+        let key = name_or_id.trim();
+        if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) {
+            return key
+                .parse::<u32>()
+                .ok()
+                .filter(|id| self.profile_names.contains_key(id));
+        }
+        self.profile_names
+            .iter()
+            .find(|(_, n)| n.eq_ignore_ascii_case(key))
+            .map(|(&id, _)| id)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantInfo {
+    pub name: String,
+    pub parent: Option<usize>,
+    /// This tenant first, then its parent, up to the root.
+    pub lineage: Vec<usize>,
+    pub trust_domain: String,
+    pub weight: f64,
+    /// Effective quota per pool index; absent: the tenant may not use the pool.
+    pub quota: BTreeMap<usize, PoolQuota>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClassInfo {
+    pub name: String,
+    pub priority: i64,
+    pub preemptible: bool,
+    pub isolation_minimum: Sharing,
+    pub grace_period_seconds: u64,
+    pub min_runtime_seconds: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    pub name: String,
+    /// `None`: the node's pool is not in the policy; nothing new is placed on it.
+    pub pool: Option<usize>,
+    /// The pool the snapshot names.
+    pub pool_name: String,
+    /// `nvlinkDomain` of the node, or the node's name.
+    pub domain: String,
+    pub cpu: Millicores,
+    pub memory: Bytes,
+    pub healthy: bool,
+    /// GPU indices into [`Problem::gpus`], by device index.
+    pub gpus: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GpuInfo {
+    pub node: usize,
+    pub index: u32,
+    pub uuid: String,
+    /// The GPU and its node are healthy: new work may be placed here.
+    pub healthy: bool,
+    pub mig_enabled: bool,
+    /// Current MIG instances, sorted.
+    pub instances: Vec<Placement>,
+}
+
+/// What one replica asks of a GPU, resolved against the pool's model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Demand {
+    Whole { count: u32 },
+    Mig { profile_id: u32 },
+    Share { fraction: Gpus },
+}
+
+impl Demand {
+    /// What one replica counts against quota.
+    pub fn gpus(self) -> Gpus {
+        match self {
+            Demand::Whole { count } => Gpus::whole(i64::from(count)),
+            Demand::Mig { profile_id } => Gpus::sevenths(i64::from(
+                mig::shape(profile_id).map_or(7, |s| s.compute_slices),
+            )),
+            Demand::Share { fraction } => fraction,
+        }
+    }
+}
+
+/// One replica's place, as resolved from a snapshot binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub node: usize,
+    /// Indices into [`Problem::gpus`].
+    pub gpus: Vec<usize>,
+    pub mig_start: Option<u8>,
+    pub share: Option<Gpus>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Phase {
+    Running {
+        slots: Vec<Slot>,
+        started_at: i64,
+        last_checkpoint_at: Option<i64>,
+    },
+    Pending {
+        submitted_at: i64,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkloadInfo {
+    pub name: String,
+    pub tenant: usize,
+    pub class: usize,
+    pub demand: Demand,
+    pub replicas: u32,
+    pub min_member: u32,
+    pub cpu: Millicores,
+    pub memory: Bytes,
+    pub topology: TopologyMode,
+    /// Pools it may be placed on, by index; for a running workload, the pool it runs in.
+    pub pools: Vec<usize>,
+    /// Why each other pool was ruled out, for the pending explanation.
+    pub excluded: Vec<(usize, Exclusion)>,
+    pub phase: Phase,
+}
+
+impl WorkloadInfo {
+    pub fn is_running(&self) -> bool {
+        matches!(self.phase, Phase::Running { .. })
+    }
+    /// Quota amount of `n` replicas.
+    pub fn amount(&self, n: u32) -> Amounts {
+        Amounts {
+            gpus: self.demand.gpus() * i64::from(n),
+            cpu: Some(Millicores(self.cpu.0 * u64::from(n))),
+            memory: Some(Bytes(self.memory.0 * u64::from(n))),
+        }
+    }
+}
+
+/// Why a pool cannot hold a workload at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exclusion {
+    Isolation { sharing: Sharing, minimum: Sharing },
+    NoQuota,
+    Shape(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Orphan {
+    pub name: String,
+    pub cause: OrphanCause,
+    pub was_running: bool,
+    pub tenant: String,
+    /// GPUs it holds, for a running orphan.
+    pub gpus: Gpus,
+    /// Last checkpoint (or start) of a running orphan, Unix seconds.
+    pub since: Option<i64>,
+}
+
+/// The policy and a snapshot, indexed.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// Unix seconds of the decision.
+    pub now: i64,
+    pub now_text: String,
+    pub pools: Vec<PoolInfo>,
+    pub classes: Vec<ClassInfo>,
+    /// Pre-order, as in the policy.
+    pub tenants: Vec<TenantInfo>,
+    /// By name.
+    pub nodes: Vec<NodeInfo>,
+    /// By node, then device index.
+    pub gpus: Vec<GpuInfo>,
+    /// Running workloads by name, then pending ones in submission order (committed workloads of
+    /// the policy absent from the snapshot last, by name).
+    pub workloads: Vec<WorkloadInfo>,
+    pub orphans: Vec<Orphan>,
+}
+
+impl Problem {
+    /// Builds the problem; `now` defaults to the snapshot's `observedAt`.
+    pub fn new(
+        policy: &CompiledPolicy,
+        state: &ClusterStateSpec,
+        now: Option<i64>,
+    ) -> Result<Problem, ProblemError> {
+        let observed =
+            parse_rfc3339(&state.observed_at).ok_or_else(|| ProblemError::Timestamp {
+                field: "observedAt".into(),
+                value: state.observed_at.clone(),
+            })?;
+        let now = now.unwrap_or(observed);
+
+        let mut pools: Vec<PoolInfo> = policy
+            .pools
+            .iter()
+            .map(|p| PoolInfo {
+                name: p.name.clone(),
+                sharing: p.sharing,
+                gpu_model: p.gpu_model.clone(),
+                profile_names: policy
+                    .gpu_model(&p.gpu_model)
+                    .map(|m| {
+                        m.mig_profiles
+                            .iter()
+                            .map(|x| (x.id, x.name.clone()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                layouts: p
+                    .layouts
+                    .iter()
+                    .map(|l| {
+                        let mut v: Vec<Placement> = l
+                            .instances
+                            .iter()
+                            .map(|i| Placement::new(i.profile_id, i.start))
+                            .collect();
+                        v.sort();
+                        v
+                    })
+                    .collect(),
+                max_clients_per_gpu: p.max_clients_per_gpu.unwrap_or(1).max(1),
+                max_changes_per_gpu: p.reconfiguration.max_per_gpu_per_hour,
+                drain_timeout_seconds: p.reconfiguration.drain_timeout_seconds,
+                nodes: Vec::new(),
+                domains: Vec::new(),
+                gpus_per_node: p.gpus_per_node,
+            })
+            .collect();
+        let pool_index: BTreeMap<&str, usize> = policy
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str(), i))
+            .collect();
+
+        let classes: Vec<ClassInfo> = policy
+            .slo_classes
+            .iter()
+            .map(|c| ClassInfo {
+                name: c.name.clone(),
+                priority: c.priority,
+                preemptible: c.preemptible,
+                isolation_minimum: c.isolation_minimum,
+                grace_period_seconds: c.grace_period_seconds,
+                min_runtime_seconds: c.min_runtime_seconds,
+            })
+            .collect();
+        let class_index: BTreeMap<&str, usize> = policy
+            .slo_classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.as_str(), i))
+            .collect();
+
+        let tenant_index: BTreeMap<&str, usize> = policy
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
+        let mut tenants: Vec<TenantInfo> = Vec::with_capacity(policy.tenants.len());
+        for t in &policy.tenants {
+            let parent = t
+                .parent
+                .as_deref()
+                .and_then(|p| tenant_index.get(p).copied());
+            let mut lineage = vec![tenants.len()];
+            if let Some(p) = parent {
+                lineage.extend(tenants[p].lineage.iter().copied());
+            }
+            tenants.push(TenantInfo {
+                name: t.name.clone(),
+                parent,
+                lineage,
+                trust_domain: t.trust_domain.clone(),
+                weight: if t.weight > 0.0 { t.weight } else { 1.0 },
+                quota: t
+                    .quota
+                    .iter()
+                    .filter_map(|(p, q)| pool_index.get(p.as_str()).map(|&i| (i, q.clone())))
+                    .collect(),
+            });
+        }
+
+        // Nodes by name, GPUs by node then index.
+        let mut node_specs: Vec<&tessera_compiler::model::Node> = state.nodes.iter().collect();
+        node_specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut nodes = Vec::with_capacity(node_specs.len());
+        let mut gpus = Vec::new();
+        for (n, spec) in node_specs.iter().enumerate() {
+            if n > 0 && node_specs[n - 1].name == spec.name {
+                return Err(ProblemError::DuplicateNode(spec.name.clone()));
+            }
+            let pool = pool_index.get(spec.pool.as_str()).copied();
+            let mut gpu_specs: Vec<_> = spec.gpus.iter().collect();
+            gpu_specs.sort_by_key(|g| g.index);
+            let mut ids = Vec::new();
+            for (k, g) in gpu_specs.iter().enumerate() {
+                if k > 0 && gpu_specs[k - 1].index == g.index {
+                    return Err(ProblemError::DuplicateGpu {
+                        node: spec.name.clone(),
+                        index: g.index,
+                    });
+                }
+                let mut instances = Vec::new();
+                for inst in &g.instances {
+                    let id = pool
+                        .and_then(|p| pools[p].resolve_profile(&inst.profile))
+                        .or_else(|| {
+                            mig::builtin_model(&g.model)
+                                .and_then(|m| m.resolve_profile(&inst.profile))
+                        })
+                        .ok_or_else(|| ProblemError::UnknownInstanceProfile {
+                            node: spec.name.clone(),
+                            index: g.index,
+                            profile: inst.profile.clone(),
+                            model: g.model.clone(),
+                        })?;
+                    instances.push(Placement::new(id, inst.start));
+                }
+                instances.sort();
+                mig::validate(&instances).map_err(|e| ProblemError::InvalidGeometry {
+                    node: spec.name.clone(),
+                    index: g.index,
+                    error: e.to_string(),
+                })?;
+                ids.push(gpus.len());
+                gpus.push(GpuInfo {
+                    node: n,
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    healthy: g.health == Health::Healthy && spec.health == Health::Healthy,
+                    mig_enabled: g.mig.enabled,
+                    instances,
+                });
+            }
+            if let Some(p) = pool {
+                pools[p].nodes.push(n);
+            }
+            nodes.push(NodeInfo {
+                name: spec.name.clone(),
+                pool,
+                pool_name: spec.pool.clone(),
+                domain: spec
+                    .nvlink_domain
+                    .clone()
+                    .unwrap_or_else(|| spec.name.clone()),
+                cpu: spec.cpu,
+                memory: spec.memory,
+                healthy: spec.health == Health::Healthy,
+                gpus: ids,
+            });
+        }
+        for p in &mut pools {
+            let set: BTreeSet<String> = p.nodes.iter().map(|&n| nodes[n].domain.clone()).collect();
+            p.domains = set.into_iter().collect();
+        }
+
+        let mut problem = Problem {
+            now,
+            now_text: format_rfc3339(now),
+            pools,
+            classes,
+            tenants,
+            nodes,
+            gpus,
+            workloads: Vec::new(),
+            orphans: Vec::new(),
+        };
+        let tables = Tables {
+            pool_index: &pool_index,
+            class_index: &class_index,
+            tenant_index: &tenant_index,
+            policy,
+        };
+
+        let mut names = BTreeSet::new();
+        let mut running: Vec<_> = state.running.iter().collect();
+        running.sort_by(|a, b| a.name.cmp(&b.name));
+        for run in running {
+            if !names.insert(run.name.clone()) {
+                return Err(ProblemError::DuplicateWorkload(run.name.clone()));
+            }
+            let started_at = parse_ts(&run.started_at, &run.name, "startedAt")?;
+            let last_checkpoint_at = run
+                .last_checkpoint_at
+                .as_deref()
+                .map(|t| parse_ts(t, &run.name, "lastCheckpointAt"))
+                .transpose()?;
+            problem.add_running(&tables, run, started_at, last_checkpoint_at)?;
+        }
+        let mut pending: Vec<(i64, usize, &str, &WorkloadSpec)> = Vec::new();
+        for (i, p) in state.pending.iter().enumerate() {
+            if !names.insert(p.name.clone()) {
+                return Err(ProblemError::DuplicateWorkload(p.name.clone()));
+            }
+            pending.push((
+                parse_ts(&p.submitted_at, &p.name, "submittedAt")?,
+                i,
+                &p.name,
+                &p.spec,
+            ));
+        }
+        pending.sort_by_key(|(t, i, _, _)| (*t, *i));
+        for (submitted_at, _, name, spec) in pending {
+            problem.add_pending(&tables, name, spec, submitted_at)?;
+        }
+        // Committed workloads of the policy that the snapshot neither runs nor queues are demand
+        // too (GitOps: what the repository declares should run).
+        for w in &policy.workloads {
+            if names.insert(w.name.clone()) {
+                problem.add_committed(w, observed);
+            }
+        }
+        Ok(problem)
+    }
+
+    fn orphan(&mut self, name: &str, tenant: &str, cause: OrphanCause, run: Option<(Gpus, i64)>) {
+        self.orphans.push(Orphan {
+            name: name.to_owned(),
+            cause,
+            was_running: run.is_some(),
+            tenant: tenant.to_owned(),
+            gpus: run.map_or(Gpus::ZERO, |r| r.0),
+            since: run.map(|r| r.1),
+        });
+    }
+
+    /// Tenant and class of a spec, or why it is orphaned.
+    fn references(&self, t: &Tables, spec: &WorkloadSpec) -> Result<(usize, usize), OrphanCause> {
+        let tenant = *t
+            .tenant_index
+            .get(spec.tenant.as_str())
+            .ok_or_else(|| OrphanCause::Tenant(spec.tenant.clone()))?;
+        let class = *t
+            .class_index
+            .get(spec.slo_class.as_str())
+            .ok_or_else(|| OrphanCause::SloClass(spec.slo_class.clone()))?;
+        if !t.policy.tenants[tenant]
+            .slo_classes
+            .contains(&spec.slo_class)
+        {
+            return Err(OrphanCause::ClassNotAllowed {
+                tenant: spec.tenant.clone(),
+                class: spec.slo_class.clone(),
+            });
+        }
+        if let Some(p) = &spec.pool
+            && !t.pool_index.contains_key(p.as_str())
+        {
+            return Err(OrphanCause::Pool(p.clone()));
+        }
+        Ok((tenant, class))
+    }
+
+    fn add_running(
+        &mut self,
+        t: &Tables,
+        run: &tessera_compiler::model::RunningWorkload,
+        started_at: i64,
+        last_checkpoint_at: Option<i64>,
+    ) -> Result<(), ProblemError> {
+        let spec = &run.spec;
+        if run.bindings.len() != spec.replicas as usize {
+            return Err(ProblemError::BindingCount {
+                workload: run.name.clone(),
+                replicas: spec.replicas,
+                bindings: run.bindings.len(),
+            });
+        }
+        let since = last_checkpoint_at.unwrap_or(started_at).max(started_at);
+        let node_of = |b: &Binding| self.nodes.iter().position(|n| n.name == b.node);
+        let pool = run
+            .bindings
+            .first()
+            .and_then(node_of)
+            .and_then(|n| self.nodes[n].pool);
+        let rough = rough_gpus(spec) * i64::from(spec.replicas);
+        let (tenant, class) = match self.references(t, spec) {
+            Ok(x) => x,
+            Err(cause) => {
+                self.orphan(&run.name, &spec.tenant, cause, Some((rough, since)));
+                return Ok(());
+            }
+        };
+        let Some(pool) = pool else {
+            let Some(node) = run.bindings.first().and_then(node_of) else {
+                return Err(ProblemError::InvalidBinding {
+                    workload: run.name.clone(),
+                    binding: 0,
+                    message: match run.bindings.first() {
+                        Some(b) => format!("unknown node `{}`", b.node),
+                        None => "a running workload has at least one binding".into(),
+                    },
+                });
+            };
+            let cause = OrphanCause::NodePool {
+                node: self.nodes[node].name.clone(),
+                pool: self.nodes[node].pool_name.clone(),
+            };
+            self.orphan(&run.name, &spec.tenant, cause, Some((rough, since)));
+            return Ok(());
+        };
+        let demand =
+            demand_on(&self.pools[pool], spec).map_err(|message| ProblemError::InvalidRequest {
+                workload: run.name.clone(),
+                message,
+            })?;
+        let mut slots = Vec::with_capacity(run.bindings.len());
+        for (i, b) in run.bindings.iter().enumerate() {
+            let bad = |message: String| ProblemError::InvalidBinding {
+                workload: run.name.clone(),
+                binding: i,
+                message,
+            };
+            let node = node_of(b).ok_or_else(|| bad(format!("unknown node `{}`", b.node)))?;
+            if self.nodes[node].pool != Some(pool) {
+                return Err(bad(format!(
+                    "node `{}` is not in pool `{}` like the first replica's",
+                    b.node, self.pools[pool].name
+                )));
+            }
+            let mut ids = Vec::new();
+            for g in &b.gpus {
+                let id = self.nodes[node]
+                    .gpus
+                    .iter()
+                    .copied()
+                    .find(|&id| self.gpus[id].index == *g)
+                    .ok_or_else(|| bad(format!("GPU {g} of node `{}` does not exist", b.node)))?;
+                if ids.contains(&id) {
+                    return Err(bad(format!("GPU {g} is listed twice")));
+                }
+                ids.push(id);
+            }
+            match demand {
+                Demand::Whole { count } => {
+                    if ids.len() != count as usize {
+                        return Err(bad(format!("a replica holds {count} whole GPUs")));
+                    }
+                }
+                Demand::Mig { profile_id } => {
+                    let ok = ids.len() == 1
+                        && b.mig_start.is_some_and(|s| {
+                            self.gpus[ids[0]]
+                                .instances
+                                .contains(&Placement::new(profile_id, s))
+                        });
+                    if !ok {
+                        return Err(bad(
+                            "a MIG replica names one GPU and the start of an existing instance of its profile"
+                                .into(),
+                        ));
+                    }
+                }
+                Demand::Share { fraction } => {
+                    if ids.len() != 1 || b.share.is_some_and(|s| s != fraction) {
+                        return Err(bad("a shared replica names one GPU and its share".into()));
+                    }
+                }
+            }
+            slots.push(Slot {
+                node,
+                gpus: ids,
+                mig_start: b.mig_start,
+                share: match demand {
+                    Demand::Share { fraction } => Some(fraction),
+                    _ => None,
+                },
+            });
+        }
+        self.workloads.push(WorkloadInfo {
+            name: run.name.clone(),
+            tenant,
+            class,
+            demand,
+            replicas: spec.replicas,
+            min_member: spec.min_member.unwrap_or(spec.replicas).min(spec.replicas),
+            cpu: spec.cpu,
+            memory: spec.memory,
+            topology: spec.topology.same_nvlink_domain,
+            pools: vec![pool],
+            excluded: Vec::new(),
+            phase: Phase::Running {
+                slots,
+                started_at,
+                last_checkpoint_at,
+            },
+        });
+        Ok(())
+    }
+
+    fn add_pending(
+        &mut self,
+        t: &Tables,
+        name: &str,
+        spec: &WorkloadSpec,
+        submitted_at: i64,
+    ) -> Result<(), ProblemError> {
+        let (tenant, class) = match self.references(t, spec) {
+            Ok(x) => x,
+            Err(cause) => {
+                self.orphan(name, &spec.tenant, cause, None);
+                return Ok(());
+            }
+        };
+        let candidates: Vec<usize> = match &spec.pool {
+            Some(p) => vec![t.pool_index[p.as_str()]],
+            None => (0..self.pools.len()).collect(),
+        };
+        let mut pools = Vec::new();
+        let mut excluded = Vec::new();
+        let mut demand = None;
+        let minimum = self.classes[class].isolation_minimum;
+        for p in candidates {
+            let pool = &self.pools[p];
+            let d = match demand_on(pool, spec) {
+                Ok(d) => d,
+                Err(e) => {
+                    excluded.push((p, Exclusion::Shape(e)));
+                    continue;
+                }
+            };
+            if pool.sharing < minimum {
+                excluded.push((
+                    p,
+                    Exclusion::Isolation {
+                        sharing: pool.sharing,
+                        minimum,
+                    },
+                ));
+                continue;
+            }
+            if !self.tenants[tenant].quota.contains_key(&p) {
+                excluded.push((p, Exclusion::NoQuota));
+                continue;
+            }
+            // One demand per workload: a MIG profile may resolve to different IDs on different
+            // models; the first pool's resolution wins and pools that disagree are ruled out.
+            match demand {
+                None => demand = Some(d),
+                Some(first) if first != d => {
+                    excluded.push((
+                        p,
+                        Exclusion::Shape("the profile differs on this model".into()),
+                    ));
+                    continue;
+                }
+                Some(_) => {}
+            }
+            pools.push(p);
+        }
+        let demand = match demand {
+            Some(d) => d,
+            None => fallback_demand(spec).ok_or_else(|| ProblemError::InvalidRequest {
+                workload: name.to_owned(),
+                message: "`gpu` must set exactly one of count, migProfile, fraction".into(),
+            })?,
+        };
+        self.workloads.push(WorkloadInfo {
+            name: name.to_owned(),
+            tenant,
+            class,
+            demand,
+            replicas: spec.replicas.max(1),
+            min_member: spec
+                .min_member
+                .unwrap_or(spec.replicas)
+                .clamp(1, spec.replicas.max(1)),
+            cpu: spec.cpu,
+            memory: spec.memory,
+            topology: spec.topology.same_nvlink_domain,
+            pools,
+            excluded,
+            phase: Phase::Pending { submitted_at },
+        });
+        Ok(())
+    }
+
+    fn add_committed(&mut self, w: &tessera_compiler::compiled::CompiledWorkload, observed: i64) {
+        let Some(tenant) = self.tenants.iter().position(|t| t.name == w.tenant) else {
+            self.orphan(
+                &w.name,
+                &w.tenant,
+                OrphanCause::Tenant(w.tenant.clone()),
+                None,
+            );
+            return;
+        };
+        let Some(class) = self.classes.iter().position(|c| c.name == w.slo_class) else {
+            self.orphan(
+                &w.name,
+                &w.tenant,
+                OrphanCause::SloClass(w.slo_class.clone()),
+                None,
+            );
+            return;
+        };
+        let demand = match &w.gpu {
+            tessera_compiler::compiled::GpuDemand::Whole { count } => {
+                Demand::Whole { count: *count }
+            }
+            tessera_compiler::compiled::GpuDemand::Mig { profile_id } => Demand::Mig {
+                profile_id: *profile_id,
+            },
+            tessera_compiler::compiled::GpuDemand::Share { fraction } => Demand::Share {
+                fraction: *fraction,
+            },
+        };
+        let pools = w
+            .pools
+            .iter()
+            .filter_map(|p| self.pools.iter().position(|x| &x.name == p))
+            .collect();
+        self.workloads.push(WorkloadInfo {
+            name: w.name.clone(),
+            tenant,
+            class,
+            demand,
+            replicas: w.replicas.max(1),
+            min_member: w.min_member.clamp(1, w.replicas.max(1)),
+            cpu: w.cpu,
+            memory: w.memory,
+            topology: w.topology,
+            pools,
+            excluded: Vec::new(),
+            phase: Phase::Pending {
+                submitted_at: observed,
+            },
+        });
+    }
+
+    pub fn node_of_gpu(&self, gpu: usize) -> &NodeInfo {
+        &self.nodes[self.gpus[gpu].node]
+    }
+
+    /// `node/index` of a GPU, for messages.
+    pub fn gpu_label(&self, gpu: usize) -> String {
+        format!("{}/{}", self.node_of_gpu(gpu).name, self.gpus[gpu].index)
+    }
+}
+
+struct Tables<'a> {
+    pool_index: &'a BTreeMap<&'a str, usize>,
+    class_index: &'a BTreeMap<&'a str, usize>,
+    tenant_index: &'a BTreeMap<&'a str, usize>,
+    policy: &'a CompiledPolicy,
+}
+
+fn parse_ts(text: &str, workload: &str, field: &str) -> Result<i64, ProblemError> {
+    parse_rfc3339(text).ok_or_else(|| ProblemError::Timestamp {
+        field: format!("`{workload}`.{field}"),
+        value: text.to_owned(),
+    })
+}
+
+fn share_of(spec: &WorkloadSpec) -> Option<Gpus> {
+    spec.gpu
+        .fraction
+        .and_then(Gpus::from_f64)
+        .filter(|s| s.units() % 7 == 0 && s.units() > 0 && *s <= Gpus::whole(1))
+}
+
+fn rough_gpus(spec: &WorkloadSpec) -> Gpus {
+    fallback_demand(spec).map_or(Gpus::ZERO, Demand::gpus)
+}
+
+fn fallback_demand(spec: &WorkloadSpec) -> Option<Demand> {
+    if let Some(count) = spec.gpu.count {
+        return Some(Demand::Whole { count });
+    }
+    if let Some(fraction) = share_of(spec) {
+        return Some(Demand::Share { fraction });
+    }
+    let p = spec.gpu.mig_profile.as_deref()?;
+    let id = p.parse().ok().or_else(|| {
+        mig::builtin_models()
+            .iter()
+            .find_map(|m| m.resolve_profile(p))
+    })?;
+    Some(Demand::Mig { profile_id: id })
+}
+
+/// The demand of one replica on `pool`, or why the pool cannot hold that shape.
+fn demand_on(pool: &PoolInfo, spec: &WorkloadSpec) -> Result<Demand, String> {
+    let g = &spec.gpu;
+    let set = [
+        g.count.is_some(),
+        g.mig_profile.is_some(),
+        g.fraction.is_some(),
+    ]
+    .iter()
+    .filter(|x| **x)
+    .count();
+    if set != 1 {
+        return Err("`gpu` must set exactly one of count, migProfile, fraction".into());
+    }
+    let d = if let Some(count) = g.count {
+        if count == 0 {
+            return Err("asks for 0 GPUs".into());
+        }
+        match pool.sharing {
+            Sharing::Exclusive => {}
+            Sharing::Mig if pool.layouts.iter().any(|l| has_whole(l)) => {}
+            Sharing::Mig => {
+                return Err("whole GPUs on a MIG pool need a layout with a 7g instance".into());
+            }
+            s => {
+                return Err(format!(
+                    "whole GPUs need an exclusive pool, not `{}`",
+                    s.as_str()
+                ));
+            }
+        }
+        if count > pool.gpus_per_node {
+            return Err(format!(
+                "a replica asks {count} GPUs on one node, a node has {}",
+                pool.gpus_per_node
+            ));
+        }
+        Demand::Whole { count }
+    } else if let Some(profile) = &g.mig_profile {
+        if pool.sharing != Sharing::Mig {
+            return Err(format!(
+                "MIG instances need a mig pool, not `{}`",
+                pool.sharing.as_str()
+            ));
+        }
+        let id = pool
+            .resolve_profile(profile)
+            .ok_or_else(|| format!("`{profile}` is not a MIG profile of {}", pool.gpu_model))?;
+        if !pool
+            .layouts
+            .iter()
+            .any(|l| l.iter().any(|p| p.profile_id == id))
+        {
+            return Err(format!("none of its layouts has a `{profile}` instance"));
+        }
+        Demand::Mig { profile_id: id }
+    } else {
+        let fraction = share_of(spec).ok_or("the fraction is not a whole number of thousandths")?;
+        if !matches!(pool.sharing, Sharing::Mps | Sharing::Timeslice) {
+            return Err(format!(
+                "a GPU fraction needs an mps or timeslice pool, not `{}`",
+                pool.sharing.as_str()
+            ));
+        }
+        Demand::Share { fraction }
+    };
+    Ok(d)
+}
+
+/// Whether a layout is the whole GPU as one 7g instance.
+pub fn has_whole(layout: &[Placement]) -> bool {
+    layout.iter().any(|p| p.profile_id == mig::PROFILE_7G)
+}
+
+/// Parses `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` to Unix seconds (fractions dropped).
+pub fn parse_rfc3339(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() < 20 {
+        return None;
+    }
+    let num = |from: usize, len: usize| -> Option<i64> {
+        let part = s.get(from..from + len)?;
+        if !part.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
+    let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
+    if b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut rest = &s[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = &frac[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let ob = rest.as_bytes();
+            if ob.len() != 6 || !matches!(ob[0], b'+' | b'-') || ob[3] != b':' {
+                return None;
+            }
+            let h: i64 = rest[1..3].parse().ok()?;
+            let m: i64 = rest[4..6].parse().ok()?;
+            let sign = if ob[0] == b'-' { -1 } else { 1 };
+            sign * (h * 3600 + m * 60)
+        }
+    };
+    Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset)
+}
+
+/// Formats Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn format_rfc3339(t: i64) -> String {
+    let days = t.div_euclid(86_400);
+    let secs = t.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+// Howard Hinnant's algorithms.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_round_trip() {
+        let t = parse_rfc3339("2026-11-20T08:00:00Z").unwrap();
+        assert_eq!(format_rfc3339(t), "2026-11-20T08:00:00Z");
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339("1970-01-01T01:00:00+01:00"), Some(0));
+        assert_eq!(parse_rfc3339("2000-03-01T00:00:00.5Z"), Some(951_868_800));
+        assert_eq!(parse_rfc3339("2026-11-20 08:00:00Z"), None);
+        assert_eq!(parse_rfc3339("2026-13-20T08:00:00Z"), None);
+    }
+}

@@ -1,0 +1,440 @@
+//! Hierarchical quota accounting: usage per tenant per pool, where a tenant's usage includes its
+//! descendants'.
+//!
+//! - **Limit** (invariant 3): a workload's amount must keep usage ≤ limit at its tenant and at
+//!   every ancestor, for GPUs and, where the limit sets them, CPU and memory.
+//! - **Guaranteed / borrowed**: the part of a tenant's usage up to its guarantee is guaranteed,
+//!   the rest is borrowed.
+//! - **Reservations**: a tenant's idle guarantee (`guarantee − usage`) beyond its lending limit is
+//!   reserved for it; borrowing may only use free capacity that no other tenant reserves. "Other
+//!   tenants" are the siblings of the borrower and of each of its ancestors: disjoint subtrees
+//!   that together cover everything outside the borrower's lineage.
+//! - **Fair share**: borrowers compete by borrowed dominant share divided by weight.
+
+use std::collections::BTreeMap;
+
+use tessera_compiler::compiled::Amounts;
+use tessera_compiler::units::{Bytes, Gpus, Millicores};
+
+use crate::decision::{Reason, Resource};
+use crate::problem::Problem;
+
+/// Usage per tenant and pool.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    /// `usage[tenant][pool]`, descendants included.
+    usage: Vec<BTreeMap<usize, Amounts>>,
+    /// Direct children of each tenant.
+    children: Vec<Vec<usize>>,
+    /// Per pool: GPUs, CPU and memory of its nodes in the snapshot.
+    capacity: Vec<Amounts>,
+    roots: Vec<usize>,
+}
+
+fn add(a: Amounts, b: Amounts) -> Amounts {
+    Amounts {
+        gpus: a.gpus + b.gpus,
+        cpu: Some(Millicores(
+            a.cpu.unwrap_or_default().0 + b.cpu.unwrap_or_default().0,
+        )),
+        memory: Some(Bytes(
+            a.memory.unwrap_or_default().0 + b.memory.unwrap_or_default().0,
+        )),
+    }
+}
+
+fn sub(a: Amounts, b: Amounts) -> Amounts {
+    Amounts {
+        gpus: a.gpus - b.gpus,
+        cpu: Some(Millicores(
+            a.cpu
+                .unwrap_or_default()
+                .0
+                .saturating_sub(b.cpu.unwrap_or_default().0),
+        )),
+        memory: Some(Bytes(
+            a.memory
+                .unwrap_or_default()
+                .0
+                .saturating_sub(b.memory.unwrap_or_default().0),
+        )),
+    }
+}
+
+impl Ledger {
+    pub fn new(problem: &Problem) -> Ledger {
+        let mut children = vec![Vec::new(); problem.tenants.len()];
+        let mut roots = Vec::new();
+        for (i, t) in problem.tenants.iter().enumerate() {
+            match t.parent {
+                Some(p) => children[p].push(i),
+                None => roots.push(i),
+            }
+        }
+        let capacity = problem
+            .pools
+            .iter()
+            .map(|p| {
+                let mut a = Amounts::default();
+                for &n in &p.nodes {
+                    let node = &problem.nodes[n];
+                    a = add(
+                        a,
+                        Amounts {
+                            gpus: Gpus::whole(node.gpus.len() as i64),
+                            cpu: Some(node.cpu),
+                            memory: Some(node.memory),
+                        },
+                    );
+                }
+                a
+            })
+            .collect();
+        Ledger {
+            usage: vec![BTreeMap::new(); problem.tenants.len()],
+            children,
+            capacity,
+            roots,
+        }
+    }
+
+    /// Usage of `tenant` (with descendants) in `pool`.
+    pub fn usage(&self, tenant: usize, pool: usize) -> Amounts {
+        self.usage[tenant].get(&pool).copied().unwrap_or_default()
+    }
+
+    /// GPUs, CPU and memory of the pool's nodes.
+    pub fn capacity(&self, pool: usize) -> Amounts {
+        self.capacity[pool]
+    }
+
+    /// Usage of the whole pool.
+    pub fn pool_usage(&self, pool: usize) -> Gpus {
+        self.roots.iter().map(|&r| self.usage(r, pool).gpus).sum()
+    }
+
+    pub fn add(&mut self, problem: &Problem, tenant: usize, pool: usize, amount: Amounts) {
+        for &t in &problem.tenants[tenant].lineage {
+            let e = self.usage[t].entry(pool).or_default();
+            *e = add(*e, amount);
+        }
+    }
+
+    pub fn remove(&mut self, problem: &Problem, tenant: usize, pool: usize, amount: Amounts) {
+        for &t in &problem.tenants[tenant].lineage {
+            let e = self.usage[t].entry(pool).or_default();
+            *e = sub(*e, amount);
+        }
+    }
+
+    /// Whether `amount` more keeps usage ≤ limit at the tenant and every ancestor; the first
+    /// level (from the tenant up) that refuses, otherwise.
+    pub fn check_limit(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        amount: Amounts,
+    ) -> Result<(), Reason> {
+        let pool_name = &problem.pools[pool].name;
+        for &t in &problem.tenants[tenant].lineage {
+            let info = &problem.tenants[t];
+            let used = self.usage(t, pool);
+            let refuse =
+                |resource, usage: String, request: String, limit: String| Reason::QuotaExceeded {
+                    tenant: info.name.clone(),
+                    pool: pool_name.clone(),
+                    resource,
+                    usage,
+                    request,
+                    limit,
+                };
+            let Some(q) = info.quota.get(&pool) else {
+                return Err(refuse(
+                    Resource::Gpus,
+                    used.gpus.to_string(),
+                    amount.gpus.to_string(),
+                    "0".into(),
+                ));
+            };
+            if used.gpus + amount.gpus > q.limit.gpus {
+                return Err(refuse(
+                    Resource::Gpus,
+                    used.gpus.to_string(),
+                    amount.gpus.to_string(),
+                    q.limit.gpus.to_string(),
+                ));
+            }
+            let (uc, ac) = (used.cpu.unwrap_or_default(), amount.cpu.unwrap_or_default());
+            if let Some(l) = q.limit.cpu
+                && uc.0 + ac.0 > l.0
+            {
+                return Err(refuse(
+                    Resource::Cpu,
+                    uc.to_string(),
+                    ac.to_string(),
+                    l.to_string(),
+                ));
+            }
+            let (um, am) = (
+                used.memory.unwrap_or_default(),
+                amount.memory.unwrap_or_default(),
+            );
+            if let Some(l) = q.limit.memory
+                && um.0 + am.0 > l.0
+            {
+                return Err(refuse(
+                    Resource::Memory,
+                    um.to_string(),
+                    am.to_string(),
+                    l.to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenant's guarantee in the pool (GPUs).
+    pub fn guarantee(problem: &Problem, tenant: usize, pool: usize) -> Gpus {
+        problem.tenants[tenant]
+            .quota
+            .get(&pool)
+            .map_or(Gpus::ZERO, |q| q.guarantee.gpus)
+    }
+
+    /// How `gpus` more for `tenant` split into (guaranteed, borrowed) at the tenant's own level.
+    pub fn split(&self, problem: &Problem, tenant: usize, pool: usize, gpus: Gpus) -> (Gpus, Gpus) {
+        let room =
+            Self::guarantee(problem, tenant, pool).saturating_sub(self.usage(tenant, pool).gpus);
+        let guaranteed = room.min(gpus);
+        (guaranteed, gpus - guaranteed)
+    }
+
+    /// Idle guarantee beyond the lending limit of tenant `t` in the pool.
+    fn reserved(&self, problem: &Problem, t: usize, pool: usize) -> Gpus {
+        let Some(q) = problem.tenants[t].quota.get(&pool) else {
+            return Gpus::ZERO;
+        };
+        let idle = q.guarantee.gpus.saturating_sub(self.usage(t, pool).gpus);
+        idle.saturating_sub(q.lending_limit.gpus)
+    }
+
+    /// Capacity reserved in the pool by tenants outside `tenant`'s lineage.
+    pub fn reserved_by_others(&self, problem: &Problem, tenant: usize, pool: usize) -> Gpus {
+        let lineage = &problem.tenants[tenant].lineage;
+        let mut total = Gpus::ZERO;
+        for &a in &lineage[1..] {
+            for &c in &self.children[a] {
+                if !lineage.contains(&c) {
+                    total += self.reserved(problem, c, pool);
+                }
+            }
+        }
+        for &r in &self.roots {
+            if !lineage.contains(&r) {
+                total += self.reserved(problem, r, pool);
+            }
+        }
+        total
+    }
+
+    /// Whether borrowing for a request of `gpus` (of which `borrowed` above guarantee) respects
+    /// other tenants' reservations.
+    pub fn check_borrow(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        gpus: Gpus,
+        borrowed: Gpus,
+    ) -> Result<(), Reason> {
+        if borrowed == Gpus::ZERO {
+            return Ok(());
+        }
+        let free = self.capacity[pool]
+            .gpus
+            .saturating_sub(self.pool_usage(pool));
+        let reserved = self.reserved_by_others(problem, tenant, pool);
+        if gpus + reserved > free {
+            return Err(Reason::BorrowReserved {
+                pool: problem.pools[pool].name.clone(),
+                borrow: borrowed,
+                free,
+                reserved,
+            });
+        }
+        Ok(())
+    }
+
+    /// Borrowed dominant share of the tenant in the pool, divided by its weight.
+    pub fn fair_share(&self, problem: &Problem, tenant: usize, pool: usize) -> f64 {
+        let info = &problem.tenants[tenant];
+        let Some(q) = info.quota.get(&pool) else {
+            return 0.0;
+        };
+        let used = self.usage(tenant, pool);
+        let cap = self.capacity[pool];
+        let ratio = |num: u64, den: u64| {
+            if den == 0 {
+                0.0
+            } else {
+                num as f64 / den as f64
+            }
+        };
+        let mut share = ratio(
+            used.gpus.saturating_sub(q.guarantee.gpus).units().max(0) as u64,
+            cap.gpus.units().max(0) as u64,
+        );
+        if let Some(g) = q.guarantee.cpu {
+            let b = used.cpu.unwrap_or_default().0.saturating_sub(g.0);
+            share = share.max(ratio(b, cap.cpu.unwrap_or_default().0));
+        }
+        if let Some(g) = q.guarantee.memory {
+            let b = used.memory.unwrap_or_default().0.saturating_sub(g.0);
+            share = share.max(ratio(b, cap.memory.unwrap_or_default().0));
+        }
+        share / info.weight
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_compiler::{SourceFile, compile};
+
+    use super::*;
+
+    const POLICY: &str = r#"
+apiVersion: tessera/v1alpha1
+kind: PriorityTiers
+metadata: {name: tiers}
+spec: {tiers: [{name: low, value: 1}]}
+---
+apiVersion: tessera/v1alpha1
+kind: SloClass
+metadata: {name: batch}
+spec: {tier: low, preemptible: true}
+---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: p}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {nodes: 1, gpusPerNode: 8, cpuPerNode: 64, memoryPerNode: 1Ti}
+  sharing: exclusive
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: org}
+spec: {guarantee: {p: 8}, limit: {p: {gpus: 8, cpu: 32}}, sloClasses: [batch]}
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: team}
+spec: {parent: org, guarantee: {p: 4}, limit: {p: 8}}
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: leaf}
+spec: {parent: team, guarantee: {p: 2}, limit: {p: 6}}
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: other}
+spec: {parent: org, guarantee: {p: 4}, lendingLimit: {p: 1}}
+---
+apiVersion: tessera/v1alpha1
+kind: ClusterState
+metadata: {name: s}
+spec:
+  observedAt: "2026-11-20T08:00:00Z"
+  nodes:
+    - name: n0
+      pool: p
+      cpu: 64
+      memory: 1Ti
+      gpus:
+        - {index: 0, uuid: GPU-00000000-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+        - {index: 1, uuid: GPU-00000001-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+        - {index: 2, uuid: GPU-00000002-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+        - {index: 3, uuid: GPU-00000003-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+        - {index: 4, uuid: GPU-00000004-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+        - {index: 5, uuid: GPU-00000005-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+        - {index: 6, uuid: GPU-00000006-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+        - {index: 7, uuid: GPU-00000007-0000-0000-0000-000000000000, model: H100-SXM5-80GB}
+"#;
+
+    fn problem() -> Problem {
+        let c = compile(&[SourceFile::new("p.yaml", POLICY)]);
+        assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
+        Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
+    }
+
+    fn gpus(n: i64) -> Amounts {
+        Amounts {
+            gpus: Gpus::whole(n),
+            cpu: Some(Millicores(n as u64 * 5000)),
+            memory: None,
+        }
+    }
+
+    fn tenant(p: &Problem, name: &str) -> usize {
+        p.tenants.iter().position(|t| t.name == name).unwrap()
+    }
+
+    #[test]
+    fn usage_counts_descendants_and_limits_hold_at_every_level() {
+        let p = problem();
+        let mut l = Ledger::new(&p);
+        let (leaf, team, org) = (tenant(&p, "leaf"), tenant(&p, "team"), tenant(&p, "org"));
+        l.add(&p, leaf, 0, gpus(5));
+        assert_eq!(l.usage(team, 0).gpus, Gpus::whole(5));
+        assert_eq!(l.usage(org, 0).gpus, Gpus::whole(5));
+        // leaf's own limit (6) refuses 2 more.
+        let err = l.check_limit(&p, leaf, 0, gpus(2)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("quota exhausted at tenant `leaf`"),
+            "{err}"
+        );
+        // team may take 3 more GPUs, but the CPU limit it inherits from org (32 cores) refuses
+        // 15 cores more.
+        let err = l.check_limit(&p, team, 0, gpus(3)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "quota exhausted at tenant `team` for pool `p`: CPU usage 25 + request 15 > limit 32"
+        );
+        assert!(l.check_limit(&p, team, 0, gpus(1)).is_ok());
+        l.remove(&p, leaf, 0, gpus(5));
+        assert_eq!(l.usage(org, 0).gpus, Gpus::ZERO);
+    }
+
+    #[test]
+    fn split_and_reservations() {
+        let p = problem();
+        let mut l = Ledger::new(&p);
+        let (leaf, other) = (tenant(&p, "leaf"), tenant(&p, "other"));
+        assert_eq!(
+            l.split(&p, leaf, 0, Gpus::whole(3)),
+            (Gpus::whole(2), Gpus::whole(1))
+        );
+        // `other` is guaranteed 4, idle, and lends 1: 3 are reserved against leaf's borrowing.
+        assert_eq!(l.reserved_by_others(&p, leaf, 0), Gpus::whole(3));
+        assert!(
+            l.check_borrow(&p, leaf, 0, Gpus::whole(5), Gpus::whole(3))
+                .is_ok()
+        );
+        let err = l
+            .check_borrow(&p, leaf, 0, Gpus::whole(6), Gpus::whole(4))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "borrowing 4 GPUs in pool `p` would use capacity reserved by other tenants' idle guarantees: 8 free, 3 reserved"
+        );
+        // Once `other` runs 2, only 1 stays reserved.
+        l.add(&p, other, 0, gpus(2));
+        assert_eq!(l.reserved_by_others(&p, leaf, 0), Gpus::whole(1));
+        // The fair share counts only what is borrowed, divided by the weight.
+        l.add(&p, leaf, 0, gpus(4));
+        assert!((l.fair_share(&p, leaf, 0) - 2.0 / 8.0).abs() < 1e-9);
+    }
+}

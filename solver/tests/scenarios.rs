@@ -1,0 +1,720 @@
+//! Scenarios on small fleets: each checks one rule of the policy, and the sentence that
+//! explains a workload left waiting.
+
+mod common;
+
+use common::*;
+use tessera_solver::decision::{Outcome, PreemptReason, Reason};
+
+const EARLY: &str = "2026-11-20T06:00:00Z";
+const RECENT: &str = "2026-11-20T07:50:00Z";
+
+fn admitted(
+    d: &tessera_solver::Decision,
+    name: &str,
+) -> Vec<tessera_solver::decision::ReplicaBinding> {
+    match &get(d, name).outcome {
+        Outcome::Admit { bindings, .. } => bindings.clone(),
+        other => panic!("{name} not admitted: {other:?}"),
+    }
+}
+
+#[test]
+fn empty_state_decides_nothing() {
+    let d = run(&state(&[node("t0", "train", 8)], "", ""));
+    assert!(d.workloads.is_empty());
+    assert_eq!(d.bound, None);
+}
+
+#[test]
+fn a_gang_is_placed_whole_or_not_at_all() {
+    // 5 and 7 GPUs free: one replica of 6 fits, two do not, and none is placed; two of 5 fit.
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = [
+        running(
+            "hold-0",
+            "{tenant: b, sloClass: critical, gpu: {count: 3}}",
+            &[&gpus("t0", 0, 3)],
+            EARLY,
+        ),
+        running(
+            "hold-1",
+            "{tenant: b, sloClass: critical, gpu: {count: 1}}",
+            &[&gpus("t1", 0, 1)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = [
+        pending(
+            "big",
+            "{tenant: a, sloClass: batch, replicas: 2, gpu: {count: 6}}",
+            RECENT,
+        ),
+        pending(
+            "pair",
+            "{tenant: a, sloClass: batch, replicas: 2, gpu: {count: 5}}",
+            RECENT,
+        ),
+    ]
+    .concat();
+    let d = run(&state(&nodes, &run_, &pend));
+    assert_eq!(
+        message(&d, "big"),
+        "pool `train` has room for 1 of the 2 replicas the gang needs (12 GPUs free); \
+         preemption not allowed: `hold-0` is non-preemptible, `hold-1` is non-preemptible"
+    );
+    let pair = admitted(&d, "pair");
+    assert_eq!(pair.len(), 2);
+    assert!(pair.iter().all(|b| b.gpus.len() == 5));
+}
+
+#[test]
+fn min_member_places_what_fits_between_min_and_replicas() {
+    let nodes = [node("t0", "train", 8)];
+    let run_ = running(
+        "hold",
+        "{tenant: b, sloClass: critical, gpu: {count: 5}}",
+        &[&gpus("t0", 0, 5)],
+        EARLY,
+    );
+    let pend = pending(
+        "sweep",
+        "{tenant: a, sloClass: batch, replicas: 6, minMember: 2, gpu: {count: 1}}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, &run_, &pend));
+    assert_eq!(admitted(&d, "sweep").len(), 3);
+}
+
+#[test]
+fn required_topology_never_splits_a_gang_across_domains() {
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = [
+        running(
+            "hold-0",
+            "{tenant: b, sloClass: critical, gpu: {count: 4}}",
+            &[&gpus("t0", 0, 4)],
+            EARLY,
+        ),
+        running(
+            "hold-1",
+            "{tenant: b, sloClass: critical, gpu: {count: 4}}",
+            &[&gpus("t1", 0, 4)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let tp = "{tenant: a, sloClass: batch, replicas: 8, gpu: {count: 1}, topology: {sameNvlinkDomain: required}}";
+    let d = run(&state(&nodes, &run_, &pending("tp8", tp, RECENT)));
+    let Outcome::Pending { reason, message } = &get(&d, "tp8").outcome else {
+        panic!("tp8 placed");
+    };
+    assert!(
+        matches!(reason, Reason::PreemptionNotAllowed { capacity, .. } if matches!(**capacity, Reason::NoNvlinkDomain { .. })),
+        "{reason:?}"
+    );
+    assert!(
+        message.starts_with(
+            "no NVLink domain in pool `train` with 8 free GPUs for the gang (best has 4)"
+        ),
+        "{message}"
+    );
+    // The same gang without the requirement is split across the two nodes.
+    let free = "{tenant: a, sloClass: batch, replicas: 8, gpu: {count: 1}}";
+    let d = run(&state(&nodes, &run_, &pending("tp8", free, RECENT)));
+    let nodes_used: std::collections::BTreeSet<String> =
+        admitted(&d, "tp8").into_iter().map(|b| b.node).collect();
+    assert_eq!(nodes_used.len(), 2);
+}
+
+#[test]
+fn best_fit_keeps_a_whole_node_free() {
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = running(
+        "hold",
+        "{tenant: b, sloClass: critical, gpu: {count: 4}}",
+        &[&gpus("t0", 0, 4)],
+        EARLY,
+    );
+    let d = run(&state(
+        &nodes,
+        &run_,
+        &pending(
+            "two",
+            "{tenant: a, sloClass: batch, gpu: {count: 2}}",
+            RECENT,
+        ),
+    ));
+    assert_eq!(admitted(&d, "two")[0].node, "t0");
+    let train = d.pools.iter().find(|p| p.pool == "train").unwrap();
+    assert_eq!(train.free_nodes, 1);
+}
+
+const BALANCED: &[(&str, u8)] = &[
+    ("2g.20gb", 0),
+    ("1g.10gb", 2),
+    ("1g.10gb", 3),
+    ("3g.40gb", 4),
+];
+
+#[test]
+fn a_mig_request_takes_a_free_existing_instance_without_reconfiguring() {
+    let nodes = [mig_node("m0", "infer", &[BALANCED, BALANCED])];
+    let run_ = running(
+        "api",
+        "{tenant: b, sloClass: serving, gpu: {migProfile: 3g.40gb}}",
+        &["{node: m0, gpus: [0], migStart: 4}"],
+        EARLY,
+    );
+    let pend = pending(
+        "embed",
+        "{tenant: a, sloClass: serving, gpu: {migProfile: 1g.10gb}}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, &run_, &pend));
+    let b = &admitted(&d, "embed")[0];
+    assert_eq!(b.mig_profile.as_deref(), Some("1g.10gb"));
+    assert!(b.mig_start == Some(2) || b.mig_start == Some(3));
+    // The tightest GPU: the one already partly used.
+    assert_eq!(b.gpus, vec![0]);
+    assert!(
+        d.geometry
+            .iter()
+            .all(|g| g.create.is_empty() && g.destroy.is_empty())
+    );
+}
+
+#[test]
+fn a_mig_request_reconfigures_an_idle_part_and_keeps_busy_instances() {
+    // Both 3g instances are busy; a second 3g needs a GPU re-laid out as two-3g around its
+    // busy 3g@4. GPU 0's 2g is busy too and blocks it; GPU 1 is re-laid out.
+    let nodes = [mig_node("m0", "infer", &[BALANCED, BALANCED])];
+    let run_ = [
+        running(
+            "api-0",
+            "{tenant: b, sloClass: serving, gpu: {migProfile: 3g.40gb}}",
+            &["{node: m0, gpus: [0], migStart: 4}"],
+            EARLY,
+        ),
+        running(
+            "api-1",
+            "{tenant: b, sloClass: serving, gpu: {migProfile: 3g.40gb}}",
+            &["{node: m0, gpus: [1], migStart: 4}"],
+            EARLY,
+        ),
+        running(
+            "small",
+            "{tenant: b, sloClass: serving, gpu: {migProfile: 2g.20gb}}",
+            &["{node: m0, gpus: [0], migStart: 0}"],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = pending(
+        "chat",
+        "{tenant: a, sloClass: serving, gpu: {migProfile: 3g.40gb}}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, &run_, &pend));
+    let b = &admitted(&d, "chat")[0];
+    assert_eq!((b.gpus.clone(), b.mig_start), (vec![1], Some(0)));
+    let g0 = &d.geometry[0];
+    let g1 = &d.geometry[1];
+    assert!(g0.create.is_empty() && g0.destroy.is_empty());
+    let starts = |v: &[tessera_solver::decision::Instance]| {
+        v.iter()
+            .map(|i| (i.profile.clone(), i.start))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        starts(&g1.target),
+        vec![("3g.40gb".to_owned(), 0), ("3g.40gb".to_owned(), 4)]
+    );
+    assert_eq!(starts(&g1.create), vec![("3g.40gb".to_owned(), 0)]);
+    assert_eq!(g1.destroy.len(), 3);
+    assert!(!g1.drain);
+    for g in &d.geometry {
+        let target: Vec<_> = g
+            .target
+            .iter()
+            .map(|i| tessera_compiler::mig::Placement::new(i.profile_id, i.start))
+            .collect();
+        assert_eq!(tessera_compiler::mig::validate(&target), Ok(()));
+    }
+}
+
+#[test]
+fn reconfiguration_budget_is_per_gpu_per_decision() {
+    // GPU 0 is empty, GPU 1 holds a busy 7g. The first 2g lays GPU 0 out as `balanced`; the
+    // second would need it re-laid out again as `three-2g` around the busy 2g, but the pool
+    // allows one change per GPU.
+    let nodes = [mig_node("m0", "infer", &[&[], &[("7g.80gb", 0)]])];
+    let run_ = running(
+        "big",
+        "{tenant: b, sloClass: serving, gpu: {migProfile: 7g.80gb}}",
+        &["{node: m0, gpus: [1], migStart: 0}"],
+        EARLY,
+    );
+    let pend = [
+        pending(
+            "first",
+            "{tenant: a, sloClass: serving, gpu: {migProfile: 2g.20gb}}",
+            "2026-11-20T07:00:00Z",
+        ),
+        pending(
+            "second",
+            "{tenant: a, sloClass: serving, gpu: {migProfile: 2g.20gb}}",
+            RECENT,
+        ),
+    ]
+    .concat();
+    let d = run(&state(&nodes, &run_, &pend));
+    let b = &admitted(&d, "first")[0];
+    assert_eq!((b.gpus.clone(), b.mig_start), (vec![0], Some(0)));
+    assert_eq!(d.geometry[0].target.len(), 4);
+    assert_eq!(d.geometry[0].create.len(), 4);
+    assert!(d.geometry[0].destroy.is_empty() && !d.geometry[0].drain);
+    assert_eq!(
+        message(&d, "second"),
+        "reconfiguration budget spent on GPU m0/0 of pool `infer`; preemption not allowed: \
+         `big` is non-preemptible"
+    );
+}
+
+fn reclaim_state(b2_class: &str, b2_started: &str) -> String {
+    reclaim_state2("batch", b2_class, b2_started)
+}
+
+fn reclaim_state2(b1_class: &str, b2_class: &str, b2_started: &str) -> String {
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = [
+        running(
+            "b-1",
+            &format!("{{tenant: b, sloClass: {b1_class}, gpu: {{count: 8}}}}"),
+            &[&gpus("t0", 0, 8)],
+            "2026-11-20T05:00:00Z",
+        ),
+        running(
+            "b-2",
+            &format!("{{tenant: b, sloClass: {b2_class}, gpu: {{count: 8}}}}"),
+            &[&gpus("t1", 0, 8)],
+            b2_started,
+        ),
+    ]
+    .concat();
+    state(
+        &nodes,
+        &run_,
+        &pending(
+            "a-job",
+            "{tenant: a, sloClass: batch, gpu: {count: 8}}",
+            RECENT,
+        ),
+    )
+}
+
+#[test]
+fn a_borrower_is_preempted_when_the_owner_needs_its_guarantee() {
+    // b is guaranteed 8 and runs 16: b-2 (newer) is borrowed; a's job is within a's guarantee.
+    let d = run(&reclaim_state("batch", EARLY));
+    assert!(matches!(get(&d, "b-1").outcome, Outcome::Keep { .. }));
+    match &get(&d, "b-2").outcome {
+        Outcome::Preempt {
+            grace_seconds,
+            lost_gpu_seconds,
+            reason,
+            message,
+        } => {
+            assert_eq!(*grace_seconds, 300);
+            assert_eq!(*lost_gpu_seconds, 8.0 * 7200.0);
+            assert!(matches!(reason, PreemptReason::Reclaim { .. }));
+            assert_eq!(
+                message,
+                "its borrowed capacity is reclaimed for `a-job`, within tenant `a`'s guarantee"
+            );
+        }
+        other => panic!("b-2 not preempted: {other:?}"),
+    }
+    assert_eq!(admitted(&d, "a-job")[0].node, "t1");
+    let b = d
+        .usage
+        .iter()
+        .find(|u| u.tenant == "b" && u.pool == "train")
+        .unwrap();
+    assert_eq!(
+        (b.total.to_string(), b.borrowed.to_string()),
+        ("8".into(), "0".into())
+    );
+}
+
+#[test]
+fn a_non_preemptible_workload_is_never_preempted() {
+    let d = run(&reclaim_state2("critical", "critical", EARLY));
+    assert!(
+        matches!(get(&d, "b-1").outcome, Outcome::Keep { .. }),
+        "{:?}",
+        get(&d, "b-1")
+    );
+    assert!(matches!(get(&d, "b-2").outcome, Outcome::Keep { .. }));
+    assert_eq!(
+        message(&d, "a-job"),
+        "quota exhausted at tenant `org` for pool `train`: GPUs usage 16 + request 8 > limit 16; \
+         preemption not allowed: `b-1` is non-preemptible, `b-2` is non-preemptible"
+    );
+    // With b-2 non-preemptible and of a higher tier, it is b's guaranteed work: the older but
+    // lower-tier b-1 is the borrowed part, and is reclaimed instead.
+    let d = run(&reclaim_state("critical", EARLY));
+    assert!(matches!(get(&d, "b-2").outcome, Outcome::Keep { .. }));
+    assert!(matches!(
+        get(&d, "b-1").outcome,
+        Outcome::Preempt {
+            reason: PreemptReason::Reclaim { .. },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn min_runtime_is_honoured() {
+    let d = run(&reclaim_state("batch", RECENT));
+    assert!(matches!(get(&d, "b-2").outcome, Outcome::Keep { .. }));
+    assert!(
+        message(&d, "a-job").contains("`b-2` has not reached its minRuntime (20m left)"),
+        "{}",
+        message(&d, "a-job")
+    );
+}
+
+#[test]
+fn trust_domains_never_share_an_mps_gpu() {
+    let nodes = [node("s0", "share", 1)];
+    let run_ = running(
+        "nb-a",
+        "{tenant: a, sloClass: notebook, gpu: {fraction: 0.25}}",
+        &["{node: s0, gpus: [0], share: 0.25}"],
+        RECENT,
+    );
+    let pend = [
+        pending(
+            "nb-b",
+            "{tenant: b, sloClass: notebook, gpu: {fraction: 0.25}}",
+            RECENT,
+        ),
+        pending(
+            "nb-a2",
+            "{tenant: a, sloClass: notebook, gpu: {fraction: 0.5}}",
+            RECENT,
+        ),
+    ]
+    .concat();
+    let d = run(&state(&nodes, &run_, &pend));
+    assert_eq!(
+        admitted(&d, "nb-a2")[0].share.map(|s| s.to_string()),
+        Some("0.5".into())
+    );
+    assert!(message(&d, "nb-b").starts_with(
+        "every GPU of pool `share` with room is shared with a trust domain other than `b`"
+    ));
+}
+
+#[test]
+fn quota_and_isolation_reasons_are_precise() {
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let pend = [
+        pending(
+            "huge",
+            "{tenant: a, sloClass: batch, pool: train, replicas: 3, gpu: {count: 8}}",
+            RECENT,
+        ),
+        pending(
+            "sliced",
+            "{tenant: a, sloClass: batch, gpu: {migProfile: 1g.10gb}}",
+            RECENT,
+        ),
+    ]
+    .concat();
+    let d = run(&state(&nodes, "", &pend));
+    assert_eq!(
+        message(&d, "huge"),
+        "quota exhausted at tenant `a` for pool `train`: GPUs usage 0 + request 24 > limit 16"
+    );
+    assert_eq!(
+        message(&d, "sliced"),
+        "isolation: only pools below class `batch`'s minimum `exclusive` could hold it (infer)"
+    );
+}
+
+#[test]
+fn a_workload_whose_tenant_left_the_policy_is_orphaned_not_dropped() {
+    let nodes = [node("t0", "train", 8)];
+    let (policy, mut st) = compile_all(&state(
+        &nodes,
+        &running(
+            "old",
+            "{tenant: b, sloClass: batch, gpu: {count: 2}}",
+            &[&gpus("t0", 0, 2)],
+            EARLY,
+        ),
+        &pending(
+            "queued",
+            "{tenant: a, sloClass: batch, gpu: {count: 1}}",
+            RECENT,
+        ),
+    ));
+    st.running[0].spec.tenant = "gone".into();
+    st.pending[0].spec.tenant = "gone".into();
+    let d = tessera_solver::solve(&policy, &st, &Default::default()).unwrap();
+    assert_eq!(
+        message(&d, "queued"),
+        "orphaned: tenant `gone` was removed from the policy"
+    );
+    assert!(matches!(
+        get(&d, "old").outcome,
+        Outcome::Preempt {
+            reason: PreemptReason::Orphaned { .. },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn inconsistent_input_is_a_typed_error() {
+    let nodes = [node("t0", "train", 8)];
+    let (policy, mut st) = compile_all(&state(
+        &nodes,
+        &running(
+            "old",
+            "{tenant: b, sloClass: batch, gpu: {count: 2}}",
+            &[&gpus("t0", 0, 2)],
+            EARLY,
+        ),
+        "",
+    ));
+    st.running[0].bindings[0].gpus = vec![0, 9];
+    let err = tessera_solver::solve(&policy, &st, &Default::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "inconsistent input: workload `old`: binding 0: GPU 9 of node `t0` does not exist"
+    );
+}
+
+#[test]
+fn the_quickstart_snapshot_solves_deterministically() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/policies/quickstart"
+    );
+    let mut files = Vec::new();
+    for name in [
+        "cluster-state.yaml",
+        "fleet.yaml",
+        "tenants.yaml",
+        "workloads.yaml",
+    ] {
+        let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+        files.push(tessera_compiler::SourceFile::new(name, text));
+    }
+    let c = tessera_compiler::compile(&files);
+    let policy = c.policy.expect("quickstart compiles");
+    let st = &c.states[0].1;
+    let a =
+        serde_json::to_string(&tessera_solver::solve(&policy, st, &Default::default()).unwrap())
+            .unwrap();
+    let b =
+        serde_json::to_string(&tessera_solver::solve(&policy, st, &Default::default()).unwrap())
+            .unwrap();
+    assert_eq!(a, b);
+    let d = tessera_solver::solve(&policy, st, &Default::default()).unwrap();
+    // The 16-GPU gang waits: pretrain-7b runs within research's guarantee.
+    assert!(matches!(
+        get(&d, "pretrain-13b").outcome,
+        Outcome::Pending { .. }
+    ));
+    assert!(matches!(get(&d, "chat-api").outcome, Outcome::Keep { .. }));
+}
+
+#[test]
+fn reconfiguring_around_a_preempted_instance_needs_a_drain() {
+    // GPU 0: b's notebook holds the 2g, b's service the 3g@4; GPU 1: b's 7g. A 3g for a (within
+    // its guarantee) needs GPU 0 as two-3g: the notebook's borrowed 2g is reclaimed and the GPU
+    // drains before it is re-laid out.
+    let nodes = [mig_node("m0", "infer", &[BALANCED, &[("7g.80gb", 0)]])];
+    let run_ = [
+        running(
+            "svc",
+            "{tenant: b, sloClass: serving, gpu: {migProfile: 3g.40gb}}",
+            &["{node: m0, gpus: [0], migStart: 4}"],
+            EARLY,
+        ),
+        running(
+            "big",
+            "{tenant: b, sloClass: serving, gpu: {migProfile: 7g.80gb}}",
+            &["{node: m0, gpus: [1], migStart: 0}"],
+            EARLY,
+        ),
+        running(
+            "nb",
+            "{tenant: b, sloClass: notebook, gpu: {migProfile: 2g.20gb}}",
+            &["{node: m0, gpus: [0], migStart: 0}"],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = pending(
+        "chat",
+        "{tenant: a, sloClass: serving, gpu: {migProfile: 3g.40gb}}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, &run_, &pend));
+    assert!(matches!(
+        get(&d, "nb").outcome,
+        Outcome::Preempt {
+            grace_seconds: 30,
+            reason: PreemptReason::Reclaim { .. },
+            ..
+        }
+    ));
+    let b = &admitted(&d, "chat")[0];
+    assert_eq!((b.gpus.clone(), b.mig_start), (vec![0], Some(0)));
+    let g0 = &d.geometry[0];
+    assert!(g0.drain);
+    assert_eq!(g0.destroy.len(), 3);
+    assert!(matches!(get(&d, "svc").outcome, Outcome::Keep { .. }));
+}
+
+#[test]
+fn quickstart_decision_snapshot() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/policies/quickstart"
+    );
+    let files: Vec<_> = [
+        "cluster-state.yaml",
+        "fleet.yaml",
+        "tenants.yaml",
+        "workloads.yaml",
+    ]
+    .iter()
+    .map(|name| {
+        let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+        tessera_compiler::SourceFile::new(*name, text)
+    })
+    .collect();
+    let c = tessera_compiler::compile(&files);
+    let d = tessera_solver::solve(&c.policy.unwrap(), &c.states[0].1, &Default::default()).unwrap();
+    insta::assert_json_snapshot!(d);
+}
+
+#[test]
+fn preferred_topology_takes_one_node_when_one_holds_the_gang() {
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = running(
+        "hold",
+        "{tenant: b, sloClass: critical, gpu: {count: 5}}",
+        &[&gpus("t0", 0, 5)],
+        EARLY,
+    );
+    let spec = |mode: &str| {
+        format!(
+            "{{tenant: a, sloClass: batch, replicas: 4, gpu: {{count: 1}}, topology: {{sameNvlinkDomain: {mode}}}}}"
+        )
+    };
+    let nodes_of = |d: &tessera_solver::Decision| {
+        admitted(d, "gang")
+            .into_iter()
+            .map(|b| b.node)
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let d = run(&state(
+        &nodes,
+        &run_,
+        &pending("gang", &spec("preferred"), RECENT),
+    ));
+    assert_eq!(nodes_of(&d), ["t1".to_owned()].into());
+    // Without a preference, best fit fills t0's 3 free GPUs first.
+    let d = run(&state(
+        &nodes,
+        &run_,
+        &pending("gang", &spec("none"), RECENT),
+    ));
+    assert_eq!(nodes_of(&d), ["t0".to_owned(), "t1".to_owned()].into());
+}
+
+#[test]
+fn borrowers_are_served_by_fair_share_before_submission_time() {
+    // Guarantees of 4 each leave 8 GPUs of org's unassigned; a already borrows 2, b nothing.
+    // Room is left for one more 4-GPU job: b's, though a's was submitted first.
+    let fleet = FLEET.replace(
+        "guarantee: {train: 8, infer: 1, share: 1}",
+        "guarantee: {train: 4, infer: 1, share: 1}",
+    );
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = [
+        running(
+            "a-run",
+            "{tenant: a, sloClass: batch, gpu: {count: 6}}",
+            &[&gpus("t0", 0, 6)],
+            EARLY,
+        ),
+        running(
+            "b-run",
+            "{tenant: b, sloClass: batch, gpu: {count: 4}}",
+            &[&gpus("t1", 0, 4)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = [
+        pending(
+            "a-more",
+            "{tenant: a, sloClass: batch, gpu: {count: 4}}",
+            "2026-11-20T07:00:00Z",
+        ),
+        pending(
+            "b-more",
+            "{tenant: b, sloClass: batch, gpu: {count: 4}}",
+            RECENT,
+        ),
+    ]
+    .concat();
+    let d = run_with(&fleet, &state(&nodes, &run_, &pend));
+    match &get(&d, "b-more").outcome {
+        Outcome::Admit { borrowed, .. } => assert_eq!(borrowed.to_string(), "4"),
+        other => panic!("b-more: {other:?}"),
+    }
+    assert_eq!(
+        message(&d, "a-more"),
+        "quota exhausted at tenant `org` for pool `train`: GPUs usage 14 + request 4 > limit 16; \
+         preemption not allowed: `a-run` is within its tenant's guarantee, `b-run` is within its \
+         tenant's guarantee"
+    );
+}
+
+#[test]
+fn work_on_a_node_whose_pool_left_the_policy_is_orphaned() {
+    let nodes = [node("t0", "train", 8)];
+    let (policy, mut st) = compile_all(&state(
+        &nodes,
+        &running(
+            "old",
+            "{tenant: b, sloClass: batch, gpu: {count: 2}}",
+            &[&gpus("t0", 0, 2)],
+            EARLY,
+        ),
+        "",
+    ));
+    st.nodes[0].pool = "retired".into();
+    let d = tessera_solver::solve(&policy, &st, &Default::default()).unwrap();
+    assert_eq!(
+        message(&d, "old"),
+        "orphaned: pool `retired` of node `t0` was removed from the policy"
+    );
+    match &get(&d, "old").outcome {
+        // 2 GPUs × 2 h since the start.
+        Outcome::Preempt {
+            lost_gpu_seconds, ..
+        } => assert_eq!(*lost_gpu_seconds, 14_400.0),
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,172 @@
+//! `tessera plan`: what a policy change would do, from two Git revisions (or one directory)
+//! and a cluster-state snapshot.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use tessera_compiler::source::MAX_FILE_BYTES;
+use tessera_compiler::{Loaded, SourceFile};
+use tessera_plan::{PlanInput, RevisionInfo, Side};
+
+use crate::cli::PlanFormat;
+use crate::output;
+
+pub struct Args {
+    pub repo: Option<PathBuf>,
+    pub base: Option<String>,
+    pub head: Option<String>,
+    pub path: Option<String>,
+    pub policy: Option<PathBuf>,
+    pub state: PathBuf,
+    pub output: PlanFormat,
+    pub detailed_exitcode: bool,
+    pub out: Option<PathBuf>,
+}
+
+/// With `--detailed-exitcode`, every error is exit 1 (Terraform's contract: 2 means changes);
+/// without it, I/O and usage errors keep the project's exit 2.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let detailed = args.detailed_exitcode;
+    match plan(args) {
+        Err(e) if detailed => {
+            eprintln!("error: {e:#}");
+            Ok(ExitCode::from(1))
+        }
+        other => other,
+    }
+}
+
+fn display(p: &Path) -> String {
+    let s = p.to_string_lossy().replace('\\', "/");
+    s.strip_prefix("./").map(str::to_owned).unwrap_or(s)
+}
+
+fn plan(args: Args) -> anyhow::Result<ExitCode> {
+    let state_path = display(&args.state);
+    let bytes = std::fs::read(&args.state).with_context(|| format!("{state_path}: cannot read"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        bail!("{state_path}: larger than {MAX_FILE_BYTES} bytes");
+    }
+    let digest = tessera_plan::state_digest(&bytes);
+    let state_text =
+        String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{state_path}: not UTF-8 text"))?;
+    let state_file = SourceFile::new(state_path.clone(), state_text);
+
+    // Each side: what it is, and its files (`None`: no policy files at all).
+    let (base, head_info, head_loaded) = match (&args.repo, &args.policy) {
+        (Some(repo), _) => {
+            let (Some(base_rev), Some(head_rev)) = (&args.base, &args.head) else {
+                bail!("--repo needs --base and --head");
+            };
+            let repo = crate::git::open(repo)?;
+            let b = crate::git::load(&repo, base_rev, args.path.as_deref())?;
+            let h = crate::git::load(&repo, head_rev, args.path.as_deref())?;
+            let path = args
+                .path
+                .as_deref()
+                .map(crate::git::normalize)
+                .filter(|p| !p.is_empty());
+            let info = |rev: &String, commit| RevisionInfo {
+                rev: Some(rev.clone()),
+                commit: Some(commit),
+                path: path.clone(),
+            };
+            let Some(head_loaded) = h.loaded else {
+                bail!(
+                    "{}: no such directory at revision {head_rev}",
+                    path.as_deref().unwrap_or(".")
+                );
+            };
+            let base_loaded = b.loaded.filter(|l| !l.is_empty());
+            (
+                Some((info(base_rev, b.commit), base_loaded)),
+                info(head_rev, h.commit),
+                head_loaded,
+            )
+        }
+        (None, Some(dir)) => {
+            let loaded = tessera_compiler::source::discover(std::slice::from_ref(dir))?;
+            // The state file may live in the policy directory: compile it once.
+            let loaded = loaded
+                .into_iter()
+                .filter(|l| !matches!(l, Loaded::File(f) if f.path == state_path))
+                .collect();
+            let info = RevisionInfo {
+                rev: None,
+                commit: None,
+                path: Some(display(dir)),
+            };
+            (None, info, loaded)
+        }
+        (None, None) => bail!("give --repo with --base and --head, or --policy DIR"),
+    };
+
+    let base = base.map(|(info, l)| (info, l.map(tessera_compiler::compile_loaded)));
+    let mut head_loaded = head_loaded;
+    head_loaded.push(Loaded::File(state_file));
+    let head_sources: Vec<SourceFile> = head_loaded
+        .iter()
+        .filter_map(|l| match l {
+            Loaded::File(f) => Some(f.clone()),
+            _ => None,
+        })
+        .collect();
+    let head_compilation = tessera_compiler::compile_loaded(head_loaded);
+    if head_compilation.errors() == 0 && head_compilation.states.is_empty() {
+        bail!("{state_path}: holds no ClusterState document");
+    }
+
+    let plan = tessera_plan::plan(PlanInput {
+        base: base.as_ref().map(|(info, c)| Side {
+            info: info.clone(),
+            compilation: c.as_ref(),
+        }),
+        head: Side {
+            info: head_info,
+            compilation: Some(&head_compilation),
+        },
+        head_sources: &head_sources,
+        state_path,
+        state_digest: digest,
+    });
+
+    let text = match args.output {
+        PlanFormat::Human => {
+            let color = output::color_stdout();
+            let mut text = String::new();
+            if !head_compilation.diagnostics.is_empty() {
+                text.push_str(&output::human::render(
+                    &head_compilation,
+                    &head_sources,
+                    color,
+                ));
+                text.push('\n');
+            }
+            text.push_str(&tessera_plan::render::human(&plan, color));
+            text
+        }
+        PlanFormat::Markdown => tessera_plan::render::markdown(&plan),
+        PlanFormat::Json => plan.to_json(),
+        PlanFormat::Github => tessera_plan::render::github(&plan),
+    };
+    if let Some(out) = &args.out {
+        if plan.valid {
+            std::fs::write(out, plan.to_json())
+                .with_context(|| format!("{}: cannot write the plan", out.display()))?;
+        } else {
+            eprintln!(
+                "{}: not written: there is no plan for an invalid head",
+                out.display()
+            );
+        }
+    }
+    output::emit(&text)?;
+    Ok(if !plan.valid {
+        ExitCode::from(1)
+    } else if args.detailed_exitcode && plan.changed {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

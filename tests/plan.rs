@@ -1,0 +1,545 @@
+//! End-to-end tests of `tessera plan`: a real Git repository is built with git2 in a temporary
+//! directory, one commit per policy change (fixed signatures and times, so commit ids are the
+//! same on every run), and every output format and exit code is snapshot-tested.
+//! `INSTA_UPDATE=always cargo test --test plan` records new expectations.
+
+use std::path::Path;
+
+use git2::{Repository, Signature, Time};
+
+mod common;
+
+use common::tessera;
+
+const STATE: &str = "tests/data/plan/state.yaml";
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/plan/policy")
+            .join(name),
+    )
+    .expect("fixture exists")
+}
+
+/// The test repository: a policy directory beside files the plan must ignore.
+struct Fleet {
+    _dir: tempfile::TempDir,
+    repo: Repository,
+    ticks: i64,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let repo = Repository::init(dir.path()).expect("git init");
+        Fleet {
+            _dir: dir,
+            repo,
+            ticks: 0,
+        }
+    }
+
+    fn path(&self) -> &str {
+        self.repo
+            .workdir()
+            .expect("work tree")
+            .to_str()
+            .expect("utf-8 path")
+    }
+
+    fn write(&self, path: &str, bytes: &[u8]) {
+        let full = self.repo.workdir().unwrap().join(path);
+        std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+        std::fs::write(full, bytes).unwrap();
+    }
+
+    /// Commits the whole work tree (`git add -A && git commit`), at a fixed time; returns the id.
+    fn commit(&mut self, message: &str) -> String {
+        let mut index = self.repo.index().unwrap();
+        index
+            .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
+            .unwrap();
+        index.update_all(["*"], None).unwrap();
+        index.write().unwrap();
+        let tree = self.repo.find_tree(index.write_tree().unwrap()).unwrap();
+        self.ticks += 1;
+        let sig = Signature::new(
+            "Policy Author",
+            "author@example.invalid",
+            &Time::new(1_790_000_000 + self.ticks * 60, 0),
+        )
+        .unwrap();
+        let parent = self.repo.head().ok().map(|h| h.peel_to_commit().unwrap());
+        let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+        let id = self
+            .repo
+            .commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
+            .unwrap();
+        id.to_string()
+    }
+
+    fn tag(&self, name: &str, commit: &str) {
+        let obj = self
+            .repo
+            .find_object(git2::Oid::from_str(commit).unwrap(), None)
+            .unwrap();
+        self.repo.tag_lightweight(name, &obj, false).unwrap();
+    }
+}
+
+/// The sequence of commits the issue asks for, tagged `v0` (base) to `v4` (broken).
+fn history() -> Fleet {
+    let mut f = Fleet::new();
+    let fleet = fixture("fleet.yaml");
+    let tenants = fixture("tenants.yaml");
+    f.write("README.md", b"# policy\n");
+    f.write(".github/workflows/ci.yaml", b"not: [a policy\n");
+    f.write("policy/fleet.yaml", fleet.as_bytes());
+    f.write("policy/tenants.yaml", tenants.as_bytes());
+    let c = f.commit("base fleet");
+    f.tag("v0", &c);
+
+    let raised = tenants.replace("  guarantee: {train: 24}\n", "  guarantee: {train: 32}\n");
+    assert_ne!(raised, tenants);
+    f.write("policy/tenants.yaml", raised.as_bytes());
+    let c = f.commit("research: raise the training guarantee to 32");
+    f.tag("v1", &c);
+
+    let layouts = fleet.replace(
+        "  migLayouts: [halves]\n",
+        "  migLayouts: [halves, sevenths]\n",
+    ) + "---\napiVersion: tessera/v1alpha1\nkind: MigLayout\nmetadata: {name: sevenths}\n\
+           spec: {gpuModel: H100-SXM5-80GB, instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, \
+           1g.10gb, 1g.10gb, 1g.10gb]}\n";
+    f.write("policy/fleet.yaml", layouts.as_bytes());
+    let c = f.commit("infer: offer the all-1g layout");
+    f.tag("v2", &c);
+
+    let renamed = raised.replace("metadata: {name: product}", "metadata: {name: apps}");
+    assert_ne!(renamed, raised);
+    f.write("policy/tenants.yaml", renamed.as_bytes());
+    let c = f.commit("rename product to apps");
+    f.tag("v3", &c);
+
+    let broken = renamed.replace(
+        "  parent: org\n  guarantee: {train: 32}",
+        "  parent: orgg\n  guarantee: {train: 32}",
+    );
+    assert_ne!(broken, renamed);
+    f.write("policy/tenants.yaml", broken.as_bytes());
+    let c = f.commit("typo in research's parent");
+    f.tag("v4", &c);
+    f
+}
+
+/// Runs the plan in every format, with and without `--detailed-exitcode`; returns one report
+/// of exit codes and outputs for a snapshot.
+fn every_format(f: &Fleet, base: &str, head: &str) -> String {
+    let mut report = String::new();
+    for format in ["human", "markdown", "json", "github"] {
+        let mut codes = Vec::new();
+        let mut text = None;
+        for detailed in [false, true] {
+            let mut args = vec![
+                "plan",
+                "--repo",
+                f.path(),
+                "--base",
+                base,
+                "--head",
+                head,
+                "--path",
+                "policy",
+                "--state",
+                STATE,
+                "--output",
+                format,
+            ];
+            if detailed {
+                args.push("--detailed-exitcode");
+            }
+            let (code, stdout, stderr) = tessera(&args);
+            assert!(stderr.is_empty(), "{stderr}");
+            codes.push(code);
+            if let Some(t) = &text {
+                assert_eq!(t, &stdout, "--detailed-exitcode changes only the exit code");
+            }
+            text = Some(stdout);
+        }
+        report.push_str(&format!(
+            "===== --output {format}: exit {} (with --detailed-exitcode: {})\n{}\n",
+            codes[0],
+            codes[1],
+            text.unwrap()
+        ));
+    }
+    report
+}
+
+#[test]
+fn commit_ids_are_deterministic() {
+    let (a, b) = (history(), history());
+    for tag in ["v0", "v4"] {
+        let id = |f: &Fleet| f.repo.revparse_single(tag).unwrap().id();
+        assert_eq!(id(&a), id(&b));
+    }
+}
+
+#[test]
+fn a_raised_guarantee() {
+    let f = history();
+    insta::assert_snapshot!(every_format(&f, "v0", "v1"));
+}
+
+#[test]
+fn a_pool_offers_another_mig_layout() {
+    let f = history();
+    insta::assert_snapshot!(every_format(&f, "v1", "v2"));
+}
+
+#[test]
+fn a_renamed_tenant_is_one_rename() {
+    let f = history();
+    insta::assert_snapshot!(every_format(&f, "v2", "v3"));
+}
+
+#[test]
+fn a_broken_reference_makes_the_head_invalid() {
+    let f = history();
+    let report = every_format(&f, "v3", "v4");
+    assert!(report.contains("exit 1 (with --detailed-exitcode: 1)"));
+    insta::assert_snapshot!(report);
+}
+
+#[test]
+fn the_same_revision_twice_is_no_change() {
+    let f = history();
+    let (code, stdout, _) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "v1",
+        "--head",
+        "v1",
+        "--path",
+        "policy",
+        "--state",
+        STATE,
+        "--detailed-exitcode",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("No changes."), "{stdout}");
+}
+
+#[test]
+fn revisions_by_branch_and_sha_and_the_whole_repository() {
+    let f = history();
+    let v1 = f.repo.revparse_single("v1").unwrap().id().to_string();
+    // No --path: hidden directories (.github) and non-YAML files (README.md) are skipped.
+    let (code, by_sha, stderr) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "v0",
+        "--head",
+        &v1,
+        "--state",
+        STATE,
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let (_, by_branch, _) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "v0",
+        "--head",
+        "HEAD~3",
+        "--state",
+        STATE,
+        "--output",
+        "json",
+    ]);
+    let mut plan: serde_json::Value = serde_json::from_str(&by_sha).unwrap();
+    let mut other: serde_json::Value = serde_json::from_str(&by_branch).unwrap();
+    assert_eq!(plan["head"]["commit"], v1.as_str());
+    assert_eq!(plan["head"]["files"], 3, "two policy files and the state");
+    assert_eq!(other["head"]["rev"], "HEAD~3");
+    plan["head"]["rev"] = serde_json::Value::Null;
+    other["head"]["rev"] = serde_json::Value::Null;
+    assert_eq!(plan, other);
+}
+
+#[test]
+fn a_new_policy_directory_is_all_added() {
+    let mut g = Fleet::new();
+    g.write("README.md", b"# empty\n");
+    let c0 = g.commit("empty");
+    g.write("policy/fleet.yaml", fixture("fleet.yaml").as_bytes());
+    g.write("policy/tenants.yaml", fixture("tenants.yaml").as_bytes());
+    let c1 = g.commit("first policy");
+    let (code, stdout, stderr) = tessera(&[
+        "plan",
+        "--repo",
+        g.path(),
+        "--base",
+        &c0,
+        "--head",
+        &c1,
+        "--path",
+        "policy",
+        "--state",
+        STATE,
+        "--detailed-exitcode",
+    ]);
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(stdout.contains("base:  no policy files"), "{stdout}");
+    assert!(
+        stdout.contains("Plan: 0 tenants changed, 3 added, 0 removed; 0 pools changed, 2 added"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn blobs_are_checked_like_files_on_disk() {
+    let mut f = history();
+    f.write("policy/tenants.yaml", fixture("tenants.yaml").as_bytes());
+    f.write("policy/binary.yaml", b"\xff\xfe not utf-8\n");
+    f.write("policy/.hidden/ignored.yaml", b"not: [yaml\n");
+    f.write("policy/notes.txt", b"not: [yaml\n");
+    // One byte over the cap: refused unread, as on disk.
+    let huge = vec![b'#'; (tessera_compiler::source::MAX_FILE_BYTES + 1) as usize];
+    f.write("policy/huge.yaml", &huge);
+    let head = f.commit("a binary file");
+    let (code, stdout, _) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "v0",
+        "--head",
+        &head,
+        "--path",
+        "policy",
+        "--state",
+        STATE,
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let diagnostics = plan["diagnostics"].as_array().unwrap();
+    let found: Vec<(&str, &str)> = diagnostics
+        .iter()
+        .map(|d| (d["name"].as_str().unwrap(), d["file"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("yaml-syntax", "policy/binary.yaml"),
+            ("input-too-large", "policy/huge.yaml")
+        ],
+        "{stdout}"
+    );
+    assert_eq!(plan["policy"], serde_json::Value::Null);
+}
+
+#[test]
+fn a_directory_is_validated_with_the_state_and_not_diffed() {
+    let (code, stdout, stderr) = tessera(&[
+        "plan",
+        "--policy",
+        "tests/data/plan/policy",
+        "--state",
+        STATE,
+        "--detailed-exitcode",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn a_state_that_contradicts_the_head_is_an_invalid_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.yaml");
+    let text = std::fs::read_to_string(STATE)
+        .unwrap()
+        .replace("tenant: research", "tenant: nobody");
+    std::fs::write(&state, text).unwrap();
+    let (code, stdout, _) = tessera(&[
+        "plan",
+        "--policy",
+        "tests/data/plan/policy",
+        "--state",
+        state.to_str().unwrap(),
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("\"valid\": false"), "{stdout}");
+}
+
+#[test]
+fn errors_before_planning_are_exit_2_or_1_with_detailed_exitcode() {
+    let f = history();
+    let args = [
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "no-such-branch",
+        "--head",
+        "v1",
+        "--state",
+        STATE,
+    ];
+    let (code, _, stderr) = tessera(&args);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("no-such-branch"), "{stderr}");
+    let mut detailed = args.to_vec();
+    detailed.push("--detailed-exitcode");
+    assert_eq!(tessera(&detailed).0, 1);
+    let (code, _, stderr) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "v0",
+        "--head",
+        "v1",
+        "--path",
+        "./polcy/",
+        "--state",
+        STATE,
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("polcy: no such directory at revision v1"),
+        "{stderr}"
+    );
+    let (code, _, _) = tessera(&["plan", "--state", STATE]);
+    assert_eq!(code, 2, "--repo or --policy is required");
+    let (code, _, stderr) = tessera(&["plan", "--state", STATE, "--detailed-exitcode"]);
+    assert_eq!(code, 1, "a usage error is not 'changes': {stderr}");
+    let (code, _, _) = tessera(&["plan", "--help", "--detailed-exitcode"]);
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn a_saved_plan_is_refused_once_the_policy_or_the_state_moved() {
+    let f = history();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let (code, stdout, stderr) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "v0",
+        "--head",
+        "v1",
+        "--path",
+        "policy",
+        "--state",
+        STATE,
+        "--output",
+        "json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let saved_text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(saved_text, stdout, "--out saves what --output json prints");
+    let saved = tessera_plan::SavedPlan::from_json(&saved_text).unwrap();
+    let v1 = f.repo.revparse_single("v1").unwrap().id().to_string();
+    let v2 = f.repo.revparse_single("v2").unwrap().id().to_string();
+    let digest = tessera_plan::state_digest(&std::fs::read(STATE).unwrap());
+    assert_eq!(
+        saved.plan.base.as_ref().unwrap().commit.as_deref(),
+        Some(
+            f.repo
+                .revparse_single("v0")
+                .unwrap()
+                .id()
+                .to_string()
+                .as_str()
+        )
+    );
+    assert_eq!(saved.check_current(&v1, &digest), Ok(()));
+    assert!(matches!(
+        saved.check_current(&v2, &digest),
+        Err(tessera_plan::Stale::PolicyMoved { .. })
+    ));
+    let moved = tessera_plan::state_digest(b"another snapshot");
+    let err = saved.check_current(&v1, &moved).unwrap_err();
+    assert!(matches!(err, tessera_plan::Stale::StateMoved { .. }));
+    assert!(
+        err.to_string()
+            .starts_with("stale plan: the cluster state moved")
+    );
+
+    // No plan is saved for an invalid head.
+    let bad = dir.path().join("bad.json");
+    let (code, _, stderr) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        "v3",
+        "--head",
+        "v4",
+        "--path",
+        "policy",
+        "--state",
+        STATE,
+        "--out",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(!bad.exists(), "{stderr}");
+}
+
+#[test]
+fn a_bare_clone_and_a_remote_tracking_branch_plan_the_same() {
+    let f = history();
+    let id = |tag: &str| f.repo.revparse_single(tag).unwrap().id().to_string();
+    let (v0, v1) = (id("v0"), id("v1"));
+    let plan_json = |repo: &str, base: &str, head: &str| {
+        let (code, stdout, stderr) = tessera(&[
+            "plan", "--repo", repo, "--base", base, "--head", head, "--path", "policy", "--state",
+            STATE, "--output", "json",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        let mut v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        v["base"]["rev"] = serde_json::Value::Null;
+        v["head"]["rev"] = serde_json::Value::Null;
+        v
+    };
+    let expected = plan_json(f.path(), &v0, &v1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let bare = dir.path().join("bare.git");
+    git2::build::RepoBuilder::new()
+        .bare(true)
+        .clone(f.path(), &bare)
+        .expect("a local bare clone");
+    assert_eq!(plan_json(bare.to_str().unwrap(), &v0, &v1), expected);
+
+    // A work-tree clone whose local branch is behind: plan against `origin/<branch>`.
+    let clone = dir.path().join("clone");
+    let cloned = git2::build::RepoBuilder::new()
+        .clone(f.path(), &clone)
+        .expect("a local clone");
+    let branch = cloned.head().unwrap().shorthand().unwrap().to_owned();
+    let behind = format!("origin/{branch}~3");
+    assert_eq!(
+        plan_json(clone.to_str().unwrap(), &v0, &behind),
+        expected,
+        "{behind} is v1"
+    );
+}
