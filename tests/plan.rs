@@ -300,7 +300,7 @@ fn a_new_policy_directory_is_all_added() {
     assert_eq!(code, 2, "{stdout}{stderr}");
     assert!(stdout.contains("base:  no policy files"), "{stdout}");
     assert!(
-        stdout.contains("Plan: 0 tenants changed, 3 added, 0 removed; 0 pools changed, 2 added"),
+        stdout.contains("Plan: 0 tenants changed, 4 added, 0 removed; 0 pools changed, 2 added"),
         "{stdout}"
     );
 }

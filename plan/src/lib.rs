@@ -10,13 +10,14 @@
 //! The decision diff (who is admitted, preempted, moved, which GPUs re-partition) is not
 //! computed yet: [`Plan::decisions`] says so, and will carry it once the solver lands.
 
+pub mod decision_diff;
 pub mod plan;
 pub mod policy_diff;
 pub mod render;
 
+pub use decision_diff::{DecisionDiff, decision_diff};
 pub use plan::{
-    Counts, DECISIONS_NOT_COMPUTED, Decisions, FORMAT_VERSION, ItemLocation, LoadError, Mode, Plan,
-    PlanDiagnostic, PlanInput, Revision, RevisionInfo, SavedPlan, Side, Stale, StateRef, plan,
-    state_digest,
+    Counts, Decisions, FORMAT_VERSION, ItemLocation, LoadError, Mode, Plan, PlanDiagnostic,
+    PlanInput, Revision, RevisionInfo, SavedPlan, Side, Stale, StateRef, plan, state_digest,
 };
 pub use policy_diff::{FieldChange, ItemChange, PolicyDiff, policy_diff};

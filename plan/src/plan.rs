@@ -1,14 +1,13 @@
 //! The plan: what `tessera plan` computed, in the shape `--output json` and `--out` write.
 //!
 //! The JSON is versioned by [`FORMAT_VERSION`]; fields keep their order, and new information
-//! arrives as new fields (the decision diff will fill [`Decisions`] when the solver lands), so
-//! a reader written for version 1 keeps working:
+//! arrives as new fields, so a reader written for version 1 keeps working:
 //!
 //! ```json
 //! {"format_version": 1,
 //!  "mode": "git",                      // or "directory" (`--policy DIR`: no base)
 //!  "valid": true,                      // the head compiled without errors, state included
-//!  "changed": true,                    // the policy differs between base and head
+//!  "changed": true,                    // the policy or the decisions differ
 //!  "summary": "Plan: 1 tenant changed, 0 added, 0 removed.",
 //!  "base": {"rev": "main", "commit": "…", "path": "policies", "valid": true, "empty": false,
 //!           "files": 2, "documents": 9, "errors": 0, "warnings": 0},
@@ -18,7 +17,15 @@
 //!             "workloads": […]},        // null when not computed (no base, or an invalid side)
 //!  "counts": {"tenants": {"added": 0, "removed": 0, "renamed": 0, "moved": 0, "changed": 1},
 //!             "pools": {…}, "slo_classes": {…}, "tiers": {…}, "workloads": {…}},  // or null
-//!  "decisions": {"computed": false, "reason": "…"},
+//!  "decisions": {"computed": true,     // the state solved under both revisions
+//!                "diff": {"workloads": [{"name", "tenant", "change": "preempted", "before": Fate,
+//!                                        "after": Fate}],
+//!                         "geometry": [{"node", "gpu", "pool", "before", "after", "destroy",
+//!                                       "drain"}],
+//!                         "usage": [{"tenant", "pool", "guaranteed": [b, a], "borrowed": [b, a]}],
+//!                         "pools": [{"pool", "allocation": [b, a], "stranded": [b, a],
+//!                                    "free_nodes": [b, a]}]}},
+//!              // or {"computed": false, "reason": "…"}
 //!  "locations": [{"kind": "tenant", "name": "research", "file": "…", "line": 7}],
 //!  "diagnostics": [{"code": "TSR102", …, "file": "…", "line": 5, "column": 11, …}]}
 //! ```
@@ -39,15 +46,14 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tessera_compiler::{Compilation, CompiledPolicy, Diagnostic, SourceFile};
 
+use tessera_compiler::model::ClusterStateSpec;
+use tessera_solver::SolveOptions;
+
+use crate::decision_diff::{DecisionDiff, decision_diff};
 use crate::policy_diff::{ItemChange, PolicyDiff, policy_diff};
 
 /// The version of the plan JSON; bumped only for a change an old reader would misread.
 pub const FORMAT_VERSION: u32 = 1;
-
-/// Said wherever decisions would be shown, until the solver is wired in.
-pub const DECISIONS_NOT_COMPUTED: &str = "decision diff: not computed by this version (solver \
-     pending); admissions, preemptions, moves, GPU geometry, usage and fragmentation before and \
-     after are not shown";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -169,11 +175,52 @@ impl Counts {
 }
 
 /// The decision diff: the solver's decisions for the state under each revision, compared.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decisions {
-    /// `false` in this version: nothing below is a number the solver produced.
+    /// Whether both decisions were made; when not, `reason` says why.
     pub computed: bool,
-    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<DecisionDiff>,
+}
+
+impl Decisions {
+    fn not(reason: impl Into<String>) -> Decisions {
+        Decisions {
+            computed: false,
+            reason: Some(reason.into()),
+            diff: None,
+        }
+    }
+}
+
+/// Solves the snapshot under both policies and compares the decisions.
+fn decide(
+    base: Option<&CompiledPolicy>,
+    head: &CompiledPolicy,
+    state: Option<&ClusterStateSpec>,
+) -> Decisions {
+    let Some(state) = state else {
+        return Decisions::not("the state file holds no ClusterState");
+    };
+    let Some(base) = base else {
+        return Decisions::not("no base revision to compare decisions with");
+    };
+    let options = SolveOptions::default();
+    let before = match tessera_solver::solve(base, state, &options) {
+        Ok(d) => d,
+        Err(e) => return Decisions::not(format!("the state cannot be solved under the base: {e}")),
+    };
+    let after = match tessera_solver::solve(head, state, &options) {
+        Ok(d) => d,
+        Err(e) => return Decisions::not(format!("the state cannot be solved under the head: {e}")),
+    };
+    Decisions {
+        computed: true,
+        reason: None,
+        diff: Some(decision_diff(&before, &after)),
+    }
 }
 
 /// The head file and line of a changed item's document, for annotations and links.
@@ -265,8 +312,20 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         (true, Some(h), Some(b)) => Some(policy_diff(b, h)),
         _ => None,
     };
+    let decisions = match head_policy {
+        Some(h) if valid => decide(
+            base_policy,
+            h,
+            input
+                .head
+                .compilation
+                .and_then(|c| c.states.first().map(|(_, s)| s)),
+        ),
+        _ => Decisions::not("the head is invalid"),
+    };
+    let fleet_changes = decisions.diff.as_ref().is_some_and(|d| !d.is_empty());
     let changed = match (&policy, &base) {
-        (Some(d), _) => !d.is_empty(),
+        (Some(d), _) => !d.is_empty() || fleet_changes,
         // A valid head over an invalid base repairs it: that is a change.
         (None, Some(b)) => valid && !b.valid,
         (None, None) => false,
@@ -301,10 +360,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         },
         policy,
         counts,
-        decisions: Decisions {
-            computed: false,
-            reason: DECISIONS_NOT_COMPUTED.to_owned(),
-        },
+        decisions,
         locations,
         diagnostics,
     };

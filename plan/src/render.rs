@@ -6,7 +6,8 @@
 
 use std::fmt::Write;
 
-use crate::plan::{DECISIONS_NOT_COMPUTED, Plan, Revision, groups, plural};
+use crate::decision_diff::{Change, DecisionDiff, Fate};
+use crate::plan::{Plan, Revision, groups, plural};
 use crate::policy_diff::{FieldChange, ItemChange};
 
 /// Values longer than this are shortened in the terminal view (`--output json` has them whole).
@@ -152,15 +153,99 @@ pub fn human(plan: &Plan, color: bool) -> String {
         }
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "{}", capitalize(DECISIONS_NOT_COMPUTED));
+    match (&plan.decisions.diff, &plan.decisions.reason) {
+        (Some(d), _) => human_decisions(&st, d, &mut out),
+        (None, Some(reason)) => {
+            let _ = writeln!(out, "Decisions not compared: {reason}.");
+        }
+        (None, None) => {}
+    }
     out
 }
 
-fn capitalize(s: &str) -> String {
-    let mut c = s.chars();
-    c.next()
-        .map(|f| f.to_uppercase().collect::<String>() + c.as_str())
-        .unwrap_or_default()
+fn fate_text(f: &Fate) -> String {
+    let mut s = f.outcome.clone();
+    if let Some(p) = &f.pool {
+        s.push_str(&format!(" in {p}"));
+    }
+    if !f.placement.is_empty() {
+        s.push_str(&format!(" on {}", shorten(&f.placement.join(" "), 60)));
+    }
+    s
+}
+
+fn change_word(c: Change) -> &'static str {
+    match c {
+        Change::Admitted => "admitted",
+        Change::Preempted => "preempted",
+        Change::Moved => "moved",
+        Change::Pending => "pending",
+        Change::Appeared => "appears",
+    }
+}
+
+fn human_decisions(st: &Style, d: &DecisionDiff, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "{}",
+        st.bold("What the fleet would do (the state solved under each revision)")
+    );
+    if d.is_empty() {
+        let _ = writeln!(out, "  no workload, GPU or tenant usage changes");
+    }
+    for w in &d.workloads {
+        let _ = writeln!(
+            out,
+            "  {:<9} {} ({}): {} -> {}",
+            change_word(w.change),
+            w.name,
+            w.tenant,
+            fate_text(&w.before),
+            fate_text(&w.after)
+        );
+        if let Some(lost) = w.after.lost_gpu_seconds {
+            let _ = writeln!(
+                out,
+                "            loses {:.1} GPU-hours since its last checkpoint",
+                lost / 3600.0
+            );
+        }
+        if let Some(r) = &w.after.reason {
+            let _ = writeln!(out, "            because {r}");
+        }
+    }
+    for g in &d.geometry {
+        let _ = writeln!(
+            out,
+            "  re-partition {} GPU {} ({}): [{}] -> [{}]{}",
+            g.node,
+            g.gpu,
+            g.pool,
+            g.before.join(" "),
+            g.after.join(" "),
+            if g.drain { ", after a drain" } else { "" }
+        );
+    }
+    for u in &d.usage {
+        let _ = writeln!(
+            out,
+            "  usage {} in {}: guaranteed {} -> {}, borrowed {} -> {}",
+            u.tenant, u.pool, u.guaranteed.0, u.guaranteed.1, u.borrowed.0, u.borrowed.1
+        );
+    }
+    for p in &d.pools {
+        let _ = writeln!(
+            out,
+            "  pool {}: allocation {:.2} % -> {:.2} %, stranded {} -> {} GPUs, free nodes {} -> {}",
+            p.pool,
+            p.allocation.0 * 100.0,
+            p.allocation.1 * 100.0,
+            p.stranded.0,
+            p.stranded.1,
+            p.free_nodes.0,
+            p.free_nodes.1
+        );
+    }
 }
 
 fn human_change(st: &Style, c: &ItemChange, out: &mut String) {
@@ -358,8 +443,113 @@ pub fn markdown(plan: &Plan) -> String {
             let _ = writeln!(out);
         }
     }
-    let _ = writeln!(out, "> {}.", capitalize(DECISIONS_NOT_COMPUTED));
+    match (&plan.decisions.diff, &plan.decisions.reason) {
+        (Some(d), _) => markdown_decisions(d, &mut out),
+        (None, Some(reason)) => {
+            let _ = writeln!(out, "> Decisions not compared: {}.", cell(reason));
+        }
+        (None, None) => {}
+    }
     out
+}
+
+fn markdown_decisions(d: &DecisionDiff, out: &mut String) {
+    let _ = writeln!(out, "#### What the fleet would do");
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| Pool | Allocation | Stranded GPUs | Free nodes |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    for p in &d.pools {
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} % → {:.2} % | {} → {} | {} → {} |",
+            code(&p.pool),
+            p.allocation.0 * 100.0,
+            p.allocation.1 * 100.0,
+            p.stranded.0,
+            p.stranded.1,
+            p.free_nodes.0,
+            p.free_nodes.1
+        );
+    }
+    let _ = writeln!(out);
+    if !d.workloads.is_empty() {
+        let _ = writeln!(
+            out,
+            "<details><summary>Workloads ({})</summary>",
+            d.workloads.len()
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| Workload | Tenant | Change | Before | After | Why |");
+        let _ = writeln!(out, "|---|---|---|---|---|---|");
+        for w in &d.workloads {
+            let mut why = w.after.reason.clone().unwrap_or_default();
+            if let Some(lost) = w.after.lost_gpu_seconds {
+                why = format!("{why} (loses {:.1} GPU-hours)", lost / 3600.0);
+            }
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                code(&w.name),
+                cell(&w.tenant),
+                change_word(w.change),
+                cell(&fate_text(&w.before)),
+                cell(&fate_text(&w.after)),
+                cell(&why)
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "</details>");
+        let _ = writeln!(out);
+    }
+    if !d.geometry.is_empty() {
+        let _ = writeln!(
+            out,
+            "<details><summary>GPUs re-partitioned ({})</summary>",
+            d.geometry.len()
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| GPU | Pool | Before | After | Drain |");
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for g in &d.geometry {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                code(&format!("{}/{}", g.node, g.gpu)),
+                code(&g.pool),
+                cell(&g.before.join(" ")),
+                cell(&g.after.join(" ")),
+                if g.drain { "yes" } else { "no" }
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "</details>");
+        let _ = writeln!(out);
+    }
+    if !d.usage.is_empty() {
+        let _ = writeln!(
+            out,
+            "<details><summary>Tenant usage ({})</summary>",
+            d.usage.len()
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| Tenant | Pool | Guaranteed | Borrowed |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        for u in &d.usage {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} → {} | {} → {} |",
+                code(&u.tenant),
+                code(&u.pool),
+                u.guaranteed.0,
+                u.guaranteed.1,
+                u.borrowed.0,
+                u.borrowed.1
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "</details>");
+        let _ = writeln!(out);
+    }
 }
 
 fn markdown_change(plan: &Plan, item: &str, c: &ItemChange, out: &mut String) {
@@ -496,7 +686,24 @@ pub fn github(plan: &Plan) -> String {
         );
     }
     let _ = writeln!(out, "tessera plan: {}", plan.summary);
-    let _ = writeln!(out, "tessera plan: {DECISIONS_NOT_COMPUTED}");
+    match (&plan.decisions.diff, &plan.decisions.reason) {
+        (Some(d), _) => {
+            let count = |c: Change| d.workloads.iter().filter(|w| w.change == c).count();
+            let _ = writeln!(
+                out,
+                "tessera plan: the fleet would admit {}, preempt {}, move {}, leave {} pending, re-partition {} GPUs",
+                count(Change::Admitted),
+                count(Change::Preempted),
+                count(Change::Moved),
+                count(Change::Pending),
+                d.geometry.len()
+            );
+        }
+        (None, Some(reason)) => {
+            let _ = writeln!(out, "tessera plan: decisions not compared: {reason}");
+        }
+        (None, None) => {}
+    }
     out
 }
 

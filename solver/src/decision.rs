@@ -368,11 +368,17 @@ impl fmt::Display for Reason {
                 protected,
             } => {
                 write!(f, "{capacity}; preemption not allowed: ")?;
-                for (i, p) in protected.iter().enumerate() {
+                // The typed list keeps every candidate; a sentence names a few, so that a
+                // reason stays readable on a fleet with thousands of running workloads.
+                const SHOWN: usize = 5;
+                for (i, p) in protected.iter().take(SHOWN).enumerate() {
                     if i > 0 {
                         f.write_str(", ")?;
                     }
                     write!(f, "{p}")?;
+                }
+                if protected.len() > SHOWN {
+                    write!(f, ", and {} more protected", protected.len() - SHOWN)?;
                 }
                 Ok(())
             }

@@ -32,6 +32,7 @@
 //!   changes of one GPU in one decision.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 
 use tessera_compiler::mig::{self, Placement};
 use tessera_compiler::model::{Sharing, TopologyMode};
@@ -105,10 +106,12 @@ struct Placed {
 /// The fleet's occupancy, cloned for each tentative placement.
 #[derive(Debug, Clone)]
 struct Fleet {
-    gpu: Vec<GpuState>,
+    /// Shared until written: the preemption search tries many what-ifs, each a clone of the
+    /// fleet that touches a few GPUs, so a clone copies pointers, not 4,000 GPU states.
+    gpu: Vec<Rc<GpuState>>,
     cpu: Vec<u64>,
     memory: Vec<u64>,
-    placed: BTreeMap<usize, Vec<Placed>>,
+    placed: BTreeMap<usize, Rc<Vec<Placed>>>,
 }
 
 /// Why one replica does not fit on one node.
@@ -143,9 +146,11 @@ impl Fleet {
             gpu: p
                 .gpus
                 .iter()
-                .map(|g| GpuState {
-                    geometry: g.instances.clone(),
-                    ..GpuState::default()
+                .map(|g| {
+                    Rc::new(GpuState {
+                        geometry: g.instances.clone(),
+                        ..GpuState::default()
+                    })
                 })
                 .collect(),
             cpu: vec![0; p.nodes.len()],
@@ -160,46 +165,51 @@ impl Fleet {
         self.memory[slot.node] += wl.memory.0;
         match (slot.mig, slot.share) {
             (Some(pl), _) => {
-                self.gpu[slot.gpus[0]].held.insert(pl.start, w);
+                Rc::make_mut(&mut self.gpu[slot.gpus[0]])
+                    .held
+                    .insert(pl.start, w);
             }
             (None, Some(s)) => {
                 let td = p.tenants[wl.tenant].trust_domain.clone();
-                self.gpu[slot.gpus[0]].shares.push((w, s, td));
+                Rc::make_mut(&mut self.gpu[slot.gpus[0]])
+                    .shares
+                    .push((w, s, td));
             }
             (None, None) => {
                 for &g in &slot.gpus {
-                    self.gpu[g].whole = Some(w);
+                    Rc::make_mut(&mut self.gpu[g]).whole = Some(w);
                 }
             }
         }
-        self.placed.entry(w).or_default().push(slot);
+        Rc::make_mut(self.placed.entry(w).or_default()).push(slot);
     }
 
     /// Frees everything `w` holds; `preempted` marks it for drains.
     fn release(&mut self, p: &Problem, w: usize, preempted: bool) {
         let wl = &p.workloads[w];
-        for slot in self.placed.remove(&w).unwrap_or_default() {
+        for slot in self.placed.remove(&w).unwrap_or_default().iter() {
             self.cpu[slot.node] -= wl.cpu.0;
             self.memory[slot.node] -= wl.memory.0;
             match (slot.mig, slot.share) {
                 (Some(pl), _) => {
-                    let g = &mut self.gpu[slot.gpus[0]];
+                    let g = Rc::make_mut(&mut self.gpu[slot.gpus[0]]);
                     g.held.remove(&pl.start);
                     if preempted {
                         g.preempted.insert(pl.start);
                     }
                 }
                 (None, Some(_)) => {
-                    let g = &mut self.gpu[slot.gpus[0]];
+                    let g = Rc::make_mut(&mut self.gpu[slot.gpus[0]]);
                     if let Some(i) = g.shares.iter().position(|s| s.0 == w) {
                         g.shares.remove(i);
                     }
                 }
                 (None, None) => {
                     for &g in &slot.gpus {
-                        self.gpu[g].whole = None;
+                        let g = Rc::make_mut(&mut self.gpu[g]);
+                        g.whole = None;
                         if preempted {
-                            self.gpu[g].preempted.insert(u8::MAX);
+                            g.preempted.insert(u8::MAX);
                         }
                     }
                 }
@@ -386,7 +396,7 @@ impl Fleet {
         let slot = match plan {
             Plan::Whole { gpus, relayout } => {
                 for g in relayout {
-                    let s = &mut self.gpu[g];
+                    let s = Rc::make_mut(&mut self.gpu[g]);
                     s.geometry = vec![Placement::new(mig::PROFILE_7G, 0)];
                     s.changes += 1;
                 }
@@ -403,7 +413,7 @@ impl Fleet {
                 geometry,
             } => {
                 if let Some(geometry) = geometry {
-                    let s = &mut self.gpu[gpu];
+                    let s = Rc::make_mut(&mut self.gpu[gpu]);
                     s.geometry = geometry;
                     s.changes += 1;
                 }
@@ -1161,12 +1171,14 @@ pub fn solve(p: &Problem) -> Decision {
     }
     for o in &p.orphans {
         let cause = orphan_cause(&o.cause);
+        // The class's grace period and priority, when the class still exists.
+        let class = p.classes.iter().find(|c| c.name == o.class);
         let outcome = if o.was_running {
             let lost = o.gpus.units() as f64 * (p.now - o.since.unwrap_or(p.now)).max(0) as f64
                 / Gpus::UNITS_PER_GPU as f64;
             let reason = PreemptReason::Orphaned { cause };
             Outcome::Preempt {
-                grace_seconds: 0,
+                grace_seconds: class.map_or(0, |c| c.grace_period_seconds),
                 lost_gpu_seconds: round(lost, 1e3),
                 message: reason.to_string(),
                 reason,
@@ -1181,8 +1193,8 @@ pub fn solve(p: &Problem) -> Decision {
         workloads.push(WorkloadDecision {
             name: o.name.clone(),
             tenant: o.tenant.clone(),
-            slo_class: String::new(),
-            priority: 0,
+            slo_class: o.class.clone(),
+            priority: class.map_or(0, |c| c.priority),
             pool: None,
             outcome,
         });

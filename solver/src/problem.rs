@@ -260,6 +260,8 @@ pub struct Orphan {
     pub cause: OrphanCause,
     pub was_running: bool,
     pub tenant: String,
+    /// The SLO class it names (which may be the one that left the policy).
+    pub class: String,
     /// GPUs it holds, for a running orphan.
     pub gpus: Gpus,
     /// Last checkpoint (or start) of a running orphan, Unix seconds.
@@ -526,12 +528,19 @@ impl Problem {
         Ok(problem)
     }
 
-    fn orphan(&mut self, name: &str, tenant: &str, cause: OrphanCause, run: Option<(Gpus, i64)>) {
+    fn orphan(
+        &mut self,
+        name: &str,
+        (tenant, class): (&str, &str),
+        cause: OrphanCause,
+        run: Option<(Gpus, i64)>,
+    ) {
         self.orphans.push(Orphan {
             name: name.to_owned(),
             cause,
             was_running: run.is_some(),
             tenant: tenant.to_owned(),
+            class: class.to_owned(),
             gpus: run.map_or(Gpus::ZERO, |r| r.0),
             since: run.map(|r| r.1),
         });
@@ -590,7 +599,12 @@ impl Problem {
         let (tenant, class) = match self.references(t, spec) {
             Ok(x) => x,
             Err(cause) => {
-                self.orphan(&run.name, &spec.tenant, cause, Some((rough, since)));
+                self.orphan(
+                    &run.name,
+                    (&spec.tenant, &spec.slo_class),
+                    cause,
+                    Some((rough, since)),
+                );
                 return Ok(());
             }
         };
@@ -609,7 +623,12 @@ impl Problem {
                 node: self.nodes[node].name.clone(),
                 pool: self.nodes[node].pool_name.clone(),
             };
-            self.orphan(&run.name, &spec.tenant, cause, Some((rough, since)));
+            self.orphan(
+                &run.name,
+                (&spec.tenant, &spec.slo_class),
+                cause,
+                Some((rough, since)),
+            );
             return Ok(());
         };
         let demand =
@@ -711,7 +730,7 @@ impl Problem {
         let (tenant, class) = match self.references(t, spec) {
             Ok(x) => x,
             Err(cause) => {
-                self.orphan(name, &spec.tenant, cause, None);
+                self.orphan(name, (&spec.tenant, &spec.slo_class), cause, None);
                 return Ok(());
             }
         };
@@ -792,7 +811,7 @@ impl Problem {
         let Some(tenant) = self.tenants.iter().position(|t| t.name == w.tenant) else {
             self.orphan(
                 &w.name,
-                &w.tenant,
+                (&w.tenant, &w.slo_class),
                 OrphanCause::Tenant(w.tenant.clone()),
                 None,
             );
@@ -801,7 +820,7 @@ impl Problem {
         let Some(class) = self.classes.iter().position(|c| c.name == w.slo_class) else {
             self.orphan(
                 &w.name,
-                &w.tenant,
+                (&w.tenant, &w.slo_class),
                 OrphanCause::SloClass(w.slo_class.clone()),
                 None,
             );

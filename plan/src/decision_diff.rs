@@ -1,0 +1,301 @@
+//! What the policy change does to the fleet: the solver's decisions for one snapshot under the
+//! base and the head policy, compared.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tessera_compiler::units::Gpus;
+use tessera_solver::decision::{GeometryPlan, Instance};
+use tessera_solver::{Decision, Outcome};
+
+/// The decision under the head compared with the decision under the base, for the same state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DecisionDiff {
+    /// Workloads whose outcome differs, by name.
+    pub workloads: Vec<WorkloadChange>,
+    /// GPUs whose target MIG geometry differs, by node and index.
+    pub geometry: Vec<GeometryChange>,
+    /// Tenants whose guaranteed or borrowed usage of a pool differs, by tenant and pool.
+    pub usage: Vec<UsageChange>,
+    /// Every pool, before and after (unchanged pools too: the fleet's figures are the context).
+    pub pools: Vec<PoolChange>,
+}
+
+impl DecisionDiff {
+    /// Changes that matter to someone: a workload, a GPU or a tenant's usage.
+    pub fn is_empty(&self) -> bool {
+        self.workloads.is_empty() && self.geometry.is_empty() && self.usage.is_empty()
+    }
+}
+
+/// What happens to a workload under the head, where the base decided otherwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadChange {
+    pub name: String,
+    pub tenant: String,
+    pub change: Change,
+    pub before: Fate,
+    pub after: Fate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// Runs under the head, waits or stops under the base.
+    Admitted,
+    /// Stopped (after a checkpoint) under the head.
+    Preempted,
+    /// Runs in both, elsewhere.
+    Moved,
+    /// Waits under the head where the base would run it, or waits for another reason.
+    Pending,
+    /// Present under one revision only (its tenant or class came or went).
+    Appeared,
+}
+
+/// One workload's outcome in one decision, flattened for display.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fate {
+    /// `keep`, `admit`, `preempt`, `pending`, or `absent`.
+    pub outcome: String,
+    pub pool: Option<String>,
+    /// `node:gpus` per replica, for those that run.
+    pub placement: Vec<String>,
+    /// The reason it waits or is stopped.
+    pub reason: Option<String>,
+    /// GPU-seconds of work lost since the last checkpoint, for a preemption.
+    pub lost_gpu_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GeometryChange {
+    pub node: String,
+    pub gpu: u32,
+    pub pool: String,
+    /// The target under the base (the current geometry where the base changes nothing).
+    pub before: Vec<String>,
+    pub after: Vec<String>,
+    /// Instances the head destroys on this GPU; a drain precedes it when they hold work.
+    pub destroy: Vec<String>,
+    pub drain: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageChange {
+    pub tenant: String,
+    pub pool: String,
+    pub guaranteed: (Gpus, Gpus),
+    pub borrowed: (Gpus, Gpus),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolChange {
+    pub pool: String,
+    /// Allocated over capacity, fractions counted: before, after.
+    pub allocation: (f64, f64),
+    /// Free capacity no waiting shape can use: before, after.
+    pub stranded: (Gpus, Gpus),
+    pub free_nodes: (u32, u32),
+}
+
+fn fate(outcome: Option<(&Option<String>, &Outcome)>) -> Fate {
+    let placement = |b: &[tessera_solver::decision::ReplicaBinding]| {
+        b.iter()
+            .map(|r| {
+                let gpus: Vec<String> = r.gpus.iter().map(u32::to_string).collect();
+                match (&r.mig_profile, r.mig_start) {
+                    (Some(p), Some(s)) => format!("{}:{}/{p}@{s}", r.node, gpus.join(",")),
+                    _ => format!("{}:{}", r.node, gpus.join(",")),
+                }
+            })
+            .collect()
+    };
+    let Some((pool, o)) = outcome else {
+        return Fate {
+            outcome: "absent".into(),
+            pool: None,
+            placement: Vec::new(),
+            reason: None,
+            lost_gpu_seconds: None,
+        };
+    };
+    let (name, placement, reason, lost) = match o {
+        Outcome::Keep { bindings } => ("keep", placement(bindings), None, None),
+        Outcome::Admit { bindings, .. } => ("admit", placement(bindings), None, None),
+        Outcome::Preempt {
+            message,
+            lost_gpu_seconds,
+            ..
+        } => (
+            "preempt",
+            Vec::new(),
+            Some(message.clone()),
+            Some(*lost_gpu_seconds),
+        ),
+        Outcome::Pending { message, .. } => ("pending", Vec::new(), Some(message.clone()), None),
+    };
+    Fate {
+        outcome: name.into(),
+        pool: pool.clone(),
+        placement,
+        reason,
+        lost_gpu_seconds: lost,
+    }
+}
+
+fn runs(f: &Fate) -> bool {
+    f.outcome == "keep" || f.outcome == "admit"
+}
+
+fn instances(v: &[Instance]) -> Vec<String> {
+    v.iter()
+        .map(|i| format!("{}@{}", i.profile, i.start))
+        .collect()
+}
+
+/// Compares two decisions taken for the same snapshot.
+pub fn decision_diff(before: &Decision, after: &Decision) -> DecisionDiff {
+    let by_name = |d: &Decision| -> BTreeMap<String, (String, Option<String>, Outcome)> {
+        d.workloads
+            .iter()
+            .map(|w| {
+                (
+                    w.name.clone(),
+                    (w.tenant.clone(), w.pool.clone(), w.outcome.clone()),
+                )
+            })
+            .collect()
+    };
+    let (b, a) = (by_name(before), by_name(after));
+    let mut names: Vec<&String> = b.keys().chain(a.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut workloads = Vec::new();
+    for name in names {
+        let fb = fate(b.get(name).map(|(_, p, o)| (p, o)));
+        let fa = fate(a.get(name).map(|(_, p, o)| (p, o)));
+        // Waiting under both is no change to the fleet, whatever the reason's numbers say.
+        let waits = |f: &Fate| f.outcome == "pending";
+        if fb == fa
+            || (runs(&fb) && runs(&fa) && fb.placement == fa.placement)
+            || (waits(&fb) && waits(&fa))
+        {
+            continue;
+        }
+        let change = match (fb.outcome.as_str(), fa.outcome.as_str()) {
+            ("absent", _) | (_, "absent") => Change::Appeared,
+            (_, "preempt") => Change::Preempted,
+            (_, "pending") => Change::Pending,
+            (x, _) if x == "keep" || x == "admit" => Change::Moved,
+            _ => Change::Admitted,
+        };
+        let tenant = a
+            .get(name)
+            .or_else(|| b.get(name))
+            .map(|(t, _, _)| t.clone())
+            .unwrap_or_default();
+        workloads.push(WorkloadChange {
+            name: name.clone(),
+            tenant,
+            change,
+            before: fb,
+            after: fa,
+        });
+    }
+
+    let target = |d: &Decision| -> BTreeMap<(String, u32), GeometryPlan> {
+        d.geometry
+            .iter()
+            .map(|g| ((g.node.clone(), g.gpu), g.clone()))
+            .collect()
+    };
+    let (gb, ga) = (target(before), target(after));
+    let mut geometry = Vec::new();
+    for (key, g) in &ga {
+        let before_target = gb.get(key).map(|x| &x.target).unwrap_or(&g.current);
+        if before_target != &g.target {
+            geometry.push(GeometryChange {
+                node: key.0.clone(),
+                gpu: key.1,
+                pool: g.pool.clone(),
+                before: instances(before_target),
+                after: instances(&g.target),
+                destroy: instances(&g.destroy),
+                drain: g.drain,
+            });
+        }
+    }
+    for (key, g) in &gb {
+        if !ga.contains_key(key) && g.target != g.current {
+            geometry.push(GeometryChange {
+                node: key.0.clone(),
+                gpu: key.1,
+                pool: g.pool.clone(),
+                before: instances(&g.target),
+                after: instances(&g.current),
+                destroy: Vec::new(),
+                drain: false,
+            });
+        }
+    }
+    geometry.sort_by(|x, y| (&x.node, x.gpu).cmp(&(&y.node, y.gpu)));
+
+    let usage_of = |d: &Decision| -> BTreeMap<(String, String), (Gpus, Gpus)> {
+        d.usage
+            .iter()
+            .map(|u| {
+                (
+                    (u.tenant.clone(), u.pool.clone()),
+                    (u.guaranteed, u.borrowed),
+                )
+            })
+            .collect()
+    };
+    let (ub, ua) = (usage_of(before), usage_of(after));
+    let mut keys: Vec<&(String, String)> = ub.keys().chain(ua.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let usage = keys
+        .into_iter()
+        .filter_map(|k| {
+            let x = ub.get(k).copied().unwrap_or_default();
+            let y = ua.get(k).copied().unwrap_or_default();
+            (x != y).then(|| UsageChange {
+                tenant: k.0.clone(),
+                pool: k.1.clone(),
+                guaranteed: (x.0, y.0),
+                borrowed: (x.1, y.1),
+            })
+        })
+        .collect();
+
+    let pools_of = |d: &Decision| -> BTreeMap<String, (f64, Gpus, u32)> {
+        d.pools
+            .iter()
+            .map(|p| (p.pool.clone(), (p.allocation, p.stranded, p.free_nodes)))
+            .collect()
+    };
+    let (pb, pa) = (pools_of(before), pools_of(after));
+    let mut pool_names: Vec<&String> = pb.keys().chain(pa.keys()).collect();
+    pool_names.sort();
+    pool_names.dedup();
+    let pools = pool_names
+        .into_iter()
+        .map(|n| {
+            let x = pb.get(n).copied().unwrap_or_default();
+            let y = pa.get(n).copied().unwrap_or_default();
+            PoolChange {
+                pool: n.clone(),
+                allocation: (x.0, y.0),
+                stranded: (x.1, y.1),
+                free_nodes: (x.2, y.2),
+            }
+        })
+        .collect();
+    DecisionDiff {
+        workloads,
+        geometry,
+        usage,
+        pools,
+    }
+}
