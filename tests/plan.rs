@@ -543,3 +543,42 @@ fn a_bare_clone_and_a_remote_tracking_branch_plan_the_same() {
         "{behind} is v1"
     );
 }
+
+#[test]
+fn a_directory_is_planned_against_the_fleet_as_observed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("fleet.yaml"), fixture("fleet.yaml")).unwrap();
+    let raised =
+        fixture("tenants.yaml").replace("  guarantee: {train: 24}\n", "  guarantee: {train: 32}\n");
+    std::fs::write(dir.path().join("tenants.yaml"), raised).unwrap();
+    let (code, stdout, stderr) = tessera(&[
+        "plan",
+        "--policy",
+        dir.path().to_str().unwrap(),
+        "--state",
+        STATE,
+        "--output",
+        "json",
+        "--detailed-exitcode",
+    ]);
+    assert_eq!(code, 2, "the decision changes the fleet: {stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let changes: Vec<(String, String)> = v["decisions"]["diff"]["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["name"].as_str().unwrap().to_owned(),
+                w["change"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("platform-extra".to_owned(), "preempted".to_owned()),
+            ("research-next".to_owned(), "admitted".to_owned()),
+        ]
+    );
+}

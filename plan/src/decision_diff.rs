@@ -299,3 +299,59 @@ pub fn decision_diff(before: &Decision, after: &Decision) -> DecisionDiff {
         pools,
     }
 }
+
+/// What one decision changes in the fleet as observed, when there is no base policy to compare
+/// with (`tessera plan --policy DIR`): admissions, preemptions and re-partitions relative to the
+/// snapshot. Tenant usage and pool figures have no "before" here and are left empty; `tessera
+/// solve` prints the decision's own.
+pub fn against_observed(decision: &Decision) -> DecisionDiff {
+    let pending = |pool: &Option<String>| Fate {
+        outcome: "pending".into(),
+        pool: pool.clone(),
+        placement: Vec::new(),
+        reason: None,
+        lost_gpu_seconds: None,
+    };
+    let mut workloads = Vec::new();
+    for w in &decision.workloads {
+        let after = fate(Some((&w.pool, &w.outcome)));
+        let (change, before) = match &w.outcome {
+            Outcome::Admit { .. } => (Change::Admitted, pending(&None)),
+            Outcome::Preempt { .. } => (
+                Change::Preempted,
+                Fate {
+                    outcome: "keep".into(),
+                    ..pending(&w.pool)
+                },
+            ),
+            Outcome::Keep { .. } | Outcome::Pending { .. } => continue,
+        };
+        workloads.push(WorkloadChange {
+            name: w.name.clone(),
+            tenant: w.tenant.clone(),
+            change,
+            before,
+            after,
+        });
+    }
+    let geometry = decision
+        .geometry
+        .iter()
+        .filter(|g| g.target != g.current)
+        .map(|g| GeometryChange {
+            node: g.node.clone(),
+            gpu: g.gpu,
+            pool: g.pool.clone(),
+            before: instances(&g.current),
+            after: instances(&g.target),
+            destroy: instances(&g.destroy),
+            drain: g.drain,
+        })
+        .collect();
+    DecisionDiff {
+        workloads,
+        geometry,
+        usage: Vec::new(),
+        pools: Vec::new(),
+    }
+}

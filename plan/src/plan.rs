@@ -31,9 +31,10 @@
 //! ```
 //!
 //! `base` is `null` in directory mode (`tessera plan --policy DIR --state FILE`): the plan then
-//! reports only the head's validity and the state's consistency with it, `policy` is `null`
-//! and `changed` is `false` (a diff against nothing would list everything as added, which says
-//! nothing a reviewer can use). A Git base without any policy file (a new repository or a new
+//! reports the head's validity, the state's consistency with it, and what the head's decision
+//! changes in the fleet as observed (admissions, preemptions, re-partitions; no usage or pool
+//! "before"); `policy` is `null` (a diff against nothing would list everything as added, which
+//! says nothing a reviewer can use), and `changed` says whether the decision changes anything. A Git base without any policy file (a new repository or a new
 //! `--path`) is different: it is an empty policy (`"empty": true`) and everything is added.
 //! `valid: false` means no plan: `policy` is `null` and `diagnostics` says why; a base that
 //! does not compile cannot be diffed either, and a valid head over it counts as a change.
@@ -204,10 +205,18 @@ fn decide(
     let Some(state) = state else {
         return Decisions::not("the state file holds no ClusterState");
     };
-    let Some(base) = base else {
-        return Decisions::not("no base revision to compare decisions with");
-    };
     let options = SolveOptions::default();
+    let Some(base) = base else {
+        // A directory alone: what the head would change in the fleet as observed.
+        return match tessera_solver::solve(head, state, &options) {
+            Ok(d) => Decisions {
+                computed: true,
+                reason: None,
+                diff: Some(crate::decision_diff::against_observed(&d)),
+            },
+            Err(e) => Decisions::not(format!("the state cannot be solved: {e}")),
+        };
+    };
     let before = match tessera_solver::solve(base, state, &options) {
         Ok(d) => d,
         Err(e) => return Decisions::not(format!("the state cannot be solved under the base: {e}")),
@@ -328,7 +337,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         (Some(d), _) => !d.is_empty() || fleet_changes,
         // A valid head over an invalid base repairs it: that is a change.
         (None, Some(b)) => valid && !b.valid,
-        (None, None) => false,
+        (None, None) => fleet_changes,
     };
     let counts = policy.as_ref().map(GroupCounts::of);
     let locations = match &policy {
@@ -491,9 +500,21 @@ fn summary_line(plan: &Plan) -> String {
     }
     let Some(d) = &plan.policy else {
         return match &plan.base {
-            None => {
-                "Policy valid and consistent with the state; no base to compare against.".to_owned()
-            }
+            None => match &plan.decisions.diff {
+                Some(d) => {
+                    let count = |c: crate::decision_diff::Change| {
+                        d.workloads.iter().filter(|w| w.change == c).count()
+                    };
+                    format!(
+                        "Policy valid and consistent with the state; against the fleet as observed it would admit {}, preempt {} and re-partition {}.",
+                        plural(count(crate::decision_diff::Change::Admitted), "workload"),
+                        plural(count(crate::decision_diff::Change::Preempted), "workload"),
+                        plural(d.geometry.len(), "GPU")
+                    )
+                }
+                None => "Policy valid and consistent with the state; no base to compare against."
+                    .to_owned(),
+            },
             Some(b) => format!(
                 "Plan: the base has {} and cannot be compared; the head repairs it.",
                 plural(b.errors.max(1), "error")

@@ -154,7 +154,7 @@ pub fn human(plan: &Plan, color: bool) -> String {
     }
     let _ = writeln!(out);
     match (&plan.decisions.diff, &plan.decisions.reason) {
-        (Some(d), _) => human_decisions(&st, d, &mut out),
+        (Some(d), _) => human_decisions(&st, d, plan.base.is_some(), &mut out),
         (None, Some(reason)) => {
             let _ = writeln!(out, "Decisions not compared: {reason}.");
         }
@@ -184,12 +184,13 @@ fn change_word(c: Change) -> &'static str {
     }
 }
 
-fn human_decisions(st: &Style, d: &DecisionDiff, out: &mut String) {
-    let _ = writeln!(
-        out,
-        "{}",
-        st.bold("What the fleet would do (the state solved under each revision)")
-    );
+fn human_decisions(st: &Style, d: &DecisionDiff, two_sides: bool, out: &mut String) {
+    let title = if two_sides {
+        "What the fleet would do (the state solved under each revision)"
+    } else {
+        "What the fleet would do (the state solved under this policy, against what runs now)"
+    };
+    let _ = writeln!(out, "{}", st.bold(title));
     if d.is_empty() {
         let _ = writeln!(out, "  no workload, GPU or tenant usage changes");
     }
