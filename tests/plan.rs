@@ -582,3 +582,57 @@ fn a_directory_is_planned_against_the_fleet_as_observed() {
         ]
     );
 }
+
+#[test]
+fn renaming_a_tenant_with_running_work_orphans_that_work_instead_of_failing() {
+    let mut f = history();
+    let tenants =
+        fixture("tenants.yaml").replace("guarantee: {train: 24}", "guarantee: {train: 32}");
+    let renamed = tenants.replace("metadata: {name: platform}", "metadata: {name: infra}");
+    assert_ne!(renamed, tenants);
+    f.write("policy/tenants.yaml", tenants.as_bytes());
+    let before = f.commit("back to the raised fleet");
+    f.write("policy/tenants.yaml", renamed.as_bytes());
+    let after = f.commit("platform is now infra");
+    let (code, stdout, stderr) = tessera(&[
+        "plan",
+        "--repo",
+        f.path(),
+        "--base",
+        &before,
+        "--head",
+        &after,
+        "--path",
+        "policy",
+        "--state",
+        STATE,
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["policy"]["tenants"][0]["change"], "renamed");
+    // The snapshot's `platform` work is orphaned under the head, and the plan says so.
+    let orphaned: Vec<&str> = v["decisions"]["diff"]["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["tenant"] == "platform")
+        .map(|w| w["after"]["reason"].as_str().unwrap_or_default())
+        .collect();
+    assert!(!orphaned.is_empty(), "{stdout}");
+    assert!(
+        orphaned.iter().all(|r| r.contains("orphaned")),
+        "{orphaned:?}"
+    );
+    assert!(
+        v["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["severity"] == "warning"
+                && d["message"].as_str().unwrap().contains("orphaned")),
+        "{stdout}"
+    );
+}

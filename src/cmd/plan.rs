@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use tessera_compiler::source::MAX_FILE_BYTES;
-use tessera_compiler::{Loaded, SourceFile};
+use tessera_compiler::{Code, Compilation, Diagnostic, Loaded, Severity, SourceFile};
 use tessera_plan::{PlanInput, RevisionInfo, Side};
 
 use crate::cli::PlanFormat;
@@ -40,6 +40,64 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn display(p: &Path) -> String {
     let s = p.to_string_lossy().replace('\\', "/");
     s.strip_prefix("./").map(str::to_owned).unwrap_or(s)
+}
+
+/// Diagnostics about the snapshot that only say its workloads or nodes name a tenant, class or
+/// pool the head no longer has. A plan must show what becomes of that work (a rename or removal
+/// is exactly what a reviewer needs to see), not refuse the head.
+const ORPHANING: [Code; 4] = [
+    Code::UnknownTenant,
+    Code::UnknownSloClass,
+    Code::UnknownPool,
+    Code::SloClassNotAllowed,
+];
+
+/// Compiles the head with the state. When the policy itself is valid and the state's only
+/// errors are references the head dropped, those become warnings and the policy stands: the
+/// solver reports the work they concern as orphaned.
+fn with_orphans(loaded: Vec<Loaded>, state_path: &str) -> Compilation {
+    let policy_only: Vec<Loaded> = loaded
+        .iter()
+        .filter(|l| !matches!(l, Loaded::File(f) if f.path == state_path))
+        .map(|l| match l {
+            Loaded::File(f) => Loaded::File(f.clone()),
+            Loaded::TooLarge { path, bytes } => Loaded::TooLarge {
+                path: path.clone(),
+                bytes: *bytes,
+            },
+            Loaded::NotUtf8 { path } => Loaded::NotUtf8 { path: path.clone() },
+        })
+        .collect();
+    let mut combined = tessera_compiler::compile_loaded(loaded);
+    if combined.policy.is_some() {
+        return combined;
+    }
+    let orphaning = |d: &Diagnostic| {
+        d.is_error()
+            && ORPHANING.contains(&d.code)
+            && d.location.as_ref().is_some_and(|l| l.file == state_path)
+    };
+    let only_orphans = combined
+        .diagnostics
+        .iter()
+        .filter(|d| d.is_error())
+        .all(orphaning);
+    if !only_orphans {
+        return combined;
+    }
+    let policy = tessera_compiler::compile_loaded(policy_only).policy;
+    if policy.is_none() {
+        return combined;
+    }
+    for d in combined.diagnostics.iter_mut().filter(|d| orphaning(d)) {
+        d.severity = Severity::Warning;
+        d.message = format!(
+            "{}: the work it concerns is orphaned under this policy",
+            d.message
+        );
+    }
+    combined.policy = policy;
+    combined
 }
 
 fn plan(args: Args) -> anyhow::Result<ExitCode> {
@@ -112,7 +170,7 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
             _ => None,
         })
         .collect();
-    let head_compilation = tessera_compiler::compile_loaded(head_loaded);
+    let head_compilation = with_orphans(head_loaded, &state_path);
     if head_compilation.errors() == 0 && head_compilation.states.is_empty() {
         bail!("{state_path}: holds no ClusterState document");
     }
