@@ -369,7 +369,9 @@ fn a_state_that_contradicts_the_head_is_an_invalid_plan() {
     let state = dir.path().join("state.yaml");
     let text = std::fs::read_to_string(STATE)
         .unwrap()
-        .replace("tenant: research", "tenant: nobody");
+        // A binding to a node the snapshot does not have: the state contradicts itself. (A
+        // tenant the head does not know is no contradiction: that work is orphaned.)
+        .replace("bindings: [{node: n1,", "bindings: [{node: n9,");
     std::fs::write(&state, text).unwrap();
     let (code, stdout, _) = tessera(&[
         "plan",
