@@ -23,8 +23,9 @@ pub struct Decision {
     /// `priority × GPUs`, minus the GPU-hours of work lost to preemptions times the victim's
     /// priority. Higher is better.
     pub objective: f64,
-    /// An upper bound on `objective` proven by a relaxation. The heuristic proves none: `None`
-    /// until the integer program fills it; no bound is ever estimated.
+    /// An upper bound on `objective`: the optimum of the LP relaxation of admission into pools
+    /// (see `bound.rs`; placement detail relaxed away). `None` only if the LP solver failed; no
+    /// bound is ever estimated.
     pub bound: Option<f64>,
     /// `(bound − objective) / |bound|` when a bound exists; `None` otherwise.
     pub gap: Option<f64>,

@@ -1201,13 +1201,21 @@ pub fn solve(p: &Problem) -> Decision {
     }
     workloads.sort_by(|a, b| a.name.cmp(&b.name));
 
+    let bound = crate::bound::lp_bound(p);
     Decision {
         format_version: FORMAT_VERSION,
         now: p.now_text.clone(),
         method: Method::Heuristic,
         objective: round(objective, 1e6),
-        bound: None,
-        gap: None,
+        // Rounded up, so that rounding never makes the bound smaller than the objective.
+        bound: bound.map(|b| (b * 1e6).ceil() / 1e6),
+        gap: bound.map(|b| {
+            if b.abs() < 1e-9 {
+                0.0
+            } else {
+                round(((b - objective) / b.abs()).max(0.0), 1e6)
+            }
+        }),
         geometry: geometry(p, &s.fleet),
         usage: usage(p, &s.ledger),
         pools: pool_reports(p, &s),

@@ -17,6 +17,7 @@
 //! snapshot's `observedAt` or [`SolveOptions::now`]), and every collection in the output has a
 //! fixed order.
 
+pub mod bound;
 pub mod decision;
 pub mod heuristic;
 pub mod openb;

@@ -425,6 +425,15 @@ fn apply(before: &ClusterStateSpec, d: &Decision, rng: &mut Rng, now: i64) -> Cl
 }
 
 fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decision) {
+    // The LP relaxation bounds every decision's objective.
+    let bound = d.bound.expect("the LP bound is computed");
+    assert!(
+        bound + 1e-6 >= d.objective,
+        "bound {bound} below objective {}",
+        d.objective
+    );
+    // Above 1 when preemptions cost more than the decision places.
+    assert!(d.gap.is_some_and(|g| g >= 0.0), "gap {:?}", d.gap);
     let now = parse_rfc3339(&state.observed_at).unwrap();
     let node = |n: &str| state.nodes.iter().find(|x| x.name == n).unwrap();
     let pool_of = |n: &str| policy.pool(&node(n).pool).unwrap();

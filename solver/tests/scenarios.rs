@@ -23,7 +23,7 @@ fn admitted(
 fn empty_state_decides_nothing() {
     let d = run(&state(&[node("t0", "train", 8)], "", ""));
     assert!(d.workloads.is_empty());
-    assert_eq!(d.bound, None);
+    assert_eq!((d.objective, d.bound, d.gap), (0.0, Some(0.0), Some(0.0)));
 }
 
 #[test]
