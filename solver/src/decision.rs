@@ -176,6 +176,9 @@ impl fmt::Display for Resource {
     }
 }
 
+/// How many protected candidates a [`Reason::PreemptionNotAllowed`] lists.
+pub const PROTECTED_LISTED: usize = 16;
+
 /// Why a running workload's preemption was blocked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "why")]
@@ -272,7 +275,12 @@ pub enum Reason {
     PreemptionNotAllowed {
         pool: String,
         capacity: Box<Reason>,
+        /// The first candidates, in the order they were considered (at most
+        /// [`PROTECTED_LISTED`]): on a large fleet every waiting workload would otherwise carry
+        /// thousands of entries.
         protected: Vec<Protected>,
+        /// How many candidates were protected in all.
+        protected_total: usize,
     },
     /// The workload's tenant, class or pool left the policy.
     Orphaned { cause: String },
@@ -367,6 +375,7 @@ impl fmt::Display for Reason {
                 pool: _,
                 capacity,
                 protected,
+                protected_total,
             } => {
                 write!(f, "{capacity}; preemption not allowed: ")?;
                 // The typed list keeps every candidate; a sentence names a few, so that a
@@ -378,8 +387,13 @@ impl fmt::Display for Reason {
                     }
                     write!(f, "{p}")?;
                 }
-                if protected.len() > SHOWN {
-                    write!(f, ", and {} more protected", protected.len() - SHOWN)?;
+                let total = (*protected_total).max(protected.len());
+                if total > SHOWN.min(protected.len()) {
+                    write!(
+                        f,
+                        ", and {} more protected",
+                        total - SHOWN.min(protected.len())
+                    )?;
                 }
                 Ok(())
             }

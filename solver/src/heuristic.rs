@@ -111,7 +111,8 @@ struct Fleet {
     gpu: Vec<Rc<GpuState>>,
     cpu: Vec<u64>,
     memory: Vec<u64>,
-    placed: BTreeMap<usize, Rc<Vec<Placed>>>,
+    /// By workload index; a clone copies pointers (see `gpu`).
+    placed: Vec<Option<Rc<Vec<Placed>>>>,
 }
 
 /// Why one replica does not fit on one node.
@@ -155,7 +156,7 @@ impl Fleet {
                 .collect(),
             cpu: vec![0; p.nodes.len()],
             memory: vec![0; p.nodes.len()],
-            placed: BTreeMap::new(),
+            placed: vec![None; p.workloads.len()],
         }
     }
 
@@ -181,13 +182,13 @@ impl Fleet {
                 }
             }
         }
-        Rc::make_mut(self.placed.entry(w).or_default()).push(slot);
+        Rc::make_mut(self.placed[w].get_or_insert_with(Rc::default)).push(slot);
     }
 
     /// Frees everything `w` holds; `preempted` marks it for drains.
     fn release(&mut self, p: &Problem, w: usize, preempted: bool) {
         let wl = &p.workloads[w];
-        for slot in self.placed.remove(&w).unwrap_or_default().iter() {
+        for slot in self.placed[w].take().unwrap_or_default().iter() {
             self.cpu[slot.node] -= wl.cpu.0;
             self.memory[slot.node] -= wl.memory.0;
             match (slot.mig, slot.share) {
@@ -484,14 +485,21 @@ impl Fleet {
         let info = &p.pools[pool];
         let mut miss = Misses::default();
         let all: Vec<usize> = info.nodes.clone();
-        let by_domain = |d: &str| -> Vec<usize> {
-            all.iter()
-                .copied()
-                .filter(|&n| p.nodes[n].domain == d)
-                .collect()
+        // Each domain's nodes, in pool order, gathered once: the sorts below ask for them
+        // O(domains × log domains) times per gang.
+        let mut members: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &n in &all {
+            members
+                .entry(p.nodes[n].domain.as_str())
+                .or_default()
+                .push(n);
+        }
+        let by_domain = |d: &str| -> Vec<usize> { members.get(d).cloned().unwrap_or_default() };
+        let domain_free = |f: &Fleet, d: &str| -> i64 {
+            members
+                .get(d)
+                .map_or(0, |ns| ns.iter().map(|&n| f.node_free(p, n)).sum())
         };
-        let domain_free =
-            |f: &Fleet, d: &str| -> i64 { by_domain(d).iter().map(|&n| f.node_free(p, n)).sum() };
         let try_sets = |sets: Vec<Vec<usize>>, at_least: u32, miss: &mut Misses| -> Option<Fleet> {
             for set in sets {
                 let mut f = self.clone();
@@ -503,7 +511,7 @@ impl Fleet {
         };
         // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
         let mut domains: Vec<&String> = info.domains.iter().collect();
-        domains.sort_by_key(|d| (domain_free(self, d), (*d).clone()));
+        domains.sort_by_cached_key(|d| (domain_free(self, d), (*d).clone()));
         let domain_sets: Vec<Vec<usize>> = domains.iter().map(|d| by_domain(d)).collect();
         match wl.topology {
             TopologyMode::Required => {
@@ -535,7 +543,7 @@ impl Fleet {
             }
             TopologyMode::Preferred => {
                 let mut nodes = all.clone();
-                nodes.sort_by_key(|&n| (self.node_free(p, n), n));
+                nodes.sort_by_cached_key(|&n| (self.node_free(p, n), n));
                 let node_sets = nodes.iter().map(|&n| vec![n]).collect();
                 // A one-node, then one-domain placement, if it takes the whole gang.
                 for sets in [node_sets, domain_sets] {
@@ -574,7 +582,7 @@ impl Fleet {
     ) -> Reason {
         let wl = &p.workloads[w];
         let info = &p.pools[pool];
-        let fit = after.placed.get(&w).map_or(0, |v| v.len() as u32);
+        let fit = after.placed[w].as_ref().map_or(0, |v| v.len() as u32);
         if let Demand::Mig { profile_id } = wl.demand
             && fit == 0
         {
@@ -677,7 +685,7 @@ impl<'p> Solver<'p> {
         let mut running: Vec<usize> = (0..p.workloads.len())
             .filter(|&w| p.workloads[w].is_running())
             .collect();
-        running.sort_by_key(|&w| {
+        running.sort_by_cached_key(|&w| {
             let wl = &p.workloads[w];
             let started = match wl.phase {
                 Phase::Running { started_at, .. } => started_at,
@@ -785,11 +793,14 @@ impl<'p> Solver<'p> {
             };
             match self.preempt_for(w, *pool, scope) {
                 Ok(status) => return status,
-                Err(protected) if !protected.is_empty() => {
+                Err(mut protected) if !protected.is_empty() => {
+                    let protected_total = protected.len();
+                    protected.truncate(crate::decision::PROTECTED_LISTED);
                     *reason = Reason::PreemptionNotAllowed {
                         pool: p.pools[*pool].name.clone(),
                         capacity: Box::new(reason.clone()),
                         protected,
+                        protected_total,
                     };
                 }
                 Err(_) => {}
@@ -896,7 +907,7 @@ impl<'p> Solver<'p> {
         };
         // One victim, the cheapest that suffices.
         let mut singles: Vec<usize> = eligible.clone();
-        singles.sort_by_key(|&v| cost(v));
+        singles.sort_by_cached_key(|&v| cost(v));
         let mut chosen: Option<Vec<usize>> = None;
         for &v in &singles {
             if attempt(&[v]).is_ok() {
@@ -907,7 +918,7 @@ impl<'p> Solver<'p> {
         // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
         if chosen.is_none() {
             let mut order = eligible.clone();
-            order.sort_by_key(|&v| {
+            order.sort_by_cached_key(|&v| {
                 let c = cost(v);
                 (self.within_guarantee[v], c.2, c.0, c.1, c.3)
             });
@@ -1001,7 +1012,7 @@ fn try_pool(
         want -= 1;
     }
     let fleet = fleet.place_gang(p, w, pool, want, min)?;
-    let placed = fleet.placed.get(&w).map_or(0, |v| v.len() as u32);
+    let placed = fleet.placed[w].as_ref().map_or(0, |v| v.len() as u32);
     let amount = wl.amount(placed);
     let (guaranteed, borrowed) = ledger.split(p, wl.tenant, pool, amount.gpus);
     let mut ledger = ledger.clone();
@@ -1118,7 +1129,7 @@ pub fn solve(p: &Problem) -> Decision {
     for (w, wl) in p.workloads.iter().enumerate() {
         let class = &p.classes[wl.class];
         let status = s.status[w].clone().unwrap_or(Status::Keep);
-        let slots = s.fleet.placed.get(&w).cloned().unwrap_or_default();
+        let slots = s.fleet.placed[w].clone().unwrap_or_default();
         let placed_gpus = wl.demand.gpus() * slots.len() as i64;
         let pool = match status {
             Status::Keep | Status::Admit { .. } => {

@@ -1,0 +1,251 @@
+//! The issue's reference fleet: 500 nodes × 8 H100 (64 of them MIG), 300 tenants, 5,000 running
+//! and 2,000 pending workloads, generated deterministically. Prints the cold cycle (compile the
+//! YAML, resolve, solve), the warm cycle (solve from the compiled policy and parsed snapshot),
+//! one inference admission into the steady fleet, and peak memory. Figures only; no assertion
+//! on time. `cargo bench -p tessera-solver --bench reference_fleet`
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use tessera_compiler::{SourceFile, compile};
+use tessera_solver::{SolveOptions, solve};
+
+const TRAIN_NODES: usize = 436;
+const INFER_NODES: usize = 64;
+const ORGS: usize = 10;
+const PROJECTS_PER_ORG: usize = 29;
+
+/// A small deterministic generator (SplitMix64): the fleet is the same on every run.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn policy() -> String {
+    let h = "apiVersion: tessera/v1alpha1\n";
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "{h}kind: PriorityTiers\nmetadata: {{name: tiers}}\nspec: {{tiers: [{{name: serving, value: 1000}}, {{name: batch, value: 100}}]}}\n---\n\
+         {h}kind: SloClass\nmetadata: {{name: serving}}\nspec: {{tier: serving, preemptible: false, isolation: {{minimum: mig}}}}\n---\n\
+         {h}kind: SloClass\nmetadata: {{name: training}}\nspec: {{tier: batch, preemptible: true, isolation: {{minimum: exclusive}}, preemption: {{signal: SIGUSR1, gracePeriod: 5m, minRuntime: 30m}}}}\n---\n\
+         {h}kind: MigLayout\nmetadata: {{name: all-1g}}\nspec: {{gpuModel: H100-SXM5-80GB, instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]}}\n---\n\
+         {h}kind: MigLayout\nmetadata: {{name: halves}}\nspec: {{gpuModel: H100-SXM5-80GB, instances: [4g.40gb, 3g.40gb]}}\n---\n\
+         {h}kind: Pool\nmetadata: {{name: train}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: exclusive, capacity: {{nodes: {TRAIN_NODES}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
+         {h}kind: Pool\nmetadata: {{name: infer}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: mig, migLayouts: [all-1g, halves], capacity: {{nodes: {INFER_NODES}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
+         {h}kind: Tenant\nmetadata: {{name: root}}\nspec: {{guarantee: {{train: {}, infer: {}}}, sloClasses: [serving, training]}}\n",
+        TRAIN_NODES * 8,
+        INFER_NODES * 8
+    );
+    for o in 0..ORGS {
+        let _ = write!(
+            s,
+            "---\n{h}kind: Tenant\nmetadata: {{name: org-{o}}}\nspec: {{parent: root, guarantee: {{train: 348, infer: 51}}, trustDomain: org-{o}}}\n"
+        );
+        for p in 0..PROJECTS_PER_ORG {
+            let _ = write!(
+                s,
+                "---\n{h}kind: Tenant\nmetadata: {{name: p-{o}-{p}}}\nspec: {{parent: org-{o}, guarantee: {{train: 12, infer: 1}}, weight: {}}}\n",
+                1 + p % 3
+            );
+        }
+    }
+    s
+}
+
+fn project(rng: &mut Rng) -> String {
+    format!("p-{}-{}", rng.below(ORGS), rng.below(PROJECTS_PER_ORG))
+}
+
+/// The snapshot: training nodes filled with gangs of 1-8 GPUs (a few nodes left free), MIG
+/// GPUs cut in seven 1g instances each held by an inference replica, and a queue.
+fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
+    let mut rng = Rng(20_261_122);
+    let mut s = String::from(
+        "apiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {name: reference}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n",
+    );
+    for n in 0..TRAIN_NODES {
+        let _ = write!(
+            s,
+            "    - {{name: t{n}, pool: train, cpu: 192, memory: 2Ti, gpus: ["
+        );
+        for g in 0..8 {
+            let sep = if g > 0 { ", " } else { "" };
+            let _ = write!(
+                s,
+                "{sep}{{index: {g}, uuid: GPU-a{n:04x}{g:x}, model: H100-SXM5-80GB}}"
+            );
+        }
+        s.push_str("]}\n");
+    }
+    for n in 0..INFER_NODES {
+        let _ = writeln!(
+            s,
+            "    - name: m{n}\n      pool: infer\n      cpu: 192\n      memory: 2Ti\n      gpus:"
+        );
+        for g in 0..8 {
+            let _ = write!(
+                s,
+                "        - {{index: {g}, uuid: GPU-b{n:04x}{g:x}, model: H100-SXM5-80GB, mig: {{enabled: true}}, instances: ["
+            );
+            for i in 0..7 {
+                let sep = if i > 0 { ", " } else { "" };
+                let _ = write!(s, "{sep}{{profile: 1g.10gb, start: {i}}}");
+            }
+            s.push_str("]}\n");
+        }
+    }
+    s.push_str("  running:\n");
+    let mut running = 0;
+    for n in 0..TRAIN_NODES {
+        if n % 20 == 19 {
+            continue; // a free node now and then
+        }
+        let mut g = 0;
+        while g < 8 {
+            let size = [1, 1, 1, 1, 2, 2, 4, 8][rng.below(8)].min(8 - g);
+            let gpus: Vec<String> = (g..g + size).map(|x| x.to_string()).collect();
+            let _ = writeln!(
+                s,
+                "    - {{name: train-{running}, spec: {{tenant: {}, sloClass: training, gpu: {{count: {size}}}, cpu: 8, memory: 64Gi}}, bindings: [{{node: t{n}, gpus: [{}]}}], startedAt: \"2026-11-20T0{}:00:00Z\"}}",
+                project(&mut rng),
+                gpus.join(", "),
+                rng.below(7)
+            );
+            running += 1;
+            g += size;
+        }
+    }
+    for n in 0..INFER_NODES {
+        for g in 0..8 {
+            for i in 0..7 {
+                if rng.below(50) == 0 {
+                    continue; // some instances idle
+                }
+                let _ = writeln!(
+                    s,
+                    "    - {{name: serve-{running}, spec: {{tenant: {}, sloClass: serving, gpu: {{migProfile: 1g.10gb}}, cpu: 2, memory: 16Gi}}, bindings: [{{node: m{n}, gpus: [{g}], migStart: {i}}}], startedAt: \"2026-11-20T06:00:00Z\"}}",
+                    project(&mut rng),
+                );
+                running += 1;
+            }
+        }
+    }
+    s.push_str("  pending:\n");
+    let mut pending = 0;
+    for i in 0..2000 {
+        let (class, gpu) = if i % 4 == 0 {
+            ("serving", "{migProfile: 1g.10gb}".to_owned())
+        } else {
+            (
+                "training",
+                format!("{{count: {}}}", [1, 2, 4, 8][rng.below(4)]),
+            )
+        };
+        let _ = writeln!(
+            s,
+            "    - {{name: queued-{i}, spec: {{tenant: {}, sloClass: {class}, gpu: {gpu}, cpu: 4, memory: 32Gi}}, submittedAt: \"2026-11-20T07:{:02}:00Z\"}}",
+            project(&mut rng),
+            i % 60
+        );
+        pending += 1;
+    }
+    if let Some(extra) = pending_extra {
+        s.push_str(extra);
+        pending += 1;
+    }
+    (s, running, pending)
+}
+
+fn peak_rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(|l| l.trim_start_matches("VmHWM:").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unavailable".to_owned())
+}
+
+fn main() {
+    let policy_text = policy();
+    let (state_text, running, pending) = state(None);
+    let sources = [
+        SourceFile::new("policy.yaml", policy_text.clone()),
+        SourceFile::new("state.yaml", state_text),
+    ];
+    let options = SolveOptions::default();
+
+    let start = Instant::now();
+    let c = compile(&sources);
+    let compiled = c
+        .policy
+        .as_ref()
+        .unwrap_or_else(|| panic!("{:#?}", &c.diagnostics[..c.diagnostics.len().min(5)]));
+    let snapshot = &c.states[0].1;
+    let decision = solve(compiled, snapshot, &options).expect("the fleet solves");
+    let cold = start.elapsed().as_secs_f64();
+
+    let mut warm = Vec::new();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let d = solve(compiled, snapshot, &options).expect("the fleet solves");
+        warm.push(start.elapsed().as_secs_f64());
+        assert_eq!(d, decision, "deterministic");
+    }
+    warm.sort_by(f64::total_cmp);
+
+    // One inference replica arriving into the fleet as decided (the queue emptied of what was
+    // admitted): a cycle with the steady fleet plus one pending workload.
+    let extra = "    - {name: one-more, spec: {tenant: p-0-0, sloClass: serving, gpu: {migProfile: 1g.10gb}, cpu: 2, memory: 16Gi}, submittedAt: \"2026-11-20T07:59:00Z\"}\n";
+    let (one_text, _, _) = state(Some(extra));
+    let c1 = compile(&[
+        SourceFile::new("policy.yaml", policy_text),
+        SourceFile::new("state.yaml", one_text),
+    ]);
+    let one_state = &c1.states[0].1;
+    let mut single = Vec::new();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let _ = solve(compiled, one_state, &options).expect("solves");
+        single.push(start.elapsed().as_secs_f64());
+    }
+    single.sort_by(f64::total_cmp);
+
+    let admitted = decision
+        .workloads
+        .iter()
+        .filter(|w| matches!(w.outcome, tessera_solver::Outcome::Admit { .. }))
+        .count();
+    println!(
+        "reference fleet: {} nodes ({INFER_NODES} MIG), {} tenants, {running} running, {pending} pending",
+        TRAIN_NODES + INFER_NODES,
+        compiled.tenants.len()
+    );
+    println!(
+        "  decision: {admitted} admitted, objective {:.1}, bound {:.1}, gap {:.3} %",
+        decision.objective,
+        decision.bound.unwrap_or(f64::NAN),
+        decision.gap.unwrap_or(f64::NAN) * 100.0
+    );
+    println!("  cold cycle (compile YAML + resolve + solve): {cold:.2} s");
+    println!(
+        "  warm cycle (solve from compiled policy and snapshot): median {:.2} s (min {:.2}, max {:.2})",
+        warm[1], warm[0], warm[2]
+    );
+    println!(
+        "  one inference admission (a full cycle with it queued): median {:.2} s",
+        single[1]
+    );
+    println!("  peak resident memory: {}", peak_rss());
+}
