@@ -914,14 +914,7 @@ fn fallback_demand(spec: &WorkloadSpec) -> Option<Demand> {
 /// The demand of one replica on `pool`, or why the pool cannot hold that shape.
 fn demand_on(pool: &PoolInfo, spec: &WorkloadSpec) -> Result<Demand, String> {
     let g = &spec.gpu;
-    let set = [
-        g.count.is_some(),
-        g.mig_profile.is_some(),
-        g.fraction.is_some(),
-    ]
-    .iter()
-    .filter(|x| **x)
-    .count();
+    let set = g.kinds_set();
     if set != 1 {
         return Err("`gpu` must set exactly one of count, migProfile, fraction".into());
     }

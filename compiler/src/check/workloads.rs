@@ -130,14 +130,7 @@ pub(crate) fn resolve_spec(
         None => None,
     };
     let g = &spec.gpu;
-    let set = [
-        g.count.is_some(),
-        g.mig_profile.is_some(),
-        g.fraction.is_some(),
-    ]
-    .iter()
-    .filter(|x| **x)
-    .count();
+    let set = g.kinds_set();
     if set != 1 {
         ok = false;
         sink.push(

@@ -67,6 +67,15 @@ pub struct GpuRequest {
     pub fraction: Option<f64>,
 }
 
+impl GpuRequest {
+    /// How many of `count`, `migProfile` and `fraction` are set; a valid request sets one.
+    pub fn kinds_set(&self) -> usize {
+        usize::from(self.count.is_some())
+            + usize::from(self.mig_profile.is_some())
+            + usize::from(self.fraction.is_some())
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Topology {
