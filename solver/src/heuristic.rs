@@ -716,8 +716,8 @@ impl<'p> Solver<'p> {
     }
 
     /// Sort key of a pending workload now: priority desc, guaranteed first, fair share, time.
-    fn key(&self, w: usize) -> (i64, bool, u64, i64, String) {
-        let p = self.p;
+    fn key(&self, w: usize) -> (i64, bool, u64, i64, &'p str) {
+        let p: &'p Problem = self.p;
         let wl = &p.workloads[w];
         let amount = wl.demand.gpus() * i64::from(wl.min_member);
         let guaranteed = wl
@@ -739,7 +739,7 @@ impl<'p> Solver<'p> {
             !guaranteed,
             (share * 1e9).round() as u64,
             submitted,
-            wl.name.clone(),
+            wl.name.as_str(),
         )
     }
 
