@@ -355,3 +355,99 @@ pub fn against_observed(decision: &Decision) -> DecisionDiff {
         pools: Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_solver::decision::{Method, ReplicaBinding, WorkloadDecision};
+    use tessera_solver::{PreemptReason, Reason};
+
+    fn on(node: &str, gpus: &[u32]) -> Outcome {
+        Outcome::Keep {
+            bindings: vec![ReplicaBinding {
+                node: node.into(),
+                gpus: gpus.to_vec(),
+                mig_profile: None,
+                mig_start: None,
+                share: None,
+            }],
+        }
+    }
+
+    fn waiting(why: &str) -> Outcome {
+        Outcome::Pending {
+            reason: Reason::Orphaned { cause: why.into() },
+            message: why.into(),
+        }
+    }
+
+    fn decision(workloads: Vec<(&str, Outcome)>) -> Decision {
+        Decision {
+            format_version: 1,
+            now: "2026-11-20T08:00:00Z".into(),
+            method: Method::Heuristic,
+            objective: 0.0,
+            bound: None,
+            gap: None,
+            workloads: workloads
+                .into_iter()
+                .map(|(name, outcome)| WorkloadDecision {
+                    name: name.into(),
+                    tenant: "t".into(),
+                    slo_class: "c".into(),
+                    priority: 1,
+                    pool: Some("p".into()),
+                    outcome,
+                })
+                .collect(),
+            geometry: Vec::new(),
+            usage: Vec::new(),
+            pools: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn classifies_each_workload_change_once() {
+        let before = decision(vec![
+            ("same", on("n1", &[0])),
+            ("moves", on("n1", &[1])),
+            ("stops", on("n1", &[2])),
+            ("starts", waiting("no room")),
+            ("still-waits", waiting("no room: 3 free")),
+            ("gone", on("n2", &[0])),
+        ]);
+        let after = decision(vec![
+            ("same", on("n1", &[0])),
+            ("moves", on("n2", &[1])),
+            (
+                "stops",
+                Outcome::Preempt {
+                    grace_seconds: 300,
+                    lost_gpu_seconds: 3600.0,
+                    reason: PreemptReason::Orphaned { cause: "x".into() },
+                    message: "x".into(),
+                },
+            ),
+            ("starts", on("n3", &[0])),
+            ("still-waits", waiting("no room: 2 free")),
+        ]);
+        let d = decision_diff(&before, &after);
+        let got: Vec<(&str, Change)> = d
+            .workloads
+            .iter()
+            .map(|w| (w.name.as_str(), w.change))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("gone", Change::Appeared),
+                ("moves", Change::Moved),
+                ("starts", Change::Admitted),
+                ("stops", Change::Preempted),
+            ]
+        );
+        let stops = d.workloads.iter().find(|w| w.name == "stops").unwrap();
+        assert_eq!(stops.after.lost_gpu_seconds, Some(3600.0));
+        assert!(decision_diff(&before, &before).is_empty());
+    }
+}
