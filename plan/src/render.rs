@@ -454,6 +454,23 @@ pub fn markdown(plan: &Plan) -> String {
     out
 }
 
+/// A collapsible table: `<details>` with the row count in its summary; nothing when empty.
+fn details_table(out: &mut String, title: &str, header: &[&str], rows: &[Vec<String>]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "<details><summary>{title} ({})</summary>", rows.len());
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| {} |", header.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(header.len()));
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "</details>");
+    let _ = writeln!(out);
+}
+
 fn markdown_decisions(d: &DecisionDiff, out: &mut String) {
     let _ = writeln!(out, "#### What the fleet would do");
     let _ = writeln!(out);
@@ -473,84 +490,67 @@ fn markdown_decisions(d: &DecisionDiff, out: &mut String) {
         );
     }
     let _ = writeln!(out);
-    if !d.workloads.is_empty() {
-        let _ = writeln!(
-            out,
-            "<details><summary>Workloads ({})</summary>",
-            d.workloads.len()
-        );
-        let _ = writeln!(out);
-        let _ = writeln!(out, "| Workload | Tenant | Change | Before | After | Why |");
-        let _ = writeln!(out, "|---|---|---|---|---|---|");
-        for w in &d.workloads {
+    let workloads: Vec<Vec<String>> = d
+        .workloads
+        .iter()
+        .map(|w| {
             let mut why = w.after.reason.clone().unwrap_or_default();
             if let Some(lost) = w.after.lost_gpu_seconds {
                 why = format!("{why} (loses {:.1} GPU-hours)", lost / 3600.0);
             }
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} |",
+            vec![
                 code(&w.name),
                 cell(&w.tenant),
-                change_word(w.change),
+                change_word(w.change).to_owned(),
                 cell(&fate_text(&w.before)),
                 cell(&fate_text(&w.after)),
-                cell(&why)
-            );
-        }
-        let _ = writeln!(out);
-        let _ = writeln!(out, "</details>");
-        let _ = writeln!(out);
-    }
-    if !d.geometry.is_empty() {
-        let _ = writeln!(
-            out,
-            "<details><summary>GPUs re-partitioned ({})</summary>",
-            d.geometry.len()
-        );
-        let _ = writeln!(out);
-        let _ = writeln!(out, "| GPU | Pool | Before | After | Drain |");
-        let _ = writeln!(out, "|---|---|---|---|---|");
-        for g in &d.geometry {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} |",
+                cell(&why),
+            ]
+        })
+        .collect();
+    details_table(
+        out,
+        "Workloads",
+        &["Workload", "Tenant", "Change", "Before", "After", "Why"],
+        &workloads,
+    );
+    let geometry: Vec<Vec<String>> = d
+        .geometry
+        .iter()
+        .map(|g| {
+            vec![
                 code(&format!("{}/{}", g.node, g.gpu)),
                 code(&g.pool),
                 cell(&g.before.join(" ")),
                 cell(&g.after.join(" ")),
-                if g.drain { "yes" } else { "no" }
-            );
-        }
-        let _ = writeln!(out);
-        let _ = writeln!(out, "</details>");
-        let _ = writeln!(out);
-    }
-    if !d.usage.is_empty() {
-        let _ = writeln!(
-            out,
-            "<details><summary>Tenant usage ({})</summary>",
-            d.usage.len()
-        );
-        let _ = writeln!(out);
-        let _ = writeln!(out, "| Tenant | Pool | Guaranteed | Borrowed |");
-        let _ = writeln!(out, "|---|---|---|---|");
-        for u in &d.usage {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} → {} | {} → {} |",
+                if g.drain { "yes" } else { "no" }.to_owned(),
+            ]
+        })
+        .collect();
+    details_table(
+        out,
+        "GPUs re-partitioned",
+        &["GPU", "Pool", "Before", "After", "Drain"],
+        &geometry,
+    );
+    let usage: Vec<Vec<String>> = d
+        .usage
+        .iter()
+        .map(|u| {
+            vec![
                 code(&u.tenant),
                 code(&u.pool),
-                u.guaranteed.0,
-                u.guaranteed.1,
-                u.borrowed.0,
-                u.borrowed.1
-            );
-        }
-        let _ = writeln!(out);
-        let _ = writeln!(out, "</details>");
-        let _ = writeln!(out);
-    }
+                format!("{} → {}", u.guaranteed.0, u.guaranteed.1),
+                format!("{} → {}", u.borrowed.0, u.borrowed.1),
+            ]
+        })
+        .collect();
+    details_table(
+        out,
+        "Tenant usage",
+        &["Tenant", "Pool", "Guaranteed", "Borrowed"],
+        &usage,
+    );
 }
 
 fn markdown_change(plan: &Plan, item: &str, c: &ItemChange, out: &mut String) {
