@@ -905,11 +905,28 @@ impl<'p> Solver<'p> {
             }
             try_pool(p, &fleet, &ledger, w, pool, cap)
         };
+        // A what-if costs a fleet clone. It cannot succeed unless the pool's free GPU units plus
+        // what the victims hold reach the gang's minimum: skip those that cannot (the units
+        // freed are over-counted for partial gangs and unhealthy GPUs, so nothing is skipped
+        // that could succeed).
+        let pool_free: i64 = p.pools[pool]
+            .nodes
+            .iter()
+            .map(|&n| self.fleet.node_free(p, n))
+            .sum();
+        let needed = amount.units();
+        let holds = |v: usize| {
+            let vl = &p.workloads[v];
+            vl.amount(vl.replicas).gpus.units()
+        };
         // One victim, the cheapest that suffices.
         let mut singles: Vec<usize> = eligible.clone();
         singles.sort_by_cached_key(|&v| cost(v));
         let mut chosen: Option<Vec<usize>> = None;
         for &v in &singles {
+            if pool_free + holds(v) < needed {
+                continue;
+            }
             if attempt(&[v]).is_ok() {
                 chosen = Some(vec![v]);
                 break;
@@ -923,8 +940,13 @@ impl<'p> Solver<'p> {
                 (self.within_guarantee[v], c.2, c.0, c.1, c.3)
             });
             let mut set = Vec::new();
+            let mut freed = 0;
             for v in order {
                 set.push(v);
+                freed += holds(v);
+                if pool_free + freed < needed {
+                    continue;
+                }
                 if attempt(&set).is_ok() {
                     let mut i = set.len();
                     while i > 0 {
