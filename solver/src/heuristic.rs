@@ -511,7 +511,10 @@ impl Fleet {
         };
         // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
         let mut domains: Vec<&String> = info.domains.iter().collect();
-        domains.sort_by_cached_key(|d| (domain_free(self, d), (*d).clone()));
+        domains.sort_by_cached_key(|d| {
+            let d: &String = d;
+            (domain_free(self, d), d.as_str())
+        });
         let domain_sets: Vec<Vec<usize>> = domains.iter().map(|d| by_domain(d)).collect();
         match wl.topology {
             TopologyMode::Required => {
@@ -793,9 +796,7 @@ impl<'p> Solver<'p> {
             };
             match self.preempt_for(w, *pool, scope) {
                 Ok(status) => return status,
-                Err(mut protected) if !protected.is_empty() => {
-                    let protected_total = protected.len();
-                    protected.truncate(crate::decision::PROTECTED_LISTED);
+                Err((protected, protected_total)) if protected_total > 0 => {
                     *reason = Reason::PreemptionNotAllowed {
                         pool: p.pools[*pool].name.clone(),
                         capacity: Box::new(reason.clone()),
@@ -827,7 +828,7 @@ impl<'p> Solver<'p> {
         w: usize,
         pool: usize,
         scope: Option<usize>,
-    ) -> Result<Status, Vec<Protected>> {
+    ) -> Result<Status, (Vec<Protected>, usize)> {
         let p = self.p;
         let wl = &p.workloads[w];
         let prio = p.classes[wl.class].priority;
@@ -844,29 +845,27 @@ impl<'p> Solver<'p> {
             }
             let vl = &p.workloads[v];
             let class = &p.classes[vl.class];
-            let name = vl.name.clone();
+            // Names are cloned only for the few candidates a reason lists (see `listed`).
+            let name = v;
             let Phase::Running { started_at, .. } = vl.phase else {
                 continue;
             };
             let ran = (p.now - started_at).max(0) as u64;
             if !class.preemptible {
-                protected.push(Protected::NonPreemptible { workload: name });
+                protected.push((name, Blocked::NonPreemptible));
             } else if ran < class.min_runtime_seconds {
-                protected.push(Protected::MinRuntime {
-                    workload: name,
-                    remaining_seconds: class.min_runtime_seconds - ran,
-                });
+                protected.push((name, Blocked::MinRuntime(class.min_runtime_seconds - ran)));
             } else if self.within_guarantee[v] && !(requester_guaranteed && class.priority < prio) {
-                protected.push(Protected::WithinGuarantee { workload: name });
+                protected.push((name, Blocked::WithinGuarantee));
             } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
-                protected.push(Protected::NotLowerPriority { workload: name });
+                protected.push((name, Blocked::NotLowerPriority));
             } else if !self.within_guarantee[v]
                 && requester_guaranteed
                 && class.priority >= prio
                 && vl.tenant == wl.tenant
             {
                 // Reclaiming from oneself is no reclaim.
-                protected.push(Protected::NotLowerPriority { workload: name });
+                protected.push((name, Blocked::NotLowerPriority));
             } else {
                 eligible.push(v);
             }
@@ -963,12 +962,11 @@ impl<'p> Solver<'p> {
             }
         }
         let Some(victims) = chosen else {
-            protected.sort_by(|a, b| protected_name(a).cmp(protected_name(b)));
-            return Err(protected);
+            return Err(listed(p, protected));
         };
         let (fleet, ledger, guaranteed, borrowed) = match attempt(&victims) {
             Ok(x) => x,
-            Err(_) => return Err(protected),
+            Err(_) => return Err(listed(p, protected)),
         };
         for &v in &victims {
             // Drains are recorded on the fleet that admits `w`.
@@ -994,13 +992,37 @@ impl<'p> Solver<'p> {
     }
 }
 
-fn protected_name(p: &Protected) -> &str {
-    match p {
-        Protected::NonPreemptible { workload }
-        | Protected::MinRuntime { workload, .. }
-        | Protected::WithinGuarantee { workload }
-        | Protected::NotLowerPriority { workload } => workload,
-    }
+/// Why a candidate victim is protected, before its name is needed.
+#[derive(Debug, Clone, Copy)]
+enum Blocked {
+    NonPreemptible,
+    MinRuntime(u64),
+    WithinGuarantee,
+    NotLowerPriority,
+}
+
+/// The protected candidates a reason lists (the first [`crate::decision::PROTECTED_LISTED`] by name) and how many
+/// there were in all. Names are cloned for the listed ones only: a large fleet has thousands.
+fn listed(p: &Problem, mut blocked: Vec<(usize, Blocked)>) -> (Vec<Protected>, usize) {
+    let total = blocked.len();
+    blocked.sort_by(|a, b| p.workloads[a.0].name.cmp(&p.workloads[b.0].name));
+    let list = blocked
+        .into_iter()
+        .take(crate::decision::PROTECTED_LISTED)
+        .map(|(v, why)| {
+            let workload = p.workloads[v].name.clone();
+            match why {
+                Blocked::NonPreemptible => Protected::NonPreemptible { workload },
+                Blocked::MinRuntime(remaining_seconds) => Protected::MinRuntime {
+                    workload,
+                    remaining_seconds,
+                },
+                Blocked::WithinGuarantee => Protected::WithinGuarantee { workload },
+                Blocked::NotLowerPriority => Protected::NotLowerPriority { workload },
+            }
+        })
+        .collect();
+    (list, total)
 }
 
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
