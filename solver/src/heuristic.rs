@@ -751,16 +751,24 @@ impl<'p> Solver<'p> {
         let mut queue: Vec<usize> = (0..self.p.workloads.len())
             .filter(|&w| !self.p.workloads[w].is_running())
             .collect();
+        // A key depends on the ledger alone, which only an admission changes (`admit` replaces
+        // it right before returning `Admit`): keys are recomputed after admissions, not after
+        // every workload left waiting.
+        let mut keys: Vec<_> = queue.iter().map(|&w| self.key(w)).collect();
         while !queue.is_empty() {
-            let (i, _) = queue
+            let (i, _) = keys
                 .iter()
                 .enumerate()
-                .map(|(i, &w)| (i, self.key(w)))
-                .min_by(|a, b| a.1.cmp(&b.1))
+                .min_by(|a, b| a.1.cmp(b.1))
                 .expect("non-empty");
             let w = queue.remove(i);
+            keys.remove(i);
             let status = self.admit(w);
+            let admitted = matches!(status, Status::Admit { .. });
             self.status[w] = Some(status);
+            if admitted {
+                keys = queue.iter().map(|&w| self.key(w)).collect();
+            }
         }
     }
 
