@@ -97,6 +97,7 @@ const MAX_ALIAS_EVENTS: usize = 100_000;
 fn options() -> Options {
     let mut budget = Budget::default();
     budget.max_depth = MAX_DEPTH;
+    budget.flow_nesting_limit = MAX_DEPTH;
     budget.max_aliases = 10_000;
     budget.max_anchors = 10_000;
     budget.max_nodes = 4_000_000;
@@ -157,43 +158,67 @@ fn parse_error(file: &str, e: &serde_saphyr::Error) -> Diagnostic {
         Some(i) if message[i..].contains("column") && !message[i..].contains('(') => &message[..i],
         _ => message,
     };
-    let lower = message.to_ascii_lowercase();
-    let (code, message, help) = if lower.contains("duplicate mapping key") {
-        let key = message
-            .split_once("duplicate mapping key: ")
-            .map(|(_, k)| k.split(',').next().unwrap_or(k))
-            .unwrap_or("");
-        (
+    let (code, message, help) = match root_cause(e) {
+        serde_saphyr::Error::DuplicateMappingKey { key, .. } => (
             Code::DuplicateKey,
-            format!("duplicate key `{key}` in one mapping"),
+            match key {
+                Some(k) => format!("duplicate key `{k}` in one mapping"),
+                None => "duplicate key in one mapping".to_owned(),
+            },
             "remove or rename one of the two entries; YAML keeps only one of them".to_owned(),
-        )
-    } else if lower.contains("budget")
-        || lower.contains("alias")
-        || lower.contains("limit")
-        || lower.contains("depth")
-        || lower.contains("recursion")
-    {
-        let what = if lower.contains("depth") {
-            format!("the YAML nests deeper than {MAX_DEPTH} levels")
-        } else if lower.contains("alias") {
-            format!("aliases expand to more than {MAX_ALIAS_EVENTS} nodes (an alias bomb?)")
-        } else {
-            format!("the file exceeds a parser limit: {message}")
-        };
-        (
+        ),
+        serde_saphyr::Error::Budget { breach, .. } => (
             Code::InputTooLarge,
-            what,
-            "policy files need no deep nesting or alias expansion; split the file or write the values out".to_owned(),
-        )
-    } else {
-        (
+            match breach {
+                serde_saphyr::budget::BudgetBreach::Depth { .. } => {
+                    format!("the YAML nests deeper than {MAX_DEPTH} levels")
+                }
+                other => format!("the file exceeds a parser limit: {other:?}"),
+            },
+            TOO_LARGE_HELP.to_owned(),
+        ),
+        serde_saphyr::Error::ExternalMessage { source, .. }
+            if matches!(
+                source.as_ref(),
+                serde_saphyr::ExternalMessageSource::Parser(scan)
+                    if matches!(scan.kind(), serde_saphyr::granit_parser::ErrorKind::RecursionLimitExceeded)
+            ) =>
+        {
+            (
+                Code::InputTooLarge,
+                format!("the YAML nests deeper than {MAX_DEPTH} levels"),
+                TOO_LARGE_HELP.to_owned(),
+            )
+        }
+        serde_saphyr::Error::AliasReplayLimitExceeded { .. }
+        | serde_saphyr::Error::AliasExpansionLimitExceeded { .. }
+        | serde_saphyr::Error::AliasReplayStackDepthExceeded { .. }
+        | serde_saphyr::Error::AliasReplayCounterOverflow { .. } => (
+            Code::InputTooLarge,
+            format!("aliases expand to more than {MAX_ALIAS_EVENTS} nodes (an alias bomb?)"),
+            TOO_LARGE_HELP.to_owned(),
+        ),
+        _ => (
             Code::YamlSyntax,
             format!("invalid YAML: {message}"),
             "check indentation, quoting and that every `key:` is followed by a value".to_owned(),
-        )
+        ),
     };
     Diagnostic::new(code, message).at(location).help(help)
+}
+
+const TOO_LARGE_HELP: &str =
+    "policy files need no deep nesting or alias expansion; split the file or write the values out";
+
+/// The error under serde-saphyr's snippet and alias-location wrappers.
+fn root_cause(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
+    loop {
+        match e {
+            serde_saphyr::Error::WithSnippet { error, .. }
+            | serde_saphyr::Error::AliasError { error, .. } => e = error,
+            other => return other,
+        }
+    }
 }
 
 /// Converts the span-carrying tree to JSON, recording every node's position under its pointer.
@@ -383,6 +408,12 @@ mod tests {
         let e = parse("bomb.yaml", &text).unwrap_err();
         assert_eq!(e.code, Code::InputTooLarge, "{e:?}");
         assert!(start.elapsed().as_secs() < 10);
+    }
+
+    #[test]
+    fn an_undefined_alias_is_a_syntax_error_not_an_alias_bomb() {
+        let e = parse("a.yaml", "a: *nope\n").unwrap_err();
+        assert_eq!(e.code, Code::YamlSyntax, "{e:?}");
     }
 
     #[test]
