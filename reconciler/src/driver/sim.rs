@@ -1,0 +1,1 @@
+//! Simulated nodes (being written).

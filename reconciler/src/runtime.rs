@@ -1,0 +1,1 @@
+//! Workload processes (being written).
