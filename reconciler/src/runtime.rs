@@ -1,1 +1,0 @@
-//! Workload processes (being written).

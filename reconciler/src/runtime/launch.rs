@@ -1,0 +1,193 @@
+//! From a [`LaunchSpec`] to the wrapper's `Command`: checks first, so that a bad spec is an
+//! error here rather than a process that fails in its log.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::wrapper::{self, Files};
+use super::{LaunchSpec, RuntimeError};
+
+/// Searched when neither the spec nor the service has a `PATH`.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// Whether a workload name can name a directory: the `PendingWorkload` name rule
+/// (`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`), which also rules out `.` and `..`.
+pub fn check_name(name: &str) -> Result<(), RuntimeError> {
+    let bytes = name.as_bytes();
+    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'.';
+    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let ok = !bytes.is_empty()
+        && bytes.len() <= 253
+        && bytes.iter().all(inner)
+        && bytes.first().is_some_and(edge)
+        && bytes.last().is_some_and(edge);
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::InvalidName(name.to_string()))
+    }
+}
+
+/// Builds the wrapper command for `spec`, with its replica's files; creates the directories
+/// it needs.
+pub fn command(spec: &LaunchSpec, files: &Files) -> Result<Command, RuntimeError> {
+    let invalid = |reason: String| RuntimeError::InvalidSpec {
+        workload: spec.workload.clone(),
+        replica: spec.replica,
+        reason,
+    };
+    for (key, value) in &spec.env {
+        if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+            return Err(invalid(format!(
+                "environment variable {key:?} cannot be set"
+            )));
+        }
+    }
+    if let Some(device) = spec
+        .devices
+        .iter()
+        .find(|d| d.is_empty() || d.contains([',', '\0']))
+    {
+        return Err(invalid(format!("device {device:?} is not a UUID")));
+    }
+    if let Some(p) = spec.mps_thread_percentage
+        && !(1..=100).contains(&p)
+    {
+        return Err(invalid(format!(
+            "MPS thread percentage {p} is not between 1 and 100"
+        )));
+    }
+    let absolute = |p: &Path| {
+        std::path::absolute(p).map_err(|source| RuntimeError::Io {
+            path: p.to_path_buf(),
+            source,
+        })
+    };
+    let work_dir = absolute(&spec.work_dir)?;
+    let checkpoint_dir = absolute(&spec.checkpoint_dir)?;
+    let program = resolve(spec, &work_dir)?;
+    for dir in [&work_dir, &checkpoint_dir] {
+        create_dir(dir)?;
+    }
+    if let Some(parent) = files.log.parent() {
+        create_dir(parent)?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&files.log)
+        .map_err(|source| RuntimeError::Io {
+            path: files.log.clone(),
+            source,
+        })?;
+    let log_err = log.try_clone().map_err(|source| RuntimeError::Io {
+        path: files.log.clone(),
+        source,
+    })?;
+
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(wrapper::script())
+        .arg(wrapper::NAME)
+        .arg(&files.pid)
+        .arg(&files.exit)
+        .arg(program)
+        .args(&spec.command[1..])
+        .current_dir(&work_dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        // Its own group: a signal to the group reaches the command and all it spawned, and
+        // nothing sent to the service's group (a terminal's ^C) reaches it.
+        .process_group(0)
+        .envs(&spec.env);
+    // Set after the spec's environment, so that a spec cannot widen its own devices.
+    cmd.env("CUDA_VISIBLE_DEVICES", spec.devices.join(","))
+        .env("TESSERA_WORKLOAD", &spec.workload)
+        .env("TESSERA_REPLICA", spec.replica.to_string())
+        .env("TESSERA_CHECKPOINT_DIR", &checkpoint_dir);
+    match spec.mps_thread_percentage {
+        Some(p) => cmd.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", p.to_string()),
+        None => cmd.env_remove("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+    };
+    match &spec.resume_from {
+        Some(dir) => cmd.env("TESSERA_RESUME_FROM", absolute(dir)?),
+        None => cmd.env_remove("TESSERA_RESUME_FROM"),
+    };
+    Ok(cmd)
+}
+
+/// The command's program as a path: searched in `PATH` (the spec's, else the service's) when
+/// it has no `/`, else taken relative to the work directory.
+fn resolve(spec: &LaunchSpec, work_dir: &Path) -> Result<PathBuf, RuntimeError> {
+    let Some(program) = spec.command.first().filter(|p| !p.is_empty()) else {
+        return Err(RuntimeError::EmptyCommand {
+            workload: spec.workload.clone(),
+            replica: spec.replica,
+        });
+    };
+    let not_executable = |path: PathBuf| RuntimeError::NotExecutable {
+        workload: spec.workload.clone(),
+        replica: spec.replica,
+        path,
+    };
+    if program.contains('/') {
+        let path = work_dir.join(program);
+        return match executable(&path) {
+            Some(true) => Ok(path),
+            Some(false) => Err(not_executable(path)),
+            None => Err(RuntimeError::CommandNotFound {
+                workload: spec.workload.clone(),
+                replica: spec.replica,
+                command: program.clone(),
+                searched: work_dir.display().to_string(),
+            }),
+        };
+    }
+    let search = search_path(&spec.env);
+    let mut found_not_executable = None;
+    for dir in std::env::split_paths(OsStr::new(&search)) {
+        // An empty entry means the current directory, which for the command is its work dir.
+        let candidate = work_dir.join(dir).join(program);
+        match executable(&candidate) {
+            Some(true) => return Ok(candidate),
+            Some(false) => {
+                found_not_executable.get_or_insert(candidate);
+            }
+            None => {}
+        }
+    }
+    Err(match found_not_executable {
+        Some(path) => not_executable(path),
+        None => RuntimeError::CommandNotFound {
+            workload: spec.workload.clone(),
+            replica: spec.replica,
+            command: program.clone(),
+            searched: search,
+        },
+    })
+}
+
+fn search_path(env: &BTreeMap<String, String>) -> String {
+    env.get("PATH")
+        .cloned()
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_else(|| DEFAULT_PATH.to_string())
+}
+
+/// `None` when there is no such file, else whether it is an executable file.
+fn executable(path: &Path) -> Option<bool> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some(meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+}
+
+fn create_dir(dir: &Path) -> Result<(), RuntimeError> {
+    std::fs::create_dir_all(dir).map_err(|source| RuntimeError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })
+}

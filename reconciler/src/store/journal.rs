@@ -1,0 +1,164 @@
+//! The write-ahead action journal. Before the reconciler changes the world (creates a MIG
+//! instance, starts or signals a process) it records the intent; after, the outcome. A service
+//! killed in between finds the intent still open at restart ([`Store::open_actions`]) and knows
+//! which step may be half-done, so it can look at the nodes before planning again.
+
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use super::{Store, StoreError, from_json, to_json, to_sql_int};
+
+/// A journal entry's id: increasing, never reused.
+pub type ActionId = i64;
+
+/// Where an action stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionState {
+    /// Recorded before it ran; no outcome yet.
+    Intent,
+    Done,
+    Failed,
+}
+
+impl ActionState {
+    fn as_str(self) -> &'static str {
+        match self {
+            ActionState::Intent => "intent",
+            ActionState::Done => "done",
+            ActionState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<ActionState> {
+        match s {
+            "intent" => Some(ActionState::Intent),
+            "done" => Some(ActionState::Done),
+            "failed" => Some(ActionState::Failed),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ActionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An action whose outcome was never recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalEntry {
+    pub id: ActionId,
+    pub cycle: u64,
+    /// The action as the caller serialised it.
+    pub action: serde_json::Value,
+    pub begun_at: i64,
+}
+
+impl Store {
+    /// Records the intent to perform `action` in `cycle`, before performing it.
+    pub fn begin_action<A: Serialize + ?Sized>(
+        &self,
+        cycle: u64,
+        action: &A,
+        now: i64,
+    ) -> Result<ActionId, StoreError> {
+        let cycle = to_sql_int("cycle", cycle)?;
+        let action = to_json("journal action", action)?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO journal (cycle, action, state, begun_at) VALUES (?1, ?2, 'intent', ?3)",
+            )?
+            .execute(params![cycle, action, now])?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Records that action `id` completed.
+    pub fn complete_action(&self, id: ActionId, now: i64) -> Result<(), StoreError> {
+        self.close_action(id, ActionState::Done, None, now)
+    }
+
+    /// Records that action `id` failed with `error`.
+    pub fn fail_action(&self, id: ActionId, error: &str, now: i64) -> Result<(), StoreError> {
+        self.close_action(id, ActionState::Failed, Some(error), now)
+    }
+
+    /// Intents with no outcome, oldest first: what was in flight when the service stopped.
+    pub fn open_actions(&self) -> Result<Vec<JournalEntry>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, cycle, action, begun_at FROM journal WHERE state = 'intent' ORDER BY id",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter()
+            .map(|(id, cycle, action, begun_at)| {
+                Ok(JournalEntry {
+                    id,
+                    cycle: u64::try_from(cycle).map_err(|_| StoreError::CorruptValue {
+                        table: "journal",
+                        column: "cycle",
+                        row: id,
+                        value: cycle.to_string(),
+                    })?,
+                    action: from_json("journal", "action", id, &action)?,
+                    begun_at,
+                })
+            })
+            .collect()
+    }
+
+    /// Deletes closed entries that ended before `before`; returns how many. Open intents are
+    /// always kept.
+    pub fn prune_journal(&self, before: i64) -> Result<usize, StoreError> {
+        Ok(self.conn.execute(
+            "DELETE FROM journal WHERE state != 'intent' AND ended_at < ?1",
+            [before],
+        )?)
+    }
+
+    fn close_action(
+        &self,
+        id: ActionId,
+        state: ActionState,
+        error: Option<&str>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let tx = self.write()?;
+        let found: Option<String> = tx
+            .query_row("SELECT state FROM journal WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let Some(found) = found else {
+            return Err(StoreError::NotFound(format!("journal action {id}")));
+        };
+        match ActionState::parse(&found) {
+            Some(ActionState::Intent) => {}
+            Some(closed) => return Err(StoreError::ActionClosed { id, state: closed }),
+            None => {
+                return Err(StoreError::CorruptValue {
+                    table: "journal",
+                    column: "state",
+                    row: id,
+                    value: found,
+                });
+            }
+        }
+        tx.execute(
+            "UPDATE journal SET state = ?2, ended_at = ?3, error = ?4 WHERE id = ?1",
+            params![id, state.as_str(), now, error],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+}

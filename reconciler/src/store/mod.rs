@@ -1,0 +1,161 @@
+//! The service's state in SQLite: workloads and their lifecycle ([`workloads`]), the policy
+//! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]) and the event
+//! log ([`events`]).
+//!
+//! Every write is one `IMMEDIATE` transaction that checks what it changes (a workload's phase,
+//! a journal entry's state) and appends its event before committing, so a service killed at
+//! any point finds either the whole change or none of it. Nothing here reads a clock: every
+//! call that records a time takes `now` (unix seconds), which keeps tests deterministic and
+//! lets the caller use one instant for a whole cycle.
+//!
+//! Methods take `&self`: a [`Store`] is one connection, `Send` but not `Sync`, so callers that
+//! share it across threads wrap it in a mutex, which already serialises the transactions.
+
+pub mod events;
+pub mod journal;
+pub mod revisions;
+mod schema;
+pub mod workloads;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+
+pub use events::Event;
+pub use journal::{ActionId, ActionState, JournalEntry};
+pub use revisions::{RevisionRecord, RevisionStatus};
+pub use workloads::{EndReason, Origin, Phase, ReplicaProcess, WorkloadRecord};
+
+/// How long a write waits for another connection's transaction (a `sqlite3` shell, a second
+/// service instance misconfigured onto the same file) before failing with `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a store call failed with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The named workload (or journal action) does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A workload of that name exists and has not ended.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The workload's phase does not allow the change; nothing was written.
+    #[error("workload {workload:?} is {from}: cannot {action}")]
+    IllegalTransition {
+        workload: String,
+        action: &'static str,
+        from: Phase,
+    },
+    /// The journal action was already closed; nothing was written.
+    #[error("journal action {id} is already {state}")]
+    ActionClosed { id: ActionId, state: ActionState },
+    /// The file was written by a newer build; opening it could lose what that build stores.
+    #[error(
+        "the database has schema version {found}, newer than this build's {supported}: \
+         run the newer build or restore a backup"
+    )]
+    SchemaTooNew { found: u32, supported: u32 },
+    /// A value does not fit SQLite's 64-bit signed integers.
+    #[error("{what} is out of range: {value}")]
+    OutOfRange { what: &'static str, value: u64 },
+    /// A JSON column does not parse as what it should hold.
+    #[error("corrupt JSON in {table}.{column} (row {row}): {source}")]
+    CorruptJson {
+        table: &'static str,
+        column: &'static str,
+        row: i64,
+        source: serde_json::Error,
+    },
+    /// A text column holds a value outside its enumeration.
+    #[error("corrupt value {value:?} in {table}.{column} (row {row})")]
+    CorruptValue {
+        table: &'static str,
+        column: &'static str,
+        row: i64,
+        value: String,
+    },
+    /// A value could not be serialised to JSON.
+    #[error("cannot encode {what} as JSON: {source}")]
+    Encode {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    #[error("SQLite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// The SQLite state of one service instance.
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`, in WAL mode with foreign keys on,
+    /// and migrates its schema forward.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let conn = Connection::open(path)?;
+        // WAL lets readers (the API) proceed while the cycle writes; FULL makes every
+        // committed journal entry survive a power cut, not only a killed process. The write
+        // rate is a few transactions per action, far below what an fsync per commit costs.
+        // SQLite answers with the mode in force: a filesystem without shared-memory support
+        // keeps the rollback journal, which is still correct, only readers wait for writers.
+        let _mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
+        conn.pragma_update(None, "synchronous", "full")?;
+        Store::init(conn)
+    }
+
+    /// A private database in memory (tests, dry runs).
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        Store::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<Store, StoreError> {
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "foreign_keys", "on")?;
+        let mut store = Store { conn };
+        schema::migrate(&mut store.conn)?;
+        Ok(store)
+    }
+
+    /// The schema version the database is at (`PRAGMA user_version`).
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        schema::version(&self.conn)
+    }
+
+    /// Starts a write transaction. `IMMEDIATE` takes the write lock at once, so a transaction
+    /// that reads then writes never fails half-way on a lock upgrade.
+    fn write(&self) -> Result<Transaction<'_>, StoreError> {
+        Ok(Transaction::new_unchecked(
+            &self.conn,
+            TransactionBehavior::Immediate,
+        )?)
+    }
+}
+
+/// Converts a count or identifier to SQLite's integer.
+fn to_sql_int(what: &'static str, value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value })
+}
+
+fn to_json<T: serde::Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|source| StoreError::Encode { what, source })
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(
+    table: &'static str,
+    column: &'static str,
+    row: i64,
+    text: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|source| StoreError::CorruptJson {
+        table,
+        column,
+        row,
+        source,
+    })
+}

@@ -1,0 +1,122 @@
+//! The schema and its forward migrations, versioned by `PRAGMA user_version`.
+//!
+//! `MIGRATIONS[i]` takes a database from version `i` to `i + 1`. A migration is never edited
+//! once released: a change is a new entry. Each runs in one transaction together with the
+//! version bump, so a service killed mid-migration reopens at the old version and runs it again.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::StoreError;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: workloads, their replica processes, revisions, journal, events.
+    r#"
+    CREATE TABLE workloads (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        origin TEXT NOT NULL CHECK (origin IN ('submitted', 'committed')),
+        phase TEXT NOT NULL CHECK (phase IN ('pending', 'starting', 'running', 'checkpointing',
+                                             'succeeded', 'failed', 'cancelled')),
+        submitted_at INTEGER NOT NULL,
+        started_at INTEGER,
+        bindings TEXT NOT NULL DEFAULT '[]',
+        checkpoint_dir TEXT,
+        last_checkpoint_at INTEGER,
+        signalled_at INTEGER,
+        grace_deadline INTEGER,
+        cancel_requested_at INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+        ended_at INTEGER,
+        end_reason TEXT,
+        -- An ended workload says when and how; a live one says neither.
+        CHECK ((phase IN ('succeeded', 'failed', 'cancelled'))
+               = (ended_at IS NOT NULL AND end_reason IS NOT NULL)),
+        CHECK ((ended_at IS NULL) = (end_reason IS NULL))
+    );
+    -- A name is taken while its workload lives; once it has ended the name may be reused and
+    -- the old record stays as history.
+    CREATE UNIQUE INDEX workloads_live_name ON workloads (name) WHERE ended_at IS NULL;
+    CREATE INDEX workloads_name ON workloads (name, id);
+    CREATE INDEX workloads_tenant ON workloads (tenant, id);
+
+    CREATE TABLE replicas (
+        workload_id INTEGER NOT NULL REFERENCES workloads (id) ON DELETE CASCADE,
+        replica INTEGER NOT NULL CHECK (replica >= 0),
+        pid INTEGER CHECK (pid > 0),
+        devices TEXT NOT NULL DEFAULT '[]',
+        PRIMARY KEY (workload_id, replica)
+    ) WITHOUT ROWID;
+    CREATE INDEX replicas_pid ON replicas (pid) WHERE pid IS NOT NULL;
+
+    CREATE TABLE revisions (
+        id INTEGER PRIMARY KEY,
+        commit_id TEXT NOT NULL,
+        seen_at INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('applied', 'rejected')),
+        diagnostics TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE INDEX revisions_applied ON revisions (id) WHERE status = 'applied';
+
+    -- AUTOINCREMENT: ids are never reused, even after pruning, so an id in a log stays unique.
+    CREATE TABLE journal (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        cycle INTEGER NOT NULL CHECK (cycle >= 0),
+        action TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('intent', 'done', 'failed')),
+        begun_at INTEGER NOT NULL,
+        ended_at INTEGER,
+        error TEXT,
+        CHECK ((state = 'intent') = (ended_at IS NULL)),
+        CHECK ((state = 'failed') = (error IS NOT NULL))
+    );
+    CREATE INDEX journal_open ON journal (id) WHERE state = 'intent';
+
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        -- By name, not id: the log outlives pruned workload records.
+        workload TEXT,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_workload ON events (workload, id) WHERE workload IS NOT NULL;
+    "#,
+];
+
+/// The schema version this build writes.
+pub const CURRENT: u32 = MIGRATIONS.len() as u32;
+
+pub fn version(conn: &Connection) -> Result<u32, StoreError> {
+    let v: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    // user_version is a signed 32-bit header field; a negative one was not written by us.
+    u32::try_from(v).map_err(|_| StoreError::CorruptValue {
+        table: "pragma",
+        column: "user_version",
+        row: 0,
+        value: v.to_string(),
+    })
+}
+
+/// Applies every migration the database lacks; refuses a database from a newer build.
+pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let found = version(conn)?;
+    if found > CURRENT {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: CURRENT,
+        });
+    }
+    for (from, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
+        // Another process may have migrated between our read and our lock.
+        if version(&tx)? > from as u32 {
+            continue;
+        }
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", from as u32 + 1)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
