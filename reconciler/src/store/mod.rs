@@ -124,6 +124,15 @@ impl Store {
         schema::version(&self.conn)
     }
 
+    /// Starts a read transaction: a record and its replicas read inside one come from the same
+    /// snapshot, whatever another connection commits meanwhile.
+    fn read(&self) -> Result<Transaction<'_>, StoreError> {
+        Ok(Transaction::new_unchecked(
+            &self.conn,
+            TransactionBehavior::Deferred,
+        )?)
+    }
+
     /// Starts a write transaction. `IMMEDIATE` takes the write lock at once, so a transaction
     /// that reads then writes never fails half-way on a lock upgrade.
     fn write(&self) -> Result<Transaction<'_>, StoreError> {

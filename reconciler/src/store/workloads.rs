@@ -283,15 +283,15 @@ impl Store {
 
     /// The current record of `name`, if any.
     pub fn get(&self, name: &str) -> Result<Option<WorkloadRecord>, StoreError> {
-        let id: Option<i64> = self
-            .conn
+        let tx = self.read()?;
+        let id: Option<i64> = tx
             .query_row(
                 &format!("SELECT id FROM workloads {CURRENT}"),
                 [name],
                 |r| r.get(0),
             )
             .optional()?;
-        id.map(|id| load(&self.conn, id)).transpose()
+        id.map(|id| load(&tx, id)).transpose()
     }
 
     /// The current record of `name`; `NotFound` if there is none.
@@ -336,8 +336,8 @@ impl Store {
 
     /// The live workload one of whose replicas has process `pid`.
     pub fn workload_by_pid(&self, pid: u32) -> Result<Option<WorkloadRecord>, StoreError> {
-        let id: Option<i64> = self
-            .conn
+        let tx = self.read()?;
+        let id: Option<i64> = tx
             .query_row(
                 "SELECT w.id FROM replicas r JOIN workloads w ON w.id = r.workload_id
                  WHERE r.pid = ?1 AND w.ended_at IS NULL ORDER BY w.id DESC LIMIT 1",
@@ -345,7 +345,7 @@ impl Store {
                 |r| r.get(0),
             )
             .optional()?;
-        id.map(|id| load(&self.conn, id)).transpose()
+        id.map(|id| load(&tx, id)).transpose()
     }
 
     /// Pending → Starting: placed with one binding per replica.
@@ -592,13 +592,12 @@ impl Store {
         clause: &str,
         params: P,
     ) -> Result<Vec<WorkloadRecord>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!("SELECT {COLUMNS} FROM workloads {clause}"))?;
+        let tx = self.read()?;
+        let mut stmt = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM workloads {clause}"))?;
         let raws = stmt
             .query_map(params, RawRow::read)?
             .collect::<Result<Vec<_>, _>>()?;
-        raws.into_iter().map(|raw| raw.decode(&self.conn)).collect()
+        raws.into_iter().map(|raw| raw.decode(&tx)).collect()
     }
 }
 
