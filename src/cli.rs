@@ -1,5 +1,6 @@
 //! The command line's shape: flags are parsed here and nowhere else.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -107,6 +108,106 @@ pub enum Command {
     /// Benchmarks that print figures (they never assert).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The service: follow a branch of the policy repository, observe the nodes, solve each
+    /// cycle and drive the fleet toward the decision. Runs until SIGINT or SIGTERM.
+    Reconcile(ReconcileArgs),
+    /// Submit a workload (a `kind: Workload` YAML document) to a running service.
+    Submit {
+        /// The workload document; checked here first, with errors at file:line:col.
+        file: PathBuf,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Cancel a submitted workload (stopping it if it runs).
+    Cancel {
+        name: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// The service's sync and health, revision and last error. Exit 0 when Synced and
+    /// Healthy, 1 otherwise (2 when the service cannot be reached).
+    Status {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
+        output: TextOrJson,
+    },
+}
+
+/// Where the service is, and who is asking.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    #[arg(long, env = "TESSERA_SERVER", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+    /// A tenant's (or the operator's) bearer token.
+    #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReconcileArgs {
+    /// The policy repository: a URL (file://, https://, ssh://) or a local path.
+    #[arg(long)]
+    pub repo: String,
+    #[arg(long, default_value = "main")]
+    pub branch: String,
+    /// The policy directory inside the repository (default: the whole repository).
+    #[arg(long, value_name = "SUBDIR")]
+    pub path: Option<String>,
+    #[arg(long, value_enum, default_value_t = DriverKind::Sim)]
+    pub driver: DriverKind,
+    /// With `--driver sim`: the ClusterState file the simulated nodes start from.
+    #[arg(long, value_name = "FILE")]
+    pub nodes: Option<PathBuf>,
+    /// With `--driver sim`: NVML faults to inject (YAML), for tests and drills.
+    #[arg(long, value_name = "FILE")]
+    pub faults: Option<PathBuf>,
+    /// With `--driver nvml`: the NVML library to load (default: libnvidia-ml.so.1).
+    #[arg(long, env = "TESSERA_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// SQLite database: workloads, revisions, the action journal, events.
+    #[arg(long, default_value = "tessera.db")]
+    pub db: PathBuf,
+    /// The mirror, the simulated nodes' state, logs and checkpoints.
+    #[arg(long, default_value = ".tessera")]
+    pub state_dir: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Bearer tokens (YAML: `admin: TOKEN`, `tenants: {NAME: TOKEN}`). Without it the API
+    /// accepts no token: only /status, /metrics and /healthz answer.
+    #[arg(long, value_name = "FILE")]
+    pub tokens: Option<PathBuf>,
+    #[arg(long, default_value = "10s")]
+    pub cycle_period: String,
+    #[arg(long, default_value = "30s")]
+    pub fetch_interval: String,
+    /// The solver's budget per cycle.
+    #[arg(long, default_value = "2s")]
+    pub time_limit: String,
+    /// `process`: start each workload's command; `none`: place workloads and make their
+    /// devices but run nothing (a fleet simulation).
+    #[arg(long, value_enum, default_value_t = RuntimeKind::Process)]
+    pub runtime: RuntimeKind,
+    /// Run cycles until one has nothing left to do now, print the status and what each cycle
+    /// did, and exit (0 when Synced and Healthy, 1 otherwise). No API is served.
+    #[arg(long)]
+    pub once: bool,
+    #[arg(long, value_enum, default_value_t = TextOrJson::Human, requires = "once")]
+    pub output: TextOrJson,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeKind {
+    Process,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DriverKind {
+    /// Simulated nodes from a ClusterState file, obeying NVML's rules.
+    Sim,
+    /// The GPUs of this machine through NVML.
+    Nvml,
 }
 
 #[derive(Debug, Subcommand)]

@@ -624,6 +624,35 @@ impl Fleet {
     }
 }
 
+/// A GPU left with part of a layout (a reconfiguration interrupted between destroying and
+/// creating, or a node set up by hand) is completed to an allowed layout that keeps every
+/// instance it has: only instances are added, on free memory slices, so nothing running is
+/// disturbed. `None` when the geometry is empty, already a layout of the pool, cannot be
+/// completed without destroying something, or the GPU's change budget is spent.
+fn complete_layout(
+    pool: &crate::problem::PoolInfo,
+    geometry: &[Placement],
+    changes: u32,
+) -> Option<Vec<Placement>> {
+    if geometry.is_empty() || changes >= pool.max_changes_per_gpu {
+        return None;
+    }
+    let multiset = |v: &[Placement]| {
+        let mut ids: Vec<u32> = v.iter().map(|p| p.profile_id).collect();
+        ids.sort_unstable();
+        ids
+    };
+    let have = multiset(geometry);
+    if pool.layouts.iter().any(|l| multiset(l) == have) {
+        return None;
+    }
+    pool.layouts
+        .iter()
+        .filter_map(|l| relayout_into(geometry, l))
+        // The smallest completion: the fewest instances to create.
+        .min_by_key(|g| g.len())
+}
+
 /// The geometry `layout` takes on a GPU whose `busy` instances must stay where they are, if
 /// the busy instances are part of the layout's multiset and the rest can be placed around them.
 fn relayout_into(busy: &[Placement], layout: &[Placement]) -> Option<Vec<Placement>> {
@@ -1310,7 +1339,8 @@ fn geometry(p: &Problem, fleet: &Fleet) -> Vec<GeometryPlan> {
         }
         let state = &fleet.gpu[g];
         let current = &info.instances;
-        let target = &state.geometry;
+        let completed = complete_layout(&p.pools[pool], &state.geometry, state.changes);
+        let target = completed.as_ref().unwrap_or(&state.geometry);
         let destroy: Vec<Placement> = current
             .iter()
             .copied()

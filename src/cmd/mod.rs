@@ -1,9 +1,11 @@
 //! One module per verb.
 
 mod bench;
+mod client;
 mod compile;
 mod mig;
 mod plan;
+mod reconcile;
 mod schema;
 mod solve;
 mod validate;
@@ -76,6 +78,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             bound,
             output,
         }),
+        Command::Reconcile(args) => reconcile::run(args),
+        Command::Submit { file, server } => client::submit(&file, &server),
+        Command::Cancel { name, server } => client::cancel(&name, &server),
+        Command::Status { server, output } => client::status(&server, output),
     }
 }
 

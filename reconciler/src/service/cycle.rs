@@ -1,0 +1,601 @@
+//! One reconcile cycle: fetch → observe → `ClusterState` → solve → plan → apply → record; and
+//! recovery from the journal at start.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tessera_solver::{Decision, SolveOptions};
+
+use super::status::{Health, Status, Sync};
+use super::{Config, Shared, TenantView, apply};
+use crate::actions::{self, Action, ActionPlan, LivePhase, Throttle, Wait, WorkloadView};
+use crate::driver::{GpuRef, NodeDriver, Observation};
+use crate::policy::{self, Offer, PolicyTracker};
+use crate::repo::Mirror;
+use crate::runtime::{ExitStatus, Exited, Runtime};
+use crate::snapshot::{self, RunningFacts, Tracked};
+use crate::store::{EndReason, Origin, Phase, RevisionStatus, Store, WorkloadRecord};
+
+/// What one cycle did, for logs and tests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CycleReport {
+    pub cycle: u64,
+    /// The commit in force during the cycle.
+    pub revision: Option<String>,
+    pub plan: ActionPlan,
+    /// Actions that failed, with their errors.
+    pub failed: Vec<(Action, String)>,
+    /// Workloads whose processes ended this cycle, with how.
+    pub exits: Vec<(String, String)>,
+    pub decision: Option<Decision>,
+    pub error: Option<String>,
+}
+
+pub struct Reconciler {
+    config: Config,
+    store: Store,
+    driver: Box<dyn NodeDriver>,
+    runtime: Runtime,
+    mirror: Mirror,
+    tracker: PolicyTracker,
+    throttle: Throttle,
+    failures: BTreeMap<String, u32>,
+    /// GPUs waiting to drain, with the instant their pool's drain timeout runs out.
+    drain_deadline: BTreeMap<GpuRef, i64>,
+    shared: Arc<Shared>,
+    cycle: u64,
+    /// Exits polled between cycles, reaped by the next one.
+    exits: Vec<Exited>,
+}
+
+impl Reconciler {
+    pub fn new(
+        config: Config,
+        store: Store,
+        driver: Box<dyn NodeDriver>,
+        runtime: Runtime,
+        mirror: Mirror,
+        shared: Arc<Shared>,
+    ) -> Reconciler {
+        Reconciler {
+            config,
+            store,
+            driver,
+            runtime,
+            mirror,
+            tracker: PolicyTracker::default(),
+            throttle: Throttle::default(),
+            failures: BTreeMap::new(),
+            drain_deadline: BTreeMap::new(),
+            shared,
+            cycle: 0,
+            exits: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Whether a process has ended since the last cycle (polled now).
+    pub fn has_exits(&mut self) -> bool {
+        self.exits.extend(self.runtime.poll());
+        !self.exits.is_empty()
+    }
+
+    /// Reports an error outside a cycle (a fetch, the recovery) in the status.
+    pub fn note_error(&self, message: String) {
+        let mut s = self.status_mut();
+        s.health = Health::Degraded;
+        s.last_error = Some(message);
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn driver_mut(&mut self) -> &mut dyn NodeDriver {
+        self.driver.as_mut()
+    }
+
+    /// At start: close what a killed predecessor left open. Intents without an outcome are
+    /// marked interrupted (the next cycle re-plans from what the nodes show, which is the only
+    /// truth about a half-applied step), and the processes of running workloads are adopted.
+    pub fn recover(&mut self, now: i64) -> Result<usize, crate::store::StoreError> {
+        let observation = self.driver.observe().ok();
+        let open = self.store.open_actions()?;
+        for entry in &open {
+            self.store.fail_action(
+                entry.id,
+                "interrupted: the service stopped before this action completed",
+                now,
+            )?;
+        }
+        for record in self.store.live()? {
+            for r in &record.replicas {
+                let Some(pid) = r.pid else { continue };
+                if let Err(e) = self.runtime.adopt(&record.name, r.replica, pid) {
+                    self.note_error(format!("recovery: cannot adopt {}: {e}", record.name));
+                }
+                if let Some(b) = record.bindings.get(r.replica as usize) {
+                    for &index in &b.gpus {
+                        let gpu = GpuRef {
+                            node: b.node.clone(),
+                            index,
+                        };
+                        let gi = b.mig_start.and_then(|start| {
+                            observation.as_ref().and_then(|o| find_gi(o, &gpu, start))
+                        });
+                        self.driver.process_started(pid, &gpu, gi);
+                    }
+                }
+            }
+            if record.phase == Phase::Starting {
+                // Killed between recording the start and recording its processes: whatever
+                // started is stopped, and the workload waits for the next cycle.
+                for pid in self.runtime.pids_of(&record.name) {
+                    let _ = self.runtime.kill(pid);
+                    self.driver.process_ended(pid);
+                }
+                self.store
+                    .requeue(&record.name, "interrupted while starting", now)?;
+            }
+        }
+        Ok(open.len())
+    }
+
+    /// Fetches the branch and offers its head to the tracker. Errors are reported in the
+    /// status; the revision in force stays.
+    pub fn sync_repository(&mut self, now: i64) -> Result<Offer, String> {
+        let head = self.mirror.fetch().map_err(|e| e.to_string())?;
+        if self.tracker.latest_commit() == Some(head.as_str()) {
+            return Ok(Offer::Unchanged);
+        }
+        let snapshot = self.mirror.snapshot(&head).map_err(|e| e.to_string())?;
+        let offer = self.tracker.offer(&head, snapshot.loaded);
+        let record = match &offer {
+            Offer::Applied { commit } => {
+                self.publish_tenants();
+                Some((commit.clone(), RevisionStatus::Applied, Vec::new()))
+            }
+            Offer::Rejected(r) => Some((
+                r.commit.clone(),
+                RevisionStatus::Rejected,
+                r.diagnostics.clone(),
+            )),
+            Offer::Unchanged => None,
+        };
+        if let Some((commit, status, diagnostics)) = record {
+            self.store
+                .record_revision(&commit, status, &diagnostics, now)
+                .map_err(|e| e.to_string())?;
+        }
+        let mut s = self.status_mut();
+        s.head = Some(head);
+        Ok(offer)
+    }
+
+    fn publish_tenants(&self) {
+        let Some(applied) = self.tracker.applied() else {
+            return;
+        };
+        let views = applied
+            .policy
+            .tenants
+            .iter()
+            .map(|t| TenantView {
+                name: t.name.clone(),
+                slo_classes: t.slo_classes.clone(),
+                pools: t.quota.keys().cloned().collect(),
+            })
+            .collect();
+        *self
+            .shared
+            .tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(views);
+    }
+
+    fn status_mut(&self) -> std::sync::RwLockWriteGuard<'_, Status> {
+        self.shared
+            .status
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One cycle at `now`.
+    pub fn cycle(&mut self, now: i64) -> CycleReport {
+        let started = Instant::now();
+        self.cycle += 1;
+        let mut report = CycleReport {
+            cycle: self.cycle,
+            ..CycleReport::default()
+        };
+        let result = self.cycle_inner(now, &mut report);
+        if let Err(e) = &result {
+            report.error = Some(e.clone());
+        }
+        self.publish(now, &report, started.elapsed().as_secs_f64());
+        report
+    }
+
+    fn cycle_inner(&mut self, now: i64, report: &mut CycleReport) -> Result<(), String> {
+        self.throttle
+            .reconfigured
+            .retain(|_, &mut until| until > now);
+        self.throttle.backoff.retain(|_, &mut until| until > now);
+        self.reap(now, report).map_err(|e| e.to_string())?;
+        let Some(applied) = self.tracker.applied().cloned() else {
+            return Err(match self.tracker.rejected() {
+                Some(r) => format!(
+                    "revision {} rejected; no earlier revision to keep",
+                    short(&r.commit)
+                ),
+                None => "no policy revision fetched yet".to_string(),
+            });
+        };
+        report.revision = Some(applied.commit.clone());
+        self.sync_committed(&applied.policy, now)
+            .map_err(|e| e.to_string())?;
+
+        let mut observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
+        let records = self.store.live().map_err(|e| e.to_string())?;
+        let tracked: Vec<Tracked> = records.iter().map(tracked).collect();
+        let state = snapshot::cluster_state(&observation, &tracked, now);
+        *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
+
+        let solve_started = Instant::now();
+        let decision = tessera_solver::solve(
+            &applied.policy,
+            &state,
+            &SolveOptions {
+                time_limit: self.config.solve_time_limit,
+                now: Some(now),
+            },
+        )
+        .map_err(|e| format!("solve: {e}"))?;
+        let solve_seconds = solve_started.elapsed().as_secs_f64();
+        self.shared.metrics.record_decision(&decision);
+        self.shared.metrics.record_cycle(0.0, Some(solve_seconds));
+
+        let views: Vec<WorkloadView> = records.iter().map(|r| view(r, &applied.policy)).collect();
+        let plan = actions::plan(&decision, &observation, &views, &self.throttle, now);
+        self.track_drains(&plan, &applied.policy, &observation, now);
+        report.decision = Some(decision);
+
+        if self.shared.suspended.load(Ordering::SeqCst) {
+            report.plan = plan;
+            return Ok(());
+        }
+        let mut created = BTreeMap::new();
+        let mut observed_after_geometry = false;
+        for action in &plan.actions {
+            if matches!(action, Action::Start { .. }) && !observed_after_geometry {
+                // New compute instances have UUIDs only the driver knows.
+                if plan.actions.iter().any(Action::is_geometry) {
+                    observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
+                }
+                observed_after_geometry = true;
+            }
+            let intent = serde_json::to_value(action).map_err(|e| e.to_string())?;
+            let id = self
+                .store
+                .begin_action(self.cycle, &intent, now)
+                .map_err(|e| e.to_string())?;
+            let mut cx = apply::Context {
+                driver: self.driver.as_mut(),
+                runtime: &mut self.runtime,
+                store: &self.store,
+                state_dir: &self.config.state_dir,
+                now,
+                run_commands: self.config.run_commands,
+                observation: &mut observation,
+                created: &mut created,
+            };
+            let outcome = apply::apply(&mut cx, action);
+            let name = action_name(action);
+            match outcome {
+                Ok(()) => {
+                    self.store
+                        .complete_action(id, now)
+                        .map_err(|e| e.to_string())?;
+                    self.failures.remove(&action.key());
+                    self.throttle.backoff.remove(&action.key());
+                    if action.is_geometry()
+                        && let Some(gpu) = gpu_of(action)
+                        && let Some(pool) = pool_of(&applied.policy, &observation, gpu)
+                    {
+                        // The pool's budget: at most `maxPerGpuPerHour` changes of one GPU.
+                        let per_hour = i64::from(pool.reconfiguration.max_per_gpu_per_hour);
+                        let until = now + 3600 / per_hour.max(1);
+                        self.throttle
+                            .reconfigured
+                            .entry(gpu.clone())
+                            .or_insert(until);
+                    }
+                    self.shared
+                        .metrics
+                        .record_action(name, true, action.is_geometry());
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    self.store
+                        .fail_action(id, &message, now)
+                        .map_err(|e| e.to_string())?;
+                    self.back_off(action, now);
+                    self.shared
+                        .metrics
+                        .record_action(name, false, action.is_geometry());
+                    report.failed.push((action.clone(), message));
+                }
+            }
+        }
+        report.plan = plan;
+        Ok(())
+    }
+
+    /// Learns which processes ended and records how their workloads ended.
+    fn reap(&mut self, now: i64, report: &mut CycleReport) -> Result<(), crate::store::StoreError> {
+        let mut exits = std::mem::take(&mut self.exits);
+        exits.extend(self.runtime.poll());
+        if exits.is_empty() {
+            return self.stop_cancelled(now);
+        }
+        for exit in exits {
+            self.driver.process_ended(exit.pid);
+            let Some(record) = self.store.workload_by_pid(exit.pid)? else {
+                continue;
+            };
+            let remaining = self.store.replica_exited(&record.name, exit.pid, now)?;
+            if remaining > 0 {
+                continue;
+            }
+            let how = match (record.phase, exit.status) {
+                (Phase::Checkpointing, _) => {
+                    self.store.requeue(&record.name, "checkpointed", now)?;
+                    "checkpointed and requeued".to_string()
+                }
+                (Phase::Cancelled, _) => "cancelled".to_string(),
+                (_, ExitStatus::Code(0)) => {
+                    self.store
+                        .finish(&record.name, EndReason::Exited { code: 0 }, now)?;
+                    "succeeded".to_string()
+                }
+                (_, status) => {
+                    self.store
+                        .finish(&record.name, EndReason::from_exit(status), now)?;
+                    format!("failed ({status})")
+                }
+            };
+            report.exits.push((record.name.clone(), how));
+        }
+        self.stop_cancelled(now)
+    }
+
+    /// Workloads whose cancel waits on their processes: stopped, then ended as cancelled.
+    fn stop_cancelled(&mut self, now: i64) -> Result<(), crate::store::StoreError> {
+        for record in self.store.cancel_requested()? {
+            for pid in apply::live_pids(&record) {
+                // A process already gone is what a cancel wants.
+                let _ = self.runtime.kill(pid);
+                self.driver.process_ended(pid);
+            }
+            self.store.finish(&record.name, EndReason::Cancelled, now)?;
+        }
+        Ok(())
+    }
+
+    /// Committed workloads follow the revision in force: new ones are queued, removed ones are
+    /// cancelled (and stopped).
+    fn sync_committed(
+        &mut self,
+        policy: &tessera_compiler::CompiledPolicy,
+        now: i64,
+    ) -> Result<(), crate::store::StoreError> {
+        let wanted = policy::committed(policy);
+        let existing = self.store.committed()?;
+        for (name, spec) in &wanted {
+            if !existing.iter().any(|r| &r.name == name) {
+                self.store.submit(name, spec, Origin::Committed, now)?;
+            }
+        }
+        for r in existing {
+            if !wanted.contains_key(&r.name) {
+                self.store.cancel(&r.name, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn back_off(&mut self, action: &Action, now: i64) {
+        let key = action.key();
+        let failures = self.failures.entry(key.clone()).or_default();
+        *failures += 1;
+        let base = self.config.backoff_base.as_secs().max(1);
+        let delay = base
+            .saturating_mul(1u64 << (*failures - 1).min(20))
+            .min(self.config.backoff_max.as_secs().max(base));
+        self.throttle.backoff.insert(key, now + delay as i64);
+    }
+
+    /// Remembers since when each GPU has waited to drain, and the deadline its pool's
+    /// `drainTimeout` sets.
+    fn track_drains(
+        &mut self,
+        plan: &ActionPlan,
+        policy: &tessera_compiler::CompiledPolicy,
+        observation: &Observation,
+        now: i64,
+    ) {
+        let draining: Vec<GpuRef> = plan
+            .waits
+            .iter()
+            .filter_map(|w| match w {
+                Wait::Drain { gpu, .. } => Some(gpu.clone()),
+                _ => None,
+            })
+            .collect();
+        self.drain_deadline.retain(|g, _| draining.contains(g));
+        for g in draining {
+            let timeout = pool_of(policy, observation, &g)
+                .map_or(600, |p| p.reconfiguration.drain_timeout_seconds);
+            let deadline = now.saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX));
+            self.drain_deadline.entry(g).or_insert(deadline);
+        }
+    }
+
+    fn publish(&self, now: i64, report: &CycleReport, seconds: f64) {
+        let stuck: Vec<String> = self
+            .drain_deadline
+            .iter()
+            .filter(|&(_, &deadline)| now >= deadline)
+            .map(|(g, _)| g.to_string())
+            .collect();
+        let rejected = self.tracker.rejected().cloned();
+        let mut s = self.status_mut();
+        s.cycles = self.cycle;
+        s.last_cycle_at = Some(snapshot::rfc3339(now));
+        s.revision = self.tracker.applied().map(|a| a.commit.clone());
+        s.last_actions = report.plan.actions.len();
+        s.waiting = report.plan.waits.len();
+        s.diagnostics = rejected
+            .as_ref()
+            .map(|r| r.diagnostics.clone())
+            .unwrap_or_default();
+        let mut errors = Vec::new();
+        if let Some(r) = &rejected {
+            errors.push(format!(
+                "revision {} rejected ({} errors); {} stays in force",
+                short(&r.commit),
+                r.diagnostics.len(),
+                s.revision.as_deref().map(short).unwrap_or("nothing")
+            ));
+        }
+        if let Some(e) = &report.error {
+            errors.push(e.clone());
+        }
+        for (action, e) in &report.failed {
+            errors.push(format!("{}: {e}", action_name(action)));
+        }
+        if !stuck.is_empty() {
+            errors.push(format!(
+                "not drained within the pool's drainTimeout: {}",
+                stuck.join(", ")
+            ));
+        }
+        s.health = if !errors.is_empty() {
+            Health::Degraded
+        } else if !report.plan.actions.is_empty() || !report.plan.waits.is_empty() {
+            Health::Progressing
+        } else {
+            Health::Healthy
+        };
+        s.last_error = (!errors.is_empty()).then(|| errors.join("; "));
+        let at_head = s.revision.is_some() && s.revision == s.head;
+        s.sync = if at_head && report.plan.actions.is_empty() && report.plan.waits.is_empty() {
+            Sync::Synced
+        } else {
+            Sync::OutOfSync
+        };
+        s.suspended = self.shared.suspended.load(Ordering::SeqCst);
+        let (sync, health) = (s.sync_label(), s.health_label());
+        drop(s);
+        self.shared.metrics.record_status(sync, health);
+        self.shared.metrics.record_cycle(seconds, None);
+    }
+}
+
+fn tracked(r: &WorkloadRecord) -> Tracked {
+    let holds = matches!(
+        r.phase,
+        Phase::Starting | Phase::Running | Phase::Checkpointing
+    );
+    Tracked {
+        name: r.name.clone(),
+        spec: r.spec.clone(),
+        submitted_at: r.submitted_at,
+        running: holds.then(|| RunningFacts {
+            bindings: r.bindings.clone(),
+            started_at: r.started_at.unwrap_or(r.submitted_at),
+            last_checkpoint_at: r.last_checkpoint_at,
+        }),
+    }
+}
+
+fn view(r: &WorkloadRecord, policy: &tessera_compiler::CompiledPolicy) -> WorkloadView {
+    let phase = match r.phase {
+        Phase::Pending => LivePhase::Pending,
+        Phase::Checkpointing => LivePhase::Checkpointing {
+            deadline: r.grace_deadline.unwrap_or(0),
+        },
+        _ => LivePhase::Running,
+    };
+    let signal = policy
+        .slo_classes
+        .iter()
+        .find(|c| c.name == r.spec.slo_class)
+        .map_or_else(|| "SIGTERM".to_string(), |c| c.checkpoint_signal.clone());
+    WorkloadView {
+        name: r.name.clone(),
+        phase,
+        alive_processes: r.replicas.iter().filter(|p| p.pid.is_some()).count(),
+        bindings: r.bindings.clone(),
+        checkpoint_signal: signal,
+    }
+}
+
+fn pool_of<'p>(
+    policy: &'p tessera_compiler::CompiledPolicy,
+    observation: &Observation,
+    gpu: &GpuRef,
+) -> Option<&'p tessera_compiler::compiled::CompiledPool> {
+    let node = observation.nodes.iter().find(|n| n.name == gpu.node)?;
+    policy.pools.iter().find(|p| p.name == node.pool)
+}
+
+fn gpu_of(action: &Action) -> Option<&GpuRef> {
+    match action {
+        Action::DestroyComputeInstance { gpu, .. }
+        | Action::DestroyGpuInstance { gpu, .. }
+        | Action::SetMigMode { gpu, .. }
+        | Action::ResetGpu { gpu }
+        | Action::CreateGpuInstance { gpu, .. }
+        | Action::CreateComputeInstance { gpu, .. } => Some(gpu),
+        _ => None,
+    }
+}
+
+pub fn action_name(action: &Action) -> &'static str {
+    match action {
+        Action::Checkpoint { .. } => "checkpoint",
+        Action::Stop { .. } => "stop",
+        Action::DestroyComputeInstance { .. } => "destroy_compute_instance",
+        Action::DestroyGpuInstance { .. } => "destroy_gpu_instance",
+        Action::SetMigMode { .. } => "set_mig_mode",
+        Action::ResetGpu { .. } => "reset_gpu",
+        Action::CreateGpuInstance { .. } => "create_gpu_instance",
+        Action::CreateComputeInstance { .. } => "create_compute_instance",
+        Action::Start { .. } => "start",
+    }
+}
+
+fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(12)]
+}
+
+fn find_gi(observation: &Observation, gpu: &GpuRef, start: u8) -> Option<u32> {
+    observation
+        .details
+        .iter()
+        .find(|d| &d.gpu == gpu)?
+        .instances
+        .iter()
+        .find(|gi| gi.start == start)
+        .map(|gi| gi.id)
+}

@@ -1,0 +1,260 @@
+//! Running the service: the reconcile loop on its own thread, the HTTP API on tokio, a file
+//! watcher on a local policy repository, and a clean stop on SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use notify::{RecursiveMode, Watcher};
+
+use super::{Config, Handle, Reconciler, Shared, Wake};
+use crate::auth::Tokens;
+use crate::driver::NodeDriver;
+use crate::repo::Mirror;
+use crate::runtime::Runtime;
+use crate::snapshot;
+use crate::store::Store;
+
+/// Why the service could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("store {path}: {source}")]
+    Store {
+        path: String,
+        source: crate::store::StoreError,
+    },
+    #[error(transparent)]
+    Repo(#[from] crate::repo::RepoError),
+    #[error("runtime: {0}")]
+    Runtime(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the reconcile loop panicked")]
+    LoopPanicked,
+}
+
+/// Everything `tessera reconcile` passes in.
+pub struct ServeOptions {
+    pub config: Config,
+    pub db: PathBuf,
+    pub listen: SocketAddr,
+    pub tokens: Tokens,
+    pub driver: Box<dyn NodeDriver>,
+    /// Called with the bound address once the API listens (tests bind port 0).
+    pub on_listen: Option<Box<dyn FnOnce(SocketAddr) + Send>>,
+}
+
+/// Runs until SIGINT or SIGTERM.
+pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
+    let ServeOptions {
+        config,
+        db,
+        listen,
+        tokens,
+        driver,
+        on_listen,
+    } = options;
+    std::fs::create_dir_all(&config.state_dir)?;
+    let open_store = || {
+        Store::open(&db).map_err(|source| ServeError::Store {
+            path: db.display().to_string(),
+            source,
+        })
+    };
+    let store = open_store()?;
+    let api_store = open_store()?;
+    let mirror = Mirror::open(config.source.clone(), &config.state_dir.join("mirror.git"))?;
+    let runtime = Runtime::new(config.state_dir.join("runtime"))
+        .map_err(|e| ServeError::Runtime(e.to_string()))?;
+    let (tx, rx) = mpsc::channel();
+    let shared = Arc::new(Shared::new(driver.kind(), tx));
+    let handle = Handle::new(shared.clone(), api_store);
+
+    // A commit to a repository on this machine is seen at once, not at the next fetch.
+    let _watcher = match mirror.local_git_dir() {
+        Some(dir) => {
+            let shared = shared.clone();
+            let mut watcher =
+                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                    if event.is_ok() {
+                        shared.wake(Wake::Repository);
+                    }
+                })
+                .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?;
+            watcher
+                .watch(&dir, RecursiveMode::Recursive)
+                .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?;
+            Some(watcher)
+        }
+        None => None,
+    };
+
+    let reconciler = Reconciler::new(config, store, driver, runtime, mirror, shared.clone());
+    let loop_thread = std::thread::Builder::new()
+        .name("reconcile".into())
+        .spawn(move || run_loop(reconciler, rx))?;
+
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let served = tokio.block_on(async {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: listen,
+                source,
+            })?;
+        let bound = listener.local_addr()?;
+        if let Some(f) = on_listen {
+            f(bound);
+        }
+        let app = crate::api::router(handle, tokens);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .map_err(ServeError::Io)
+    });
+    shared.wake(Wake::Shutdown);
+    let joined = loop_thread.join();
+    served?;
+    joined.map_err(|_| ServeError::LoopPanicked)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// How often the loop looks for ended processes between cycles.
+const TICK: Duration = Duration::from_millis(250);
+
+/// The reconcile loop: recovery, then cycles on the period, on wake-ups, and when a process
+/// ends; fetches on the fetch interval and when the local repository changes.
+pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
+    let now = snapshot::now();
+    if let Err(e) = reconciler.recover(now) {
+        reconciler.note_error(format!("recovery: {e}"));
+    }
+    let period = reconciler.config().cycle_period;
+    let fetch_interval = reconciler.config().fetch_interval;
+    let mut fetch_due = true;
+    let mut cycle_due = true;
+    let mut last_cycle = Instant::now();
+    let mut last_fetch = Instant::now();
+    loop {
+        if fetch_due {
+            if let Err(e) = reconciler.sync_repository(snapshot::now()) {
+                reconciler.note_error(format!("fetch: {e}"));
+            }
+            last_fetch = Instant::now();
+            fetch_due = false;
+            cycle_due = true;
+        }
+        if cycle_due || reconciler.has_exits() {
+            reconciler.cycle(snapshot::now());
+            last_cycle = Instant::now();
+            cycle_due = false;
+        }
+        match rx.recv_timeout(TICK) {
+            Ok(Wake::Shutdown) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(Wake::Repository) => fetch_due = true,
+            Ok(Wake::Workloads | Wake::Forced) => cycle_due = true,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        // Several wake-ups in a burst make one cycle.
+        while let Ok(w) = rx.try_recv() {
+            match w {
+                Wake::Shutdown => return,
+                Wake::Repository => fetch_due = true,
+                Wake::Workloads | Wake::Forced => cycle_due = true,
+            }
+        }
+        if last_fetch.elapsed() >= fetch_interval {
+            fetch_due = true;
+        }
+        if last_cycle.elapsed() >= period {
+            cycle_due = true;
+        }
+    }
+}
+
+/// What `tessera reconcile --once` runs with.
+pub struct OnceOptions {
+    pub config: Config,
+    pub db: PathBuf,
+    pub driver: Box<dyn NodeDriver>,
+    /// At most this many cycles.
+    pub max_cycles: usize,
+}
+
+/// Recovers, fetches, and runs cycles until one has nothing left to do now (or `max_cycles`):
+/// the service's work without the service, for CI and for trying tessera out. Returns the
+/// status and every cycle's report.
+pub fn run_once(
+    options: OnceOptions,
+) -> Result<(super::Status, Vec<super::CycleReport>), ServeError> {
+    let OnceOptions {
+        config,
+        db,
+        driver,
+        max_cycles,
+    } = options;
+    std::fs::create_dir_all(&config.state_dir)?;
+    let store = Store::open(&db).map_err(|source| ServeError::Store {
+        path: db.display().to_string(),
+        source,
+    })?;
+    let mirror = Mirror::open(config.source.clone(), &config.state_dir.join("mirror.git"))?;
+    let runtime = Runtime::new(config.state_dir.join("runtime"))
+        .map_err(|e| ServeError::Runtime(e.to_string()))?;
+    let (tx, _rx) = mpsc::channel();
+    let shared = Arc::new(Shared::new(driver.kind(), tx));
+    let mut reconciler = Reconciler::new(config, store, driver, runtime, mirror, shared.clone());
+    if let Err(e) = reconciler.recover(snapshot::now()) {
+        reconciler.note_error(format!("recovery: {e}"));
+    }
+    if let Err(e) = reconciler.sync_repository(snapshot::now()) {
+        reconciler.note_error(format!("fetch: {e}"));
+    }
+    let mut reports = Vec::new();
+    for _ in 0..max_cycles.max(1) {
+        let report = reconciler.cycle(snapshot::now());
+        let done = report.plan.actions.is_empty() || report.error.is_some();
+        reports.push(report);
+        if done {
+            break;
+        }
+    }
+    let status = shared
+        .status
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    Ok((status, reports))
+}

@@ -1,0 +1,94 @@
+//! The fleet as the solver sees it: what the driver observed plus the workloads the service
+//! tracks, as a [`ClusterStateSpec`], the same document `tessera plan` reads in CI (the service
+//! exports it at `GET /state`).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tessera_compiler::model::{
+    Binding, ClusterStateSpec, PendingWorkload, RunningWorkload, WorkloadSpec,
+};
+
+use crate::driver::Observation;
+
+/// One workload the service tracks, as the snapshot needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tracked {
+    pub name: String,
+    pub spec: WorkloadSpec,
+    pub submitted_at: i64,
+    /// `Some` while it holds devices (running, starting or checkpointing).
+    pub running: Option<RunningFacts>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunningFacts {
+    pub bindings: Vec<Binding>,
+    pub started_at: i64,
+    pub last_checkpoint_at: Option<i64>,
+}
+
+/// The snapshot at `now`. Running workloads by name, pending ones in submission order (then by
+/// name, so that equal instants still give one order).
+pub fn cluster_state(observation: &Observation, tracked: &[Tracked], now: i64) -> ClusterStateSpec {
+    let mut running: Vec<RunningWorkload> = tracked
+        .iter()
+        .filter_map(|t| {
+            let r = t.running.as_ref()?;
+            Some(RunningWorkload {
+                name: t.name.clone(),
+                spec: t.spec.clone(),
+                bindings: r.bindings.clone(),
+                started_at: rfc3339(r.started_at),
+                last_checkpoint_at: r.last_checkpoint_at.map(rfc3339),
+            })
+        })
+        .collect();
+    running.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut pending: Vec<(&Tracked, PendingWorkload)> = tracked
+        .iter()
+        .filter(|t| t.running.is_none())
+        .map(|t| {
+            (
+                t,
+                PendingWorkload {
+                    name: t.name.clone(),
+                    spec: t.spec.clone(),
+                    submitted_at: rfc3339(t.submitted_at),
+                },
+            )
+        })
+        .collect();
+    pending.sort_by(|(a, _), (b, _)| (a.submitted_at, &a.name).cmp(&(b.submitted_at, &b.name)));
+    ClusterStateSpec {
+        observed_at: rfc3339(now),
+        nodes: observation.nodes.clone(),
+        running,
+        pending: pending.into_iter().map(|(_, p)| p).collect(),
+    }
+}
+
+/// Unix seconds as RFC 3339 UTC (`2026-11-23T15:04:33Z`); instants before 1970 clamp to it.
+pub fn rfc3339(unix: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_secs(u64::try_from(unix).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// The current instant as Unix seconds: the one clock read of a cycle.
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_446_273), "2026-11-23T15:04:33Z");
+        assert_eq!(rfc3339(-5), "1970-01-01T00:00:00Z");
+    }
+}

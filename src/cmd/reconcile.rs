@@ -1,0 +1,171 @@
+//! `tessera reconcile`: flags to the service's options, then the service runs until stopped
+//! (or, with `--once`, until a cycle has nothing left to do).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tessera_compiler::units;
+use tessera_reconciler::auth::Tokens;
+use tessera_reconciler::driver::NodeDriver;
+use tessera_reconciler::driver::faults::FaultPlan;
+use tessera_reconciler::driver::sim::SimDriver;
+use tessera_reconciler::repo::Source;
+use tessera_reconciler::service::{
+    Config, CycleReport, OnceOptions, ServeOptions, Status, run_once, serve,
+};
+
+use crate::cli::{DriverKind, ReconcileArgs, RuntimeKind, TextOrJson};
+use crate::output::emit;
+
+pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    let duration = |flag: &str, value: &str| -> anyhow::Result<Duration> {
+        match units::Duration::parse(value) {
+            Some(d) => Ok(Duration::from_secs(d.seconds())),
+            None => bail!("--{flag} `{value}` is not a duration: write e.g. 0s, 30s, 5m or 1h"),
+        }
+    };
+    let source = Source {
+        url: args.repo.clone(),
+        branch: args.branch.clone(),
+        subdir: args.path.clone(),
+    };
+    let mut config = Config::new(source, args.state_dir.clone());
+    config.cycle_period = duration("cycle-period", &args.cycle_period)?;
+    config.fetch_interval = duration("fetch-interval", &args.fetch_interval)?;
+    config.solve_time_limit = duration("time-limit", &args.time_limit)?;
+    config.run_commands = args.runtime == RuntimeKind::Process;
+    if config.cycle_period.is_zero() {
+        bail!("--cycle-period must be at least 1s");
+    }
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("cannot create {}", args.state_dir.display()))?;
+    let driver = driver(&args)?;
+
+    if args.once {
+        let (status, reports) = run_once(OnceOptions {
+            config,
+            db: args.db,
+            driver,
+            max_cycles: 20,
+        })?;
+        match args.output {
+            TextOrJson::Json => {
+                let reports: Vec<_> = reports.iter().map(report_json).collect();
+                let value = serde_json::json!({ "status": status, "cycles": reports });
+                emit(&(serde_json::to_string_pretty(&value)? + "\n"))?;
+            }
+            TextOrJson::Human => emit(&human(&status, &reports))?,
+        }
+        let good = status.sync == tessera_reconciler::service::Sync::Synced
+            && status.health == tessera_reconciler::service::Health::Healthy;
+        return Ok(if good {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+
+    let tokens = match &args.tokens {
+        Some(path) => Tokens::load(path)?,
+        None => Tokens::default(),
+    };
+    eprintln!(
+        "tessera reconcile: following {} ({}), driver {}",
+        args.repo,
+        args.branch,
+        driver.kind()
+    );
+    serve(ServeOptions {
+        config,
+        db: args.db,
+        listen: args.listen,
+        tokens,
+        driver,
+        on_listen: Some(Box::new(|addr| {
+            // Tests and scripts read this line to find a port chosen with :0.
+            println!("tessera reconcile: API listening on http://{addr}");
+        })),
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn driver(args: &ReconcileArgs) -> anyhow::Result<Box<dyn NodeDriver>> {
+    Ok(match args.driver {
+        DriverKind::Sim => {
+            let Some(nodes) = &args.nodes else {
+                bail!("--driver sim needs --nodes FILE: a ClusterState file describing the nodes");
+            };
+            let mut sim = SimDriver::open(nodes, &args.state_dir.join("sim-nodes.json"))?;
+            if let Some(faults) = &args.faults {
+                sim.set_faults(FaultPlan::load(faults)?);
+            }
+            Box::new(sim)
+        }
+        DriverKind::Nvml => bail!(
+            "--driver nvml is not available in this build yet; use --driver sim (see the CHANGELOG)"
+        ),
+    })
+}
+
+fn report_json(r: &CycleReport) -> serde_json::Value {
+    serde_json::json!({
+        "cycle": r.cycle,
+        "revision": r.revision,
+        "actions": r.plan.actions,
+        "waits": r.plan.waits,
+        "failed": r.failed.iter().map(|(a, e)| serde_json::json!({"action": a, "error": e})).collect::<Vec<_>>(),
+        "exits": r.exits,
+        "error": r.error,
+    })
+}
+
+fn human(status: &Status, reports: &[CycleReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        out.push_str(&format!(
+            "cycle {}: {} actions, {} waiting, {} failed{}\n",
+            r.cycle,
+            r.plan.actions.len(),
+            r.plan.waits.len(),
+            r.failed.len(),
+            r.error
+                .as_ref()
+                .map(|e| format!(" (error: {e})"))
+                .unwrap_or_default()
+        ));
+        for a in &r.plan.actions {
+            out.push_str(&format!(
+                "  {}\n",
+                serde_json::to_string(a).unwrap_or_default()
+            ));
+        }
+        for (a, e) in &r.failed {
+            out.push_str(&format!(
+                "  failed: {}: {e}\n",
+                serde_json::to_string(a).unwrap_or_default()
+            ));
+        }
+        for w in &r.plan.waits {
+            out.push_str(&format!(
+                "  waiting: {}\n",
+                serde_json::to_string(w).unwrap_or_default()
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "{} {} at revision {}{}\n",
+        status.sync_label(),
+        status.health_label(),
+        status.revision.as_deref().unwrap_or("none"),
+        status
+            .last_error
+            .as_ref()
+            .map(|e| format!("; {e}"))
+            .unwrap_or_default()
+    ));
+    for d in &status.diagnostics {
+        out.push_str(&format!("  {d}\n"));
+    }
+    out
+}

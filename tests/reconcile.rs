@@ -1,0 +1,644 @@
+//! `tessera reconcile` end to end: the built binary, a real Git repository it follows, the
+//! `sim` driver, real processes (shell scripts that checkpoint on SIGUSR1) and a real HTTP
+//! client.
+//!
+//! Every wait polls with a generous deadline and never asserts on time: a slow machine makes
+//! these tests slower, not red.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use git2::{Repository, RepositoryInitOptions, Signature, Time};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const PRODUCT: &str = "product-token-0123456789abcdef";
+const RESEARCH: &str = "research-token-0123456789abcdef";
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/reconcile")
+        .join(name)
+}
+
+/// The policy repository, on branch `main`.
+struct PolicyRepo {
+    dir: tempfile::TempDir,
+    repo: Repository,
+    ticks: i64,
+}
+
+impl PolicyRepo {
+    fn new() -> PolicyRepo {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init_opts(
+            dir.path(),
+            RepositoryInitOptions::new().initial_head("main"),
+        )
+        .unwrap();
+        let r = PolicyRepo {
+            dir,
+            repo,
+            ticks: 0,
+        };
+        for f in ["fleet.yaml", "tenants.yaml"] {
+            let text = std::fs::read_to_string(data("policy").join(f)).unwrap();
+            r.write(&format!("policy/{f}"), &text);
+        }
+        r
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn write(&self, path: &str, text: &str) {
+        let full = self.dir.path().join(path);
+        std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+        std::fs::write(full, text).unwrap();
+    }
+
+    fn read(&self, path: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(path)).unwrap()
+    }
+
+    fn commit(&mut self, message: &str) -> String {
+        let mut index = self.repo.index().unwrap();
+        index
+            .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
+            .unwrap();
+        index.update_all(["*"], None).unwrap();
+        index.write().unwrap();
+        let tree = self.repo.find_tree(index.write_tree().unwrap()).unwrap();
+        self.ticks += 1;
+        let sig = Signature::new(
+            "Policy Author",
+            "author@example.invalid",
+            &Time::new(1_790_000_000 + self.ticks * 60, 0),
+        )
+        .unwrap();
+        let parent = self.repo.head().ok().map(|h| h.peel_to_commit().unwrap());
+        let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+        self.repo
+            .commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
+            .unwrap()
+            .to_string()
+    }
+}
+
+/// A running `tessera reconcile`.
+struct Service {
+    child: Child,
+    base: String,
+}
+
+impl Service {
+    fn start(repo: &Path, work: &Path, extra: &[&str]) -> Service {
+        std::fs::write(
+            work.join("tokens.yaml"),
+            format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n  research: {RESEARCH}\n"),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["reconcile", "--repo"])
+            .arg(repo)
+            .args([
+                "--branch", "main", "--path", "policy", "--driver", "sim", "--nodes",
+            ])
+            .arg(data("nodes.yaml"))
+            .arg("--db")
+            .arg(work.join("tessera.db"))
+            .arg("--state-dir")
+            .arg(work.join("state"))
+            .arg("--tokens")
+            .arg(work.join("tokens.yaml"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--cycle-period",
+                "1s",
+                "--fetch-interval",
+                "1s",
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("tessera runs");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let base = loop {
+            let line = lines
+                .next()
+                .expect("the service prints where it listens")
+                .unwrap();
+            if let Some(url) = line.strip_prefix("tessera reconcile: API listening on ") {
+                break url.trim().to_string();
+            }
+        };
+        // Keep draining stdout so the service never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Service { child, base }
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into();
+        let url = format!("{}{path}", self.base);
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let response = match method {
+            "POST" => {
+                let mut r = agent.post(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.content_type("application/json")
+                    .send(body.unwrap_or("").to_string())
+            }
+            "DELETE" => {
+                let mut r = agent.delete(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.call()
+            }
+            _ => {
+                let mut r = agent.get(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.call()
+            }
+        };
+        let mut response = response.expect("the service answers");
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    fn status(&self) -> Value {
+        self.call("GET", "/status", None, None).1
+    }
+
+    fn workload(&self, token: &str, name: &str) -> Value {
+        self.call("GET", &format!("/v1/workloads/{name}"), Some(token), None)
+            .1
+    }
+
+    fn submit(&self, token: &str, name: &str, spec: Value) -> (u16, Value) {
+        let body = json!({ "name": name, "spec": spec }).to_string();
+        self.call("POST", "/v1/workloads", Some(token), Some(&body))
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Stops the workload processes a test started: the service leaves them running when it stops
+/// (a restarted control plane must not kill the fleet's work), so the test does.
+fn stop_workloads(service: &Service) {
+    let all = service.call("GET", "/v1/workloads", Some(ADMIN), None).1;
+    for w in all["workloads"].as_array().into_iter().flatten() {
+        for r in w["replicas"].as_array().into_iter().flatten() {
+            if let Some(pid) = r["pid"].as_i64() {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// Polls `f` until it returns `Some`, for at most two minutes.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn script(name: &str) -> Value {
+    json!(["sh", data(name).display().to_string()])
+}
+
+fn phase(v: &Value) -> &str {
+    v["phase"].as_str().unwrap_or("")
+}
+
+fn instances(state: &Value, node: &str, gpu: u64) -> Vec<(String, u64)> {
+    state["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == node)
+        .unwrap()["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["index"] == gpu)
+        .unwrap()["instances"]
+        .as_array()
+        .map(|is| {
+            is.iter()
+                .map(|i| {
+                    (
+                        i["profile"].as_str().unwrap().to_string(),
+                        i["start"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn with_all_1g(repo: &PolicyRepo) -> String {
+    let fleet = repo.read("policy/fleet.yaml");
+    let fleet = fleet.replace("migLayouts: [halves]", "migLayouts: [halves, all-1g]");
+    fleet
+        + "---\napiVersion: tessera/v1alpha1\nkind: MigLayout\nmetadata: {name: all-1g}\n\
+           spec:\n  gpuModel: H100-SXM5-80GB\n  instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, \
+           1g.10gb, 1g.10gb, 1g.10gb]\n"
+}
+
+fn small_inference() -> Value {
+    json!({
+        "tenant": "product",
+        "sloClass": "serving",
+        "pool": "infer",
+        "gpu": {"migProfile": "1g.10gb"},
+        "command": script("serve.sh"),
+    })
+}
+
+#[test]
+fn a_policy_change_re_partitions_a_gpu_and_starts_the_waiting_workload() {
+    let mut repo = PolicyRepo::new();
+    let first = repo.commit("two pools, MIG halves");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start(repo.path(), work.path(), &[]);
+    eventually("the first revision in force", || {
+        let s = service.status();
+        (s["revision"] == first && s["health"] != "Degraded").then_some(())
+    });
+
+    let (code, body) = service.submit(PRODUCT, "chat-small", small_inference());
+    assert_eq!(code, 201, "{body}");
+    let pending = eventually("a cycle on the new workload", || {
+        let w = service.workload(PRODUCT, "chat-small");
+        (service.status()["cycles"].as_u64().unwrap_or(0) > 1).then_some(w)
+    });
+    assert_eq!(
+        phase(&pending),
+        "pending",
+        "no layout of the pool has a 1g: {pending}"
+    );
+
+    repo.write("policy/fleet.yaml", &with_all_1g(&repo));
+    let second = repo.commit("infer may also be cut in sevenths");
+    let running = eventually("the workload running under the new revision", || {
+        let w = service.workload(PRODUCT, "chat-small");
+        (phase(&w) == "running").then_some(w)
+    });
+    assert_eq!(service.status()["revision"], second);
+    let devices = running["replicas"][0]["devices"][0].as_str().unwrap();
+    assert!(devices.starts_with("MIG-"), "{running}");
+
+    let state = service.call("GET", "/state", Some(ADMIN), None).1;
+    let layout = instances(&state, "i0", 0);
+    assert!(
+        layout.iter().all(|(p, _)| p == "1g.10gb") && layout.len() == 7,
+        "{layout:?}"
+    );
+    // The process was given the instance the solver placed it on.
+    let checkpoints = work.path().join("state/checkpoints/chat-small");
+    let seen = eventually("the server wrote its devices", || {
+        std::fs::read_to_string(checkpoints.join("devices-0")).ok()
+    });
+    assert_eq!(seen.trim(), devices);
+
+    let metrics = service.call("GET", "/metrics", None, None).1;
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics.contains("tessera_reconfigurations_total"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tessera_pool_allocation_ratio{pool=\"infer\"}"),
+        "{metrics}"
+    );
+    eventually("synced and healthy", || {
+        let s = service.status();
+        (s["sync"] == "Synced" && s["health"] == "Healthy").then_some(())
+    });
+    stop_workloads(&service);
+    service.stop();
+}
+
+#[test]
+fn an_inference_burst_preempts_training_which_checkpoints_and_resumes() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start(repo.path(), work.path(), &[]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+
+    let training = json!({
+        "tenant": "research",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 2},
+        "command": script("train.sh"),
+    });
+    assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
+    eventually("training running", || {
+        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
+    });
+    let checkpoints = work.path().join("state/checkpoints/pretrain");
+    eventually("training has started work", || {
+        std::fs::read_to_string(checkpoints.join("devices-0")).ok()
+    });
+
+    let burst = json!({
+        "tenant": "product",
+        "sloClass": "interactive",
+        "pool": "train",
+        "gpu": {"count": 2},
+        "command": script("serve.sh"),
+    });
+    assert_eq!(service.submit(PRODUCT, "burst", burst).0, 201);
+    eventually("the burst running", || {
+        (phase(&service.workload(PRODUCT, "burst")) == "running").then_some(())
+    });
+    let requeued = service.workload(RESEARCH, "pretrain");
+    assert_eq!(phase(&requeued), "pending", "{requeued}");
+    assert_eq!(requeued["attempts"], 1, "{requeued}");
+    let step = std::fs::read_to_string(checkpoints.join("step")).expect("a checkpoint was saved");
+
+    let (code, _) = service.call("DELETE", "/v1/workloads/burst", Some(PRODUCT), None);
+    assert_eq!(code, 200);
+    eventually("training running again", || {
+        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
+    });
+    let resumed = eventually("training resumed from its checkpoint", || {
+        std::fs::read_to_string(checkpoints.join("resumed")).ok()
+    });
+    assert_eq!(resumed.trim(), format!("resumed from {}", step.trim()));
+    stop_workloads(&service);
+    service.stop();
+}
+
+#[test]
+fn a_broken_commit_degrades_the_service_and_the_next_good_one_recovers_it() {
+    let mut repo = PolicyRepo::new();
+    let good = repo.commit("good");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start(repo.path(), work.path(), &[]);
+    eventually("healthy", || {
+        let s = service.status();
+        (s["revision"] == good && s["health"] == "Healthy").then_some(())
+    });
+
+    let tenants = repo.read("policy/tenants.yaml");
+    repo.write(
+        "policy/tenants.yaml",
+        &tenants.replace("guarantee: {train: 0}", "guarantee: {trian: 1}"),
+    );
+    let bad = repo.commit("a typo in a pool name");
+    let status = eventually("degraded", || {
+        let s = service.status();
+        (s["health"] == "Degraded" && s["head"] == bad).then_some(s)
+    });
+    assert_eq!(
+        status["revision"], good,
+        "the last good revision stays in force"
+    );
+    assert_eq!(status["sync"], "OutOfSync");
+    let diagnostics = status["diagnostics"].to_string();
+    assert!(
+        diagnostics.contains("policy/tenants.yaml:"),
+        "{diagnostics}"
+    );
+    assert!(diagnostics.contains("trian"), "{diagnostics}");
+
+    repo.write("policy/tenants.yaml", &tenants);
+    let fixed = repo.commit("fix the typo");
+    eventually("recovered", || {
+        let s = service.status();
+        (s["revision"] == fixed && s["health"] == "Healthy" && s["diagnostics"] == json!([]))
+            .then_some(())
+    });
+    stop_workloads(&service);
+    service.stop();
+}
+
+#[test]
+fn tenants_cannot_see_or_touch_each_other_and_bad_requests_change_nothing() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start(repo.path(), work.path(), &[]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+    assert_eq!(
+        service.submit(PRODUCT, "chat-small", small_inference()).0,
+        201
+    );
+
+    // No token, a wrong token: 401.
+    assert_eq!(service.call("GET", "/v1/workloads", None, None).0, 401);
+    assert_eq!(
+        service
+            .call("GET", "/v1/workloads", Some("not-a-token-at-all"), None)
+            .0,
+        401
+    );
+    // Another tenant's workload does not exist for research, and cannot be cancelled.
+    assert_eq!(
+        service
+            .call("GET", "/v1/workloads/chat-small", Some(RESEARCH), None)
+            .0,
+        404
+    );
+    assert_eq!(
+        service
+            .call("DELETE", "/v1/workloads/chat-small", Some(RESEARCH), None)
+            .0,
+        404
+    );
+    let listed = service.call("GET", "/v1/workloads", Some(RESEARCH), None).1;
+    assert_eq!(listed["workloads"], json!([]));
+    // Submitting in another tenant's name: 403.
+    assert_eq!(service.submit(RESEARCH, "sneaky", small_inference()).0, 403);
+    // Malformed, unknown fields, oversized, invalid: 4xx with a message.
+    let (code, body) = service.call("POST", "/v1/workloads", Some(PRODUCT), Some("{not json"));
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("malformed"),
+        "{body}"
+    );
+    let (code, _) = service.call(
+        "POST",
+        "/v1/workloads",
+        Some(PRODUCT),
+        Some(r#"{"name": "x", "spec": {"tenant": "product"}, "extra": 1}"#),
+    );
+    assert_eq!(code, 400);
+    let huge = format!(
+        r#"{{"name": "big", "spec": {{"tenant": "product", "padding": "{}"}}}}"#,
+        "x".repeat(400 * 1024)
+    );
+    assert_eq!(
+        service
+            .call("POST", "/v1/workloads", Some(PRODUCT), Some(&huge))
+            .0,
+        413
+    );
+    let mut wrong_class = small_inference();
+    wrong_class["sloClass"] = json!("gold");
+    let (code, body) = service.submit(PRODUCT, "gold-plated", wrong_class);
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("sloClass"),
+        "{body}"
+    );
+    assert_eq!(
+        service.submit(PRODUCT, "chat-small", small_inference()).0,
+        409
+    );
+    assert_eq!(
+        service.submit(PRODUCT, "Bad_Name", small_inference()).0,
+        422
+    );
+    assert_eq!(service.call("GET", "/state", Some(PRODUCT), None).0, 403);
+
+    // Nothing of the refused requests was recorded.
+    let all = service.call("GET", "/v1/workloads", Some(ADMIN), None).1;
+    let names: Vec<&str> = all["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["chat-small"]);
+    stop_workloads(&service);
+    service.stop();
+}
+
+#[test]
+fn killed_in_the_middle_of_a_reconfiguration_the_service_resumes_and_finishes_it() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    // Each GPU instance takes a second to create, so the kill lands mid-way.
+    let faults = work.path().join("faults.yaml");
+    std::fs::write(
+        &faults,
+        "faults:\n  - slow: {call: create_gpu_instance, ms: 1000}\n",
+    )
+    .unwrap();
+    let faults_arg = faults.display().to_string();
+    let service = Service::start(repo.path(), work.path(), &["--faults", &faults_arg]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+    assert_eq!(
+        service.submit(PRODUCT, "chat-small", small_inference()).0,
+        201
+    );
+    let training = json!({
+        "tenant": "research",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 1},
+        "command": script("train.sh"),
+    });
+    assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
+    eventually("training running", || {
+        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
+    });
+    repo.write("policy/fleet.yaml", &with_all_1g(&repo));
+    repo.commit("infer may also be cut in sevenths");
+
+    // Kill the service once the GPU is half-made: its old instances gone, not all new made.
+    let sim_state = work.path().join("state/sim-nodes.json");
+    eventually("a half-made GPU", || {
+        let text = std::fs::read_to_string(&sim_state).ok()?;
+        let count =
+            text.matches("\"profile_id\": 19").count() + text.matches("\"profile_id\":19").count();
+        (count > 0 && count < 7).then_some(())
+    });
+    service.kill();
+
+    let service = Service::start(repo.path(), work.path(), &[]);
+    eventually(
+        "the reconfiguration finished and the workload running",
+        || (phase(&service.workload(PRODUCT, "chat-small")) == "running").then_some(()),
+    );
+    let state = service.call("GET", "/state", Some(ADMIN), None).1;
+    let layout = instances(&state, "i0", 0);
+    let placements: Vec<tessera_compiler::mig::Placement> = layout
+        .iter()
+        .map(|(p, s)| {
+            assert_eq!(p, "1g.10gb");
+            tessera_compiler::mig::Placement::new(19, *s as u8)
+        })
+        .collect();
+    tessera_compiler::mig::validate(&placements).expect("a valid geometry");
+    assert_eq!(placements.len(), 7);
+    // Every workload is accounted for, and the training job survived its supervisor's death.
+    let all = service.call("GET", "/v1/workloads", Some(ADMIN), None).1;
+    let mut names: Vec<&str> = all["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["chat-small", "pretrain"]);
+    assert_eq!(phase(&service.workload(RESEARCH, "pretrain")), "running");
+    eventually("synced", || {
+        (service.status()["sync"] == "Synced").then_some(())
+    });
+    stop_workloads(&service);
+    service.stop();
+}
