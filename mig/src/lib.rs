@@ -13,12 +13,14 @@
 //! input aliases (see [`catalog`]).
 
 pub mod catalog;
+pub mod device;
 pub mod enumerate;
 pub mod fit;
 pub mod placement;
 pub mod shape;
 
 pub use catalog::{GpuModel, MigProfiles, builtin_model, builtin_models};
+pub use device::{DeviceError, MigDevice};
 pub use enumerate::{
     all_layouts, all_profile_ids, maximal_layout_multisets, maximal_layouts, maximal_multisets,
     placeable_multisets, profile_multiset,

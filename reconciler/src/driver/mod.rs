@@ -8,6 +8,7 @@
 //! reconciler's action plan is the only place that knows the order (compute instances before GPU
 //! instances, mode change before creation); a driver only enforces the rules a real GPU enforces.
 
+pub mod faults;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};
@@ -195,8 +196,7 @@ pub trait NodeDriver: Send {
         start: u8,
     ) -> Result<u32, DriverError>;
 
-    fn destroy_gpu_instance(&mut self, gpu: &GpuRef, gpu_instance: u32)
-    -> Result<(), DriverError>;
+    fn destroy_gpu_instance(&mut self, gpu: &GpuRef, gpu_instance: u32) -> Result<(), DriverError>;
 
     /// Creates the full-size compute instance of a GPU instance (what mig-parted and the
     /// device plugins use); returns its id and the MIG device UUID.
