@@ -4,8 +4,8 @@
 use serde_json::json;
 use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_reconciler::store::{
-    ActionState, EndReason, Origin, Phase, ReplicaProcess, RevisionStatus, Store, StoreError,
-    WorkloadRecord,
+    ActionState, Durability, EndReason, Origin, Phase, ReplicaProcess, RevisionStatus, Store,
+    StoreError, WorkloadRecord,
 };
 
 fn spec(tenant: &str) -> WorkloadSpec {
@@ -385,11 +385,17 @@ fn committed_lists_the_current_record_of_each_committed_name() {
 
 #[test]
 fn the_journal_shows_open_intents_after_a_reopen() {
+    for durability in [Durability::PowerLoss, Durability::ProcessCrash] {
+        journal_survives_a_killed_service(durability);
+    }
+}
+
+fn journal_survives_a_killed_service(durability: Durability) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (done, failed, open1, open2);
     {
-        let store = Store::open(&path).unwrap();
+        let store = Store::open_with(&path, durability).unwrap();
         done = store
             .begin_action(7, &json!({"createGpuInstance": {"gpu": 0}}), 10)
             .unwrap();

@@ -2,16 +2,14 @@
 //! devices in `CUDA_VISIBLE_DEVICES`, signals it to checkpoint, kills it, and reports how it
 //! ended, including for processes a previous instance of the service started.
 //!
-//! Every command runs under a small `sh` wrapper ([`wrapper`]) that leads its own process
+//! Every command runs under a small `sh` wrapper (`wrapper.rs`) that leads its own process
 //! group and writes the command's exit status to a file, so the runtime learns how a process
-//! ended whether it is its own child ([`Runtime::start`]) or an orphan it [adopted]
-//! (`Runtime::adopt`) after a restart. Dropping a [`Runtime`] leaves its processes running:
-//! the service's restart must not stop the fleet's work.
+//! ended whether it is its own child ([`Runtime::start`]) or an orphan it adopted
+//! ([`Runtime::adopt`], [`Runtime::new`]) after a restart. Dropping a [`Runtime`] leaves its
+//! processes running: the service's restart must not stop the fleet's work.
 //!
 //! Layout under the root: `<workload>/<replica>.log` (stdout and stderr, appended across
 //! attempts), `<replica>.pid` (until its exit is reported), `<replica>.exit`.
-//!
-//! [adopted]: Runtime::adopt
 
 mod launch;
 mod signal;

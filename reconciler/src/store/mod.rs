@@ -85,24 +85,45 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
 }
 
+/// What a committed write survives. Both keep the file consistent whatever happens; they differ
+/// in whether the last commits may be lost when the machine (not the service) goes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every commit survives a power cut: one fsync per commit (`synchronous=FULL`).
+    #[default]
+    PowerLoss,
+    /// Every commit survives the service being killed at any point; a power cut may lose the
+    /// last ones (`synchronous=NORMAL` in WAL mode: no fsync per commit). What the journal
+    /// guards (processes, MIG instances) does not outlive a power cut either, but an
+    /// acknowledged submission would be lost with it.
+    ProcessCrash,
+}
+
 /// The SQLite state of one service instance.
 pub struct Store {
     conn: Connection,
 }
 
 impl Store {
-    /// Opens (creating if needed) the database at `path`, in WAL mode with foreign keys on,
-    /// and migrates its schema forward.
+    /// Opens (creating if needed) the database at `path` with [`Durability::PowerLoss`], in
+    /// WAL mode with foreign keys on, and migrates its schema forward.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, Durability::PowerLoss)
+    }
+
+    /// Like [`Store::open`], choosing what a commit must survive.
+    pub fn open_with(path: &Path, durability: Durability) -> Result<Store, StoreError> {
         let conn = Connection::open(path)?;
-        // WAL lets readers (the API) proceed while the cycle writes; FULL makes every
-        // committed journal entry survive a power cut, not only a killed process. The write
-        // rate is a few transactions per action, far below what an fsync per commit costs.
-        // SQLite answers with the mode in force: a filesystem without shared-memory support
-        // keeps the rollback journal, which is still correct, only readers wait for writers.
+        // WAL lets readers (the API) proceed while the cycle writes. SQLite answers with the
+        // mode in force: a filesystem without shared-memory support keeps the rollback
+        // journal, which is still correct, only readers wait for writers.
         let _mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
-        conn.pragma_update(None, "synchronous", "full")?;
+        let synchronous = match durability {
+            Durability::PowerLoss => "full",
+            Durability::ProcessCrash => "normal",
+        };
+        conn.pragma_update(None, "synchronous", synchronous)?;
         Store::init(conn)
     }
 
