@@ -167,6 +167,20 @@ fn end_reasons_give_their_phase() {
 }
 
 #[test]
+fn a_queued_workload_can_be_rejected_by_a_policy_change() {
+    let store = Store::open_in_memory().unwrap();
+    store
+        .submit("w", &spec("gone"), Origin::Submitted, 1)
+        .unwrap();
+    let reason = EndReason::Rejected {
+        reason: "tenant gone was removed".into(),
+    };
+    let ended = store.finish("w", reason.clone(), 2).unwrap();
+    assert_eq!((ended.phase, ended.end), (Phase::Failed, Some(reason)));
+    assert_eq!(kinds(&store, "w"), ["submitted", "failed"]);
+}
+
+#[test]
 fn illegal_transitions_are_refused_and_change_nothing() {
     let store = Store::open_in_memory().unwrap();
     store.submit("w", &spec("a"), Origin::Submitted, 1).unwrap();

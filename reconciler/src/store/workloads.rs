@@ -1,16 +1,18 @@
 //! Workloads and their lifecycle.
 //!
-//! ```text
-//!            submit
-//!              │
-//!              ▼          mark_starting          mark_running         mark_checkpointing
-//!  ┌──────▶ Pending ───────────────────▶ Starting ─────────▶ Running ─────────────────▶ Checkpointing
-//!  │           │                            │                   │                          │
-//!  │ requeue   │ cancel                     └──── finish ───────┴──────── finish ──────────┤
-//!  └───────────┼───────────────────────────────────────── requeue ─────────────────────────┘
-//!              ▼                                                       ▼
-//!          Cancelled                                  Succeeded | Failed | Cancelled
-//! ```
+//! | method               | from                              | to                                  |
+//! |----------------------|-----------------------------------|-------------------------------------|
+//! | `submit`             | (none, or only ended records)     | Pending                             |
+//! | `mark_starting`      | Pending                           | Starting                            |
+//! | `mark_running`       | Starting                          | Running                             |
+//! | `mark_checkpointing` | Running                           | Checkpointing                       |
+//! | `requeue`            | Starting, Running, Checkpointing  | Pending, `attempts` + 1             |
+//! | `finish`             | Starting, Running, Checkpointing  | Succeeded, Failed or Cancelled      |
+//! | `finish` (cancelled or rejected) | Pending               | Cancelled or Failed                 |
+//! | `cancel`             | Pending                           | Cancelled                           |
+//! | `cancel`             | Starting, Running, Checkpointing  | unchanged, `cancel_requested_at` set|
+//!
+//! `record_checkpoint` and `replica_exited` record facts without changing the phase.
 //!
 //! A name identifies its *current* record: the live one if any, else the most recent ended
 //! one. Ended records stay as history and their name may be submitted again. Cancelling a
