@@ -263,7 +263,7 @@ fn phase(v: &Value) -> &str {
 }
 
 fn instances(state: &Value, node: &str, gpu: u64) -> Vec<(String, u64)> {
-    state["nodes"]
+    state["spec"]["nodes"]
         .as_array()
         .unwrap()
         .iter()
@@ -640,5 +640,132 @@ fn killed_in_the_middle_of_a_reconfiguration_the_service_resumes_and_finishes_it
         (service.status()["sync"] == "Synced").then_some(())
     });
     stop_workloads(&service);
+    service.stop();
+}
+
+#[test]
+fn a_failed_nvml_call_degrades_the_service_and_is_retried_until_it_succeeds() {
+    let mut repo = PolicyRepo::new();
+    repo.write("policy/fleet.yaml", &with_all_1g(&repo));
+    repo.commit("infer may be cut in sevenths");
+    let work = tempfile::tempdir().unwrap();
+    let faults = work.path().join("faults.yaml");
+    std::fs::write(
+        &faults,
+        "faults:\n  - fail: {call: create_gpu_instance, node: i0, gpu: 0, code: insufficient_resources, times: 1}\n",
+    )
+    .unwrap();
+    let faults_arg = faults.display().to_string();
+    let service = Service::start(repo.path(), work.path(), &["--faults", &faults_arg]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+    assert_eq!(
+        service.submit(PRODUCT, "chat-small", small_inference()).0,
+        201
+    );
+    let degraded = eventually("the failure reported", || {
+        let s = service.status();
+        (s["health"] == "Degraded").then_some(s)
+    });
+    let error = degraded["lastError"].as_str().unwrap();
+    assert!(
+        error.contains("NVML_ERROR_INSUFFICIENT_RESOURCES"),
+        "{error}"
+    );
+    eventually("the workload running after the retry", || {
+        (phase(&service.workload(PRODUCT, "chat-small")) == "running").then_some(())
+    });
+    let healthy = eventually("healthy again", || {
+        let s = service.status();
+        (s["health"] == "Healthy" && s["sync"] == "Synced").then_some(s)
+    });
+    assert_eq!(healthy["lastError"], Value::Null);
+    let state = service.call("GET", "/state", Some(ADMIN), None).1;
+    assert_eq!(instances(&state, "i0", 0).len(), 7);
+
+    // The exported state is what `tessera plan` reads in CI: it plans against it cleanly.
+    let exported = work.path().join("state.json");
+    std::fs::write(&exported, state.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["plan", "--policy"])
+        .arg(repo.path().join("policy"))
+        .arg("--state")
+        .arg(&exported)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // `tessera status` reads the same, and exits 0 when Synced and Healthy.
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["status", "--server", &service.base])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("sync:      Synced"), "{text}");
+    stop_workloads(&service);
+    service.stop();
+}
+
+#[test]
+fn submit_checks_the_file_first_and_cancel_goes_through_the_api() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start(repo.path(), work.path(), &[]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(args)
+            .args(["--server", &service.base])
+            .env("TESSERA_TOKEN", PRODUCT)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let bad = work.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: tessera/v1alpha1\nkind: Workload\nmetadata: {name: w}\nspec:\n  tenant: product\n  sloClass: serving\n  gpu: {migProfile: 1g.10gb}\n  replica: 2\n",
+    )
+    .unwrap();
+    let (code, text) = cli(&["submit", bad.to_str().unwrap()]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("bad.yaml:8:3"), "{text}");
+    let all = service.call("GET", "/v1/workloads", Some(ADMIN), None).1;
+    assert_eq!(all["workloads"], json!([]), "a refused file sends nothing");
+
+    let good = work.path().join("good.yaml");
+    std::fs::write(
+        &good,
+        "apiVersion: tessera/v1alpha1\nkind: Workload\nmetadata: {name: w}\nspec:\n  tenant: product\n  sloClass: serving\n  gpu: {migProfile: 3g.40gb}\n",
+    )
+    .unwrap();
+    let (code, text) = cli(&["submit", good.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    eventually("running", || {
+        (phase(&service.workload(PRODUCT, "w")) == "running").then_some(())
+    });
+    let (code, text) = cli(&["cancel", "w"]);
+    assert_eq!(code, 0, "{text}");
+    eventually("cancelled once its process is stopped", || {
+        (phase(&service.workload(PRODUCT, "w")) == "cancelled").then_some(())
+    });
+    let (code, text) = cli(&["cancel", "nope"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("no workload"), "{text}");
     service.stop();
 }

@@ -265,7 +265,14 @@ pub fn plan(
             unready.insert(gpu);
             continue;
         }
-        if let Some(&until) = throttle.reconfigured.get(&gpu).filter(|&&t| t > now) {
+        // The budget limits disruption: adding instances on free slices (finishing an
+        // interrupted change, growing toward a layout) destroys nothing and is not held back.
+        let disruptive = !g.destroy.is_empty() || g.enable_mig;
+        if let Some(&until) = throttle
+            .reconfigured
+            .get(&gpu)
+            .filter(|&&t| disruptive && t > now)
+        {
             out.waits.push(Wait::Budget {
                 gpu: gpu.clone(),
                 until,

@@ -235,7 +235,15 @@ async fn cluster_state(
             "no cycle has observed the fleet yet; retry in a moment",
         )
     })?;
-    Ok(Json(snapshot).into_response())
+    // A whole document, so that `curl .../state > state.json` is what `tessera plan --state`
+    // reads.
+    Ok(Json(json!({
+        "apiVersion": tessera_compiler::model::API_VERSION,
+        "kind": "ClusterState",
+        "metadata": { "name": "observed" },
+        "spec": snapshot,
+    }))
+    .into_response())
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

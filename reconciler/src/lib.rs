@@ -5,7 +5,23 @@
 //! - [`store`]: SQLite: workloads and their lifecycle, applied revisions, the write-ahead action
 //!   journal, events.
 //! - [`runtime`]: the embedded workload runtime: processes, checkpoint signals, exits.
+//! - [`repo`]: the bare mirror of the policy repository and the files of a revision.
+//! - [`policy`]: which revision is in force; a bad one is never applied.
+//! - [`snapshot`]: the observed fleet and tracked workloads as a `ClusterState`.
+//! - [`metrics`]: the Prometheus exposition.
+//! - [`auth`]: bearer tokens per tenant and for the operator.
+//! - [`service`]: the loop, recovery, status, and the handle the API works through.
+//! - [`api`]: the HTTP API (axum).
+//! - [`actions`]: from a decision and the observed fleet to an ordered list of actions (pure).
 
+pub mod actions;
+pub mod api;
+pub mod auth;
 pub mod driver;
+pub mod metrics;
+pub mod policy;
+pub mod repo;
 pub mod runtime;
+pub mod service;
+pub mod snapshot;
 pub mod store;

@@ -1,7 +1,7 @@
 //! One reconcile cycle: fetch → observe → `ClusterState` → solve → plan → apply → record; and
 //! recovery from the journal at start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -27,6 +27,8 @@ pub struct CycleReport {
     pub plan: ActionPlan,
     /// Actions that failed, with their errors.
     pub failed: Vec<(Action, String)>,
+    /// Actions not attempted because an earlier one on the same GPU failed.
+    pub skipped: Vec<Action>,
     /// Workloads whose processes ended this cycle, with how.
     pub exits: Vec<(String, String)>,
     pub decision: Option<Decision>,
@@ -41,7 +43,9 @@ pub struct Reconciler {
     mirror: Mirror,
     tracker: PolicyTracker,
     throttle: Throttle,
-    failures: BTreeMap<String, u32>,
+    /// Per action key, consecutive failures and the last error: the service stays Degraded
+    /// until the key's next action succeeds.
+    failures: BTreeMap<String, (u32, String)>,
     /// GPUs waiting to drain, with the instant their pool's drain timeout runs out.
     drain_deadline: BTreeMap<GpuRef, i64>,
     shared: Arc<Shared>,
@@ -267,6 +271,18 @@ impl Reconciler {
         let views: Vec<WorkloadView> = records.iter().map(|r| view(r, &applied.policy)).collect();
         let plan = actions::plan(&decision, &observation, &views, &self.throttle, now);
         self.track_drains(&plan, &applied.policy, &observation, now);
+        // A failure the decision no longer needs overcome (the workload left, the GPU's target
+        // changed) no longer degrades the service.
+        let wanted: BTreeSet<String> = plan
+            .actions
+            .iter()
+            .map(Action::key)
+            .chain(plan.waits.iter().filter_map(|w| match w {
+                Wait::Backoff { key, .. } => Some(key.clone()),
+                _ => None,
+            }))
+            .collect();
+        self.failures.retain(|k, _| wanted.contains(k));
         report.decision = Some(decision);
 
         if self.shared.suspended.load(Ordering::SeqCst) {
@@ -275,7 +291,14 @@ impl Reconciler {
         }
         let mut created = BTreeMap::new();
         let mut observed_after_geometry = false;
+        // Once an action on a GPU fails, the rest of that GPU's steps (and the workloads that
+        // need it) wait for the next cycle, which re-plans from what the GPU then shows.
+        let mut failed_keys: BTreeSet<String> = BTreeSet::new();
         for action in &plan.actions {
+            if depends_on_failed(action, &failed_keys) {
+                report.skipped.push(action.clone());
+                continue;
+            }
             if matches!(action, Action::Start { .. }) && !observed_after_geometry {
                 // New compute instances have UUIDs only the driver knows.
                 if plan.actions.iter().any(Action::is_geometry) {
@@ -307,7 +330,7 @@ impl Reconciler {
                         .map_err(|e| e.to_string())?;
                     self.failures.remove(&action.key());
                     self.throttle.backoff.remove(&action.key());
-                    if action.is_geometry()
+                    if is_disruptive(action)
                         && let Some(gpu) = gpu_of(action)
                         && let Some(pool) = pool_of(&applied.policy, &observation, gpu)
                     {
@@ -328,7 +351,8 @@ impl Reconciler {
                     self.store
                         .fail_action(id, &message, now)
                         .map_err(|e| e.to_string())?;
-                    self.back_off(action, now);
+                    self.back_off(action, &message, now);
+                    failed_keys.insert(action.key());
                     self.shared
                         .metrics
                         .record_action(name, false, action.is_geometry());
@@ -358,10 +382,18 @@ impl Reconciler {
             }
             let how = match (record.phase, exit.status) {
                 (Phase::Checkpointing, _) => {
+                    let dir = apply::checkpoint_dir(&self.config.state_dir, &record.name);
+                    if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
+                        // What it saved bounds the work a later preemption loses.
+                        self.store.record_checkpoint(
+                            &record.name,
+                            &dir.display().to_string(),
+                            now,
+                        )?;
+                    }
                     self.store.requeue(&record.name, "checkpointed", now)?;
                     "checkpointed and requeued".to_string()
                 }
-                (Phase::Cancelled, _) => "cancelled".to_string(),
                 (_, ExitStatus::Code(0)) => {
                     self.store
                         .finish(&record.name, EndReason::Exited { code: 0 }, now)?;
@@ -406,17 +438,19 @@ impl Reconciler {
             }
         }
         for r in existing {
-            if !wanted.contains_key(&r.name) {
+            if !r.phase.is_ended() && !wanted.contains_key(&r.name) {
                 self.store.cancel(&r.name, now)?;
             }
         }
         Ok(())
     }
 
-    fn back_off(&mut self, action: &Action, now: i64) {
+    fn back_off(&mut self, action: &Action, message: &str, now: i64) {
         let key = action.key();
-        let failures = self.failures.entry(key.clone()).or_default();
-        *failures += 1;
+        let entry = self.failures.entry(key.clone()).or_default();
+        entry.0 += 1;
+        entry.1 = format!("{}: {message}", action_name(action));
+        let failures = &entry.0;
         let base = self.config.backoff_base.as_secs().max(1);
         let delay = base
             .saturating_mul(1u64 << (*failures - 1).min(20))
@@ -480,8 +514,14 @@ impl Reconciler {
         if let Some(e) = &report.error {
             errors.push(e.clone());
         }
-        for (action, e) in &report.failed {
-            errors.push(format!("{}: {e}", action_name(action)));
+        // Failures not yet overcome, this cycle's and earlier ones waiting out their backoff.
+        for (key, (count, message)) in &self.failures {
+            let times = if *count > 1 {
+                format!(" ({count} attempts)")
+            } else {
+                String::new()
+            };
+            errors.push(format!("{key}: {message}{times}"));
         }
         if !stuck.is_empty() {
             errors.push(format!(
@@ -557,6 +597,39 @@ fn pool_of<'p>(
 ) -> Option<&'p tessera_compiler::compiled::CompiledPool> {
     let node = observation.nodes.iter().find(|n| n.name == gpu.node)?;
     policy.pools.iter().find(|p| p.name == node.pool)
+}
+
+/// Whether `action` needs a GPU (or is itself on a key) whose action failed this cycle.
+fn depends_on_failed(action: &Action, failed: &BTreeSet<String>) -> bool {
+    if failed.is_empty() {
+        return false;
+    }
+    if failed.contains(&action.key()) {
+        return true;
+    }
+    match action {
+        Action::Start { bindings, .. } => bindings.iter().any(|b| {
+            b.gpus.iter().any(|&index| {
+                let gpu = GpuRef {
+                    node: b.node.clone(),
+                    index,
+                };
+                failed.contains(&format!("gpu/{gpu}"))
+            })
+        }),
+        _ => false,
+    }
+}
+
+/// A geometry step that takes something away (counted against the reconfiguration budget).
+fn is_disruptive(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::DestroyComputeInstance { .. }
+            | Action::DestroyGpuInstance { .. }
+            | Action::SetMigMode { .. }
+            | Action::ResetGpu { .. }
+    )
 }
 
 fn gpu_of(action: &Action) -> Option<&GpuRef> {

@@ -83,7 +83,18 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
             let shared = shared.clone();
             let mut watcher =
                 notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                    if event.is_ok() {
+                    // Fetching from the repository opens its files; only a change (a new
+                    // commit, a moved ref) is worth a fetch, or each fetch would wake the next.
+                    use notify::EventKind::{Create, Modify, Remove};
+                    use notify::event::ModifyKind;
+                    if let Ok(event) = event
+                        && matches!(
+                            event.kind,
+                            Create(_)
+                                | Remove(_)
+                                | Modify(ModifyKind::Data(_) | ModifyKind::Name(_))
+                        )
+                    {
                         shared.wake(Wake::Repository);
                     }
                 })
