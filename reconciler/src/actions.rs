@@ -116,6 +116,96 @@ impl Action {
     }
 }
 
+impl std::fmt::Display for Action {
+    /// One line for logs and `tessera reconcile --once`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Checkpoint {
+                workload,
+                signal,
+                deadline,
+            } => write!(
+                f,
+                "checkpoint {workload}: {signal}, stopped at {} at the latest",
+                crate::snapshot::rfc3339(*deadline)
+            ),
+            Action::Stop { workload, reason } => write!(f, "stop {workload} ({reason}), requeued"),
+            Action::DestroyComputeInstance {
+                gpu,
+                gpu_instance,
+                compute_instance,
+            } => write!(
+                f,
+                "{gpu}: destroy compute instance {compute_instance} of GPU instance {gpu_instance}"
+            ),
+            Action::DestroyGpuInstance { gpu, gpu_instance } => {
+                write!(f, "{gpu}: destroy GPU instance {gpu_instance}")
+            }
+            Action::SetMigMode { gpu, enabled } => write!(
+                f,
+                "{gpu}: MIG mode {} (pending until reset)",
+                if *enabled { "on" } else { "off" }
+            ),
+            Action::ResetGpu { gpu } => write!(f, "{gpu}: reset"),
+            Action::CreateGpuInstance {
+                gpu,
+                profile_id,
+                start,
+            } => write!(
+                f,
+                "{gpu}: create GPU instance of profile {profile_id} at memory slice {start}"
+            ),
+            Action::CreateComputeInstance { gpu, start } => write!(
+                f,
+                "{gpu}: create the compute instance of the GPU instance at slice {start}"
+            ),
+            Action::Start { workload, bindings } => {
+                let places: Vec<String> = bindings
+                    .iter()
+                    .map(|b| {
+                        let gpus: Vec<String> = b.gpus.iter().map(|g| format!("gpu{g}")).collect();
+                        let mut s = format!("{}/{}", b.node, gpus.join("+"));
+                        if let (Some(p), Some(start)) = (&b.mig_profile, b.mig_start) {
+                            s.push_str(&format!(" {p}@{start}"));
+                        }
+                        if let Some(share) = b.share {
+                            s.push_str(&format!(" share {}", share.as_f64()));
+                        }
+                        s
+                    })
+                    .collect();
+                write!(f, "start {workload} on {}", places.join(", "))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wait::Grace { workload, deadline } => write!(
+                f,
+                "{workload} is checkpointing until {}",
+                crate::snapshot::rfc3339(*deadline)
+            ),
+            Wait::Drain { gpu, holders } => {
+                write!(f, "{gpu} waits to drain: held by {}", holders.join(", "))
+            }
+            Wait::Devices { workload, detail } => write!(f, "{workload} waits: {detail}"),
+            Wait::Backoff { key, until } => write!(
+                f,
+                "{key} retried after {}",
+                crate::snapshot::rfc3339(*until)
+            ),
+            Wait::Budget { gpu, until } => write!(
+                f,
+                "{gpu} reconfigured at most once per its pool's budget: next at {}",
+                crate::snapshot::rfc3339(*until)
+            ),
+        }
+    }
+}
+
 /// Why part of the decision was not acted on this cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "wait")]

@@ -135,22 +135,16 @@ fn human(status: &Status, reports: &[CycleReport]) -> String {
                 .unwrap_or_default()
         ));
         for a in &r.plan.actions {
-            out.push_str(&format!(
-                "  {}\n",
-                serde_json::to_string(a).unwrap_or_default()
-            ));
+            out.push_str(&format!("  {a}\n"));
         }
         for (a, e) in &r.failed {
-            out.push_str(&format!(
-                "  failed: {}: {e}\n",
-                serde_json::to_string(a).unwrap_or_default()
-            ));
+            out.push_str(&format!("  failed: {a}: {e}\n"));
         }
         for w in &r.plan.waits {
-            out.push_str(&format!(
-                "  waiting: {}\n",
-                serde_json::to_string(w).unwrap_or_default()
-            ));
+            out.push_str(&format!("  waiting: {w}\n"));
+        }
+        for (name, how) in &r.exits {
+            out.push_str(&format!("  ended: {name} {how}\n"));
         }
     }
     out.push_str(&format!(
