@@ -53,6 +53,30 @@ fn tessera(w: &Workload) -> Box<dyn Placer> {
 }
 
 #[test]
+fn hosting_capacity_by_hand() {
+    // One node, 2 GPUs, 8 cores. Shapes: a 500-milli share of 2 cores (2 tasks) and a whole GPU
+    // of 1 core (1 task). One node in all and one host each, so w = count × milli:
+    // w_500 = 1000, w_1000 = 1000.
+    let tasks = vec![spec(2, 1, 500), spec(2, 1, 500), spec(1, 1, 1000)];
+    let w = Workload::new(&[node(0, 8, 2)], tasks, false).unwrap();
+    let mut c: Cluster = w.cluster().clone();
+    let mut t = openb::Tessera::for_workload(&w, PolicyOptions::default(), 42);
+    // Empty: 500s: min(2 + 2 by GPU, 8 / 2 by CPU) = 4; whole GPUs: min(2, 8) = 2.
+    assert_eq!(t.hosting_capacity(&c, 0), 4 * 1000 + 2 * 1000);
+    // A share on GPU 0: GPUs [500, 1000], 6 cores: 500s min(1 + 2, 3) = 3; whole GPUs 1.
+    let share = find(&w, 2, 1, 500);
+    let choice = t.choose(&c, &share).unwrap();
+    c.place(&share, &choice).unwrap();
+    assert_eq!(t.hosting_capacity(&c, 0), 3 * 1000 + 1000);
+    // CPU binds: a second share leaves 4 cores and [0, 1000] or [500, 500]; Tessera keeps the
+    // whole GPU (500s: min(2, 2) = 2, whole 1: 3000 against 2000 for [500, 500]).
+    let second = t.choose(&c, &share).unwrap();
+    assert_eq!(second, choice, "the second share pairs with the first");
+    c.place(&share, &second).unwrap();
+    assert_eq!(t.hosting_capacity(&c, 0), 2 * 1000 + 1000);
+}
+
+#[test]
 fn a_small_share_fills_the_room_an_810_left() {
     // Typical shapes: 810-milli and 160-milli shares and whole GPUs, 1 core each.
     let mut tasks: Vec<TaskSpec> = (0..10).map(|_| spec(1, 1, 810)).collect();

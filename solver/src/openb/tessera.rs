@@ -152,8 +152,8 @@ pub struct Tessera {
 }
 
 impl Tessera {
-    /// `fgd`: FGD's typical shapes (the first criterion); `hosting`: the shapes of the hosting
-    /// capacity, their counts the demand (see [`tessera_typical`]). `num_shapes`: how many task
+    /// `fgd`: FGD's typical shapes (the first criterion); `hosting_shapes`: the shapes of the
+    /// hosting capacity, their counts the demand (see [`tessera_typical`]). `num_shapes`: how many task
     /// shape ids ([`Task::shape`]) the run uses; tasks with a larger id are scored without the
     /// cache. Of `options`, only the tie-break is used: the FGD score is always truncated.
     pub fn new(
@@ -173,7 +173,9 @@ impl Tessera {
                 num_gpu: s.num_gpu,
                 gpu_milli: s.gpu_milli,
                 models: s.models,
-                demand: s.count * u64::from(s.num_gpu) * u64::from(s.gpu_milli),
+                demand: s
+                    .count
+                    .saturating_mul(u64::from(s.num_gpu) * u64::from(s.gpu_milli)),
                 weight: 0,
             })
             .collect();
@@ -190,6 +192,7 @@ impl Tessera {
         tessera.reweigh(cluster);
         tessera
     }
+
     /// For a workload: FGD's typical shapes as the published runs chose them, and every GPU
     /// shape for the hosting capacity, whatever the run's configuration.
     pub fn for_workload(workload: &Workload, options: PolicyOptions, seed: u64) -> Self {
