@@ -78,7 +78,7 @@ pub fn allocation_bound<'a>(
     let mut objective = Expression::from(0.0);
     let mut per_shape: Vec<(Expression, f64)> = Vec::new();
     let mut gpu_use: Vec<Expression> = vec![Expression::from(0.0); classes.len()];
-    // Per class, the (per-GPU milli, variable) of every GPU task placed there, for the cuts.
+    // Per class, (milli per GPU, GPUs, variable) of every GPU task shape placed there, for the cuts.
     let mut gpu_vars: Vec<Vec<(u32, u32, good_lp::Variable)>> = vec![Vec::new(); classes.len()];
     let mut cpu_use: Vec<Expression> = vec![Expression::from(0.0); classes.len()];
     let mut mem_use: Vec<Expression> = vec![Expression::from(0.0); classes.len()];
