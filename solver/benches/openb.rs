@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench -p tessera-solver --bench openb -- [--trace NAME]... [--variant fgd-md|published|both]
-//!     [--policies FGD,BestFit,...] [--seeds N] [--data DIR] [--json FILE]
+//!     [--policies FGD,BestFit,...] [--seeds N] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
 //! ```
@@ -34,6 +34,7 @@ struct Args {
     seeds: Option<usize>,
     data: PathBuf,
     json: Option<PathBuf>,
+    bound: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -44,6 +45,7 @@ fn parse_args() -> Result<Args, String> {
             ("published", SimConfig::published_runs()),
         ],
         policies: vec![
+            PolicyKind::Tessera,
             PolicyKind::Fgd,
             PolicyKind::BestFit,
             PolicyKind::FirstFit,
@@ -59,6 +61,7 @@ fn parse_args() -> Result<Args, String> {
                 ))
             }),
         json: None,
+        bound: false,
     };
     type Override = Box<dyn Fn(&mut SimConfig)>;
     let mut overrides: Vec<Override> = Vec::new();
@@ -145,6 +148,16 @@ fn parse_args() -> Result<Args, String> {
                 };
                 overrides.push(Box::new(move |c: &mut SimConfig| c.checkpointing = v));
             }
+            "--cycle" => {
+                let n: usize = value("--cycle")?
+                    .parse()
+                    .map_err(|_| "--cycle needs a number")?;
+                if n == 0 {
+                    return Err("--cycle must be at least 1".into());
+                }
+                overrides.push(Box::new(move |c: &mut SimConfig| c.cycle = Some(n)));
+            }
+            "--bound" => args.bound = true,
             "--json" => args.json = Some(PathBuf::from(value("--json")?)),
             // passed by `cargo bench` to every bench target
             "--bench" => {}
@@ -229,7 +242,13 @@ fn main() -> ExitCode {
                     config.seeds.len()
                 );
             }
-            println!("   all policies: {:.2} s\n", start.elapsed().as_secs_f64());
+            println!("   all policies: {:.2} s", start.elapsed().as_secs_f64());
+            if args.bound {
+                let t = Instant::now();
+                result.bound = Some(openb::mean_bound_at(&workload, config));
+                println!("   LP bound  {:>6.2} s", t.elapsed().as_secs_f64());
+            }
+            println!();
             print!("{}", openb::comparison_table(&result, &paper));
             results.push(result);
         }

@@ -19,7 +19,7 @@ fn cycles_of_one_arrival_are_the_online_protocol() {
         ..online.clone()
     };
     let w = workload(&online);
-    for kind in [PolicyKind::Fgd, PolicyKind::BestFit] {
+    for kind in [PolicyKind::Fgd, PolicyKind::BestFit, PolicyKind::Tessera] {
         let a = openb::run_policy(&w, kind, &online);
         let b = openb::run_policy(&w, kind, &cycles);
         assert_eq!(a.mean_alloc_at, b.mean_alloc_at, "{}", kind.name());

@@ -84,12 +84,13 @@ fn table_and_json() {
     let paper = PaperResults::load(slice().join(openb::PAPER_RESULTS)).unwrap();
     assert_eq!(paper.at("default", "FGD", 130), Some(95.39));
     let table = openb::comparison_table(&r, &paper);
-    // header + FGD/BestFit/Random with paper and diff lines + FirstFit alone
-    assert_eq!(table.lines().count(), 1 + 3 * 3 + 1, "{table}");
+    // header + FGD/BestFit/Random with paper and diff lines + FirstFit and Tessera alone
+    assert_eq!(table.lines().count(), 1 + 3 * 3 + 2, "{table}");
     assert!(table.lines().any(|l| l.starts_with("FirstFit")));
+    assert!(table.lines().any(|l| l.starts_with("Tessera")));
     let json = serde_json::to_value(&r).unwrap();
     assert_eq!(json["trace"], "default");
-    assert_eq!(json["policies"].as_array().unwrap().len(), 4);
+    assert_eq!(json["policies"].as_array().unwrap().len(), 5);
     assert_eq!(
         json["policies"][0]["mean_alloc_at"]
             .as_array()

@@ -1,5 +1,5 @@
 //! `tessera bench openb`: the openb protocol on any trace in its CSV format, every policy side by
-//! side in one process. It prints figures; it never judges them.
+//! side in one process (tessera's own first, then the baselines). It prints figures; it never judges them.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,6 +51,7 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
     }
     let kinds: Vec<PolicyKind> = if args.policies.is_empty() {
         vec![
+            PolicyKind::Tessera,
             PolicyKind::Fgd,
             PolicyKind::BestFit,
             PolicyKind::FirstFit,

@@ -7,6 +7,19 @@
 //! memory are pooled, and tasks may be split: every placement any policy can make is feasible
 //! here, so the optimum bounds them all. Tasks may be skipped, so CPU-only tasks, which place no
 //! GPU, are left out without weakening the bound.
+//!
+//! Pooling alone lets shares fill GPUs perfectly, so per class it adds the packing cuts of
+//! bin-packing lower bounds (Martello and Toth's L2), one per threshold `a` in `1..=500`: a task
+//! taking more than `1000 − a` milli of a GPU leaves less than `a` on it, room that no task of
+//! `a` milli or more can use, so
+//!
+//! ```text
+//! 1000 × #(tasks above 1000 − a) + Σ milli of the tasks in [a, 1000 − a]  ≤  1000 × GPUs
+//! ```
+//!
+//! (whole GPUs count as above `1000 − a`; tasks under `a` are left out, which only loosens it).
+//! Every integral placement satisfies every cut, so the bound stays valid; only the thresholds
+//! where a cut changes (a share size `m ≤ 500` or `1001 − m` for a larger one) are added.
 
 use std::collections::BTreeMap;
 
@@ -65,6 +78,8 @@ pub fn allocation_bound<'a>(
     let mut objective = Expression::from(0.0);
     let mut per_shape: Vec<(Expression, f64)> = Vec::new();
     let mut gpu_use: Vec<Expression> = vec![Expression::from(0.0); classes.len()];
+    // Per class, (milli per GPU, GPUs, variable) of every GPU task shape placed there, for the cuts.
+    let mut gpu_vars: Vec<Vec<(u32, u32, good_lp::Variable)>> = vec![Vec::new(); classes.len()];
     let mut cpu_use: Vec<Expression> = vec![Expression::from(0.0); classes.len()];
     let mut mem_use: Vec<Expression> = vec![Expression::from(0.0); classes.len()];
     for (task, count) in shapes.values() {
@@ -82,6 +97,7 @@ pub fn allocation_bound<'a>(
             let g = task.gpu_request() as f64;
             objective += g * y;
             gpu_use[k] += g * y;
+            gpu_vars[k].push((task.gpu_milli, task.num_gpu, y));
             cpu_use[k] += task.cpu_milli as f64 * y;
             mem_use[k] += task.memory_mib as f64 * y;
         }
@@ -91,7 +107,35 @@ pub fn allocation_bound<'a>(
     for (placed, count) in per_shape {
         model = model.with(placed.leq(count));
     }
+    let mut thresholds: Vec<u32> = shapes
+        .values()
+        .filter(|(t, _)| t.num_gpu == 1 && t.gpu_milli < 1000)
+        .map(|(t, _)| {
+            if t.gpu_milli <= 500 {
+                t.gpu_milli
+            } else {
+                1001 - t.gpu_milli
+            }
+        })
+        .collect();
+    thresholds.sort_unstable();
+    thresholds.dedup();
     for (k, c) in classes.iter().enumerate() {
+        for &a in &thresholds {
+            let mut used = Expression::from(0.0);
+            for &(milli, num_gpu, y) in &gpu_vars[k] {
+                // `y` counts tasks; a task of several GPUs takes whole ones, each above 1000 − a.
+                let per_task = if milli > 1000 - a {
+                    1000.0
+                } else if milli >= a {
+                    f64::from(milli)
+                } else {
+                    continue;
+                };
+                used += per_task * f64::from(num_gpu) * y;
+            }
+            model = model.with(used.leq(c.gpu_milli as f64));
+        }
         model = model
             .with(gpu_use[k].clone().leq(c.gpu_milli as f64))
             .with(cpu_use[k].clone().leq(c.cpu as f64));
@@ -193,5 +237,21 @@ mod tests {
         let nodes = [node("a", 4, "A"), node("b", 4, "A")];
         let tasks: Vec<TaskSpec> = (0..8).map(|_| task(1, 1000, 40_000, &[])).collect();
         assert!((bound(&nodes, &tasks) - 100.0 * 3.2 / 8.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn packing_cuts_see_shares_that_cannot_pair() {
+        // 2 nodes × 1 GPU; two 810-milli and two 300-milli shares. No 300 fits beside an 810,
+        // so the best placement is 810 + 810 (81 %); pooled capacity alone would say 100 %.
+        // The cut at a = 191 (810s count as whole GPUs) gives 300 + 300 + 1.4 × 810: 86.7 %.
+        let nodes = [node("a", 1, "A"), node("b", 1, "A")];
+        let tasks = [
+            task(1, 810, 1000, &[]),
+            task(1, 810, 1000, &[]),
+            task(1, 300, 1000, &[]),
+            task(1, 300, 1000, &[]),
+        ];
+        let b = bound(&nodes, &tasks);
+        assert!((b - 86.7).abs() < 1e-6, "{b}");
     }
 }

@@ -1,14 +1,14 @@
 //! The openb protocol in cycles: tasks that arrive within one cycle are decided together, as
 //! tessera runs (a solve per cycle), instead of one at a time as the paper's simulator does.
 //!
-//! Within a cycle the batch is placed largest first (GPUs per task, then milli-GPU per GPU, then
-//! CPU; arrival order breaks ties), each task by the given policy, so that the effect of
-//! batching is measured on its own, policy by policy. Measured on `default` (BENCHMARKS.md),
-//! reordering alone does not help: largest first loses about two points for FGD at 100 arrivals
-//! per cycle, smallest first more. A cycle needs a joint decision (the solver's integer
-//! program), not a sort; this mode is the harness that will measure it.
+//! How a cycle is decided is the policy's ([`Placer::place_cycle`]): the baselines place it
+//! largest first (GPUs per task, then milli-GPU per GPU, then CPU; arrival order breaks ties),
+//! each task by their online rule, so that the effect of batching is measured on its own. Measured
+//! on `default` (BENCHMARKS.md), that reordering does not help them: largest first loses about two
+//! points for FGD at 100 arrivals per cycle. Tessera decides a contested cycle with a greedy on
+//! waste ([`super::Tessera`]).
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, Task};
 use super::policy::Placer;
 use super::protocol::{Sample, SimOutcome, Workload};
 
@@ -27,27 +27,14 @@ pub fn simulate_cycles(
     let mut samples = Vec::with_capacity(order.len());
     let (mut placed, mut skipped) = (0usize, 0usize);
     for batch in order.chunks(cycle.max(1)) {
-        let mut sorted: Vec<(usize, usize)> = batch.iter().copied().enumerate().collect();
-        sorted.sort_by(|&(ia, a), &(ib, b)| {
-            let (ta, tb) = (&workload.tasks()[a], &workload.tasks()[b]);
-            (tb.num_gpu, tb.gpu_milli, tb.cpu_milli, ia).cmp(&(
-                ta.num_gpu,
-                ta.gpu_milli,
-                ta.cpu_milli,
-                ib,
-            ))
-        });
-        for &(_, i) in &sorted {
-            let task = &workload.tasks()[i];
-            match placer.choose(&cluster, task) {
-                Some(choice) => {
-                    if let Err(e) = cluster.place(task, &choice) {
-                        panic!("policy {} made an invalid choice: {e}", placer.name());
-                    }
-                    placed += 1;
-                }
-                None => skipped += 1,
+        let tasks: Vec<&Task> = batch.iter().map(|&i| &workload.tasks()[i]).collect();
+        match placer.place_cycle(&mut cluster, &tasks) {
+            Ok(done) => {
+                let n = done.iter().filter(|&&p| p).count();
+                placed += n;
+                skipped += done.len() - n;
             }
+            Err(e) => panic!("policy {} made an invalid choice: {e}", placer.name()),
         }
         arrived += batch
             .iter()

@@ -2,7 +2,7 @@
 //! Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX
 //! ATC 2023; data CC BY 4.0, Alibaba `cluster-trace-gpu-v2023`), its arrival protocol and the
 //! baseline placement policies (FirstFit, BestFit, FGD, Random), reproducing the paper's
-//! allocation-ratio figures.
+//! allocation-ratio figures, and tessera's own policy ([`Tessera`]) run beside them.
 //!
 //! ```no_run
 //! use tessera_solver::openb::{self, PolicyKind, SimConfig};
@@ -51,6 +51,7 @@ mod policy;
 mod protocol;
 mod random;
 mod report;
+mod tessera;
 mod trace;
 
 pub use best_fit::score as best_fit_score;
@@ -70,6 +71,7 @@ pub use protocol::{
 };
 pub use random::Random;
 pub use report::{PaperResults, PaperRow, PolicyResult, SeedResult, TraceResult, comparison_table};
+pub use tessera::{Tessera, tessera_typical};
 pub use trace::{
     MILLI, NodeSpec, TaskSpec, TraceError, load_nodes, load_tasks, parse_nodes, parse_tasks,
 };

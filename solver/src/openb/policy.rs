@@ -19,7 +19,7 @@ use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{Choice, Cluster, Task};
+use super::cluster::{Choice, Cluster, PlaceError, Task};
 
 /// A placement policy.
 pub trait Placer {
@@ -29,6 +29,35 @@ pub trait Placer {
     /// Where to place `task`, or `None` if it fits nowhere (or the policy declines).
     /// The choice must satisfy [`Cluster::fits`] and name the GPUs the task takes.
     fn choose(&mut self, cluster: &Cluster, task: &Task) -> Option<Choice>;
+
+    /// Decides the tasks of one cycle together, placing them on `cluster` (through
+    /// [`Cluster::place`], which checks every rule); returns, per task, whether it was placed.
+    /// The default places them largest first (GPUs per task, then milli-GPU per GPU, then CPU;
+    /// arrival order among equals), each where [`Placer::choose`] says.
+    fn place_cycle(
+        &mut self,
+        cluster: &mut Cluster,
+        tasks: &[&Task],
+    ) -> Result<Vec<bool>, PlaceError> {
+        let mut order: Vec<usize> = (0..tasks.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (ta, tb) = (tasks[a], tasks[b]);
+            (tb.num_gpu, tb.gpu_milli, tb.cpu_milli, a).cmp(&(
+                ta.num_gpu,
+                ta.gpu_milli,
+                ta.cpu_milli,
+                b,
+            ))
+        });
+        let mut placed = vec![false; tasks.len()];
+        for i in order {
+            if let Some(choice) = self.choose(cluster, tasks[i]) {
+                cluster.place(tasks[i], &choice)?;
+                placed[i] = true;
+            }
+        }
+        Ok(placed)
+    }
 }
 
 /// How node scores are compared.
@@ -83,21 +112,24 @@ impl Default for PolicyOptions {
     }
 }
 
-/// The baseline policies.
+/// The baseline policies, and tessera's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum PolicyKind {
     FirstFit,
     BestFit,
     Fgd,
     Random,
+    /// tessera's own policy ([`super::Tessera`]).
+    Tessera,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 4] = [
+    pub const ALL: [PolicyKind; 5] = [
         PolicyKind::Random,
         PolicyKind::FirstFit,
         PolicyKind::BestFit,
         PolicyKind::Fgd,
+        PolicyKind::Tessera,
     ];
 
     /// The name used in reports, matching `fgd-paper-results.csv` where the paper has the policy.
@@ -107,6 +139,7 @@ impl PolicyKind {
             PolicyKind::BestFit => "BestFit",
             PolicyKind::Fgd => "FGD",
             PolicyKind::Random => "Random",
+            PolicyKind::Tessera => "Tessera",
         }
     }
 
@@ -163,6 +196,18 @@ impl Ties {
     }
 }
 
+impl Ties {
+    /// Among tied candidates offered in node order: whether `node` replaces the current
+    /// `best` node, `tied` being the number of tied candidates so far, this one included.
+    pub(crate) fn prefers(&mut self, node: usize, best: usize, tied: u32) -> bool {
+        match self {
+            Ties::NodeOrder => false,
+            Ties::Random(rng) => rng.random_range(0..tied) == 0,
+            Ties::Permuted(_, rank) => rank[node] < rank[best],
+        }
+    }
+}
+
 /// Running arg-max over nodes offered in node order: the highest score wins; ties as [`Ties`]
 /// (whose [`Ties::prepare`] must have been called for the cluster).
 #[derive(Debug, Clone, Copy, Default)]
@@ -191,12 +236,7 @@ impl<T: Copy> ArgMax<T> {
             }
             Some((b, best_node, _)) if score == b => {
                 self.ties += 1;
-                let replace = match ties {
-                    Ties::NodeOrder => false,
-                    Ties::Random(rng) => rng.random_range(0..self.ties) == 0,
-                    Ties::Permuted(_, rank) => rank[node] < rank[best_node],
-                };
-                if replace {
+                if ties.prefers(node, best_node, self.ties) {
                     self.best = Some((score, node, item));
                 }
             }

@@ -30,6 +30,7 @@ use super::first_fit::FirstFit;
 use super::policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak};
 use super::random::Random;
 use super::report::{PolicyResult, SeedResult, TraceResult};
+use super::tessera::Tessera;
 use super::trace::{NodeSpec, TaskSpec};
 
 /// The paper's seeds.
@@ -343,6 +344,7 @@ pub fn make_placer(
             seed,
         )),
         PolicyKind::Random => Box::new(Random::new(seed)),
+        PolicyKind::Tessera => Box::new(Tessera::for_workload(workload, options, seed)),
     }
 }
 
