@@ -255,7 +255,7 @@ pub enum BenchCommand {
         /// Also compute the LP relaxation's upper bound on allocation at each checkpoint.
         #[arg(long)]
         bound: bool,
-        /// Policies to run (FGD, BestFit, FirstFit, Random); all by default.
+        /// Policies to run (Tessera, FGD, BestFit, FirstFit, Random); all by default.
         #[arg(long, value_delimiter = ',')]
         policies: Vec<String>,
         /// The paper's results to compare with; by default `fgd-paper-results.csv` beside the
