@@ -997,6 +997,11 @@ impl<'p> Solver<'p> {
             }
             try_pool(p, &fleet, &ledger, w, pool, cap)
         };
+        // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
+        // its GPUs) is not needed.
+        if eligible.is_empty() {
+            return Err(listed(p, protected));
+        }
         // A what-if costs a fleet clone. It cannot succeed unless the pool's free GPU units plus
         // what the victims hold reach the gang's minimum: skip those that cannot (the units
         // freed are over-counted for partial gangs and unhealthy GPUs, so nothing is skipped
