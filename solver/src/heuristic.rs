@@ -696,7 +696,15 @@ pub(crate) struct Solver<'p> {
     /// preemption search scans them instead of every workload (a fifth of them on the
     /// reference fleet's training pool).
     running_by_pool: Vec<Vec<usize>>,
+    /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority). A
+    /// borrower's candidates depend on nothing else but the running workloads' statuses, which
+    /// only a preemption changes (it clears this): a queue of borrowers blocked behind the same
+    /// protected work scans it once.
+    refused: Option<(RefusalKey, (Vec<Protected>, usize))>,
 }
+
+/// What a borrower's refusal depends on besides the statuses: (pool, scope, priority).
+type RefusalKey = (usize, Option<usize>, i64);
 
 pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
     p.workloads[w].pools[0]
@@ -723,6 +731,7 @@ impl<'p> Solver<'p> {
             trace: Vec::new(),
             victims: Vec::new(),
             running_by_pool,
+            refused: None,
         }
     }
 
@@ -736,6 +745,7 @@ impl<'p> Solver<'p> {
             trace: parts.trace,
             victims: Vec::new(),
             running_by_pool: parts.running_by_pool,
+            refused: None,
         }
     }
 
@@ -798,6 +808,7 @@ impl<'p> Solver<'p> {
     /// (b)-(d) for `queue`, picked in key order; each pick is recorded in `trace`.
     pub(crate) fn run_queue(&mut self, mut queue: Vec<usize>) {
         let p = self.p;
+        self.refused = None;
         // A key depends on the ledger alone, which only an admission changes (`admit` replaces
         // it right before returning `Admit`): keys are recomputed after admissions, not after
         // every workload left waiting.
@@ -927,6 +938,12 @@ impl<'p> Solver<'p> {
         let prio = p.classes[wl.class].priority;
         let amount = wl.demand.gpus() * i64::from(wl.min_member);
         let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
+        let refusal_key = (!requester_guaranteed).then_some((pool, scope, prio));
+        if let (Some(key), Some((k, refusal))) = (refusal_key, &self.refused)
+            && key == *k
+        {
+            return Err(refusal.clone());
+        }
         let mut protected = Vec::new();
         let mut eligible = Vec::new();
         for &v in &self.running_by_pool[pool] {
@@ -1000,7 +1017,11 @@ impl<'p> Solver<'p> {
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
         // its GPUs) is not needed.
         if eligible.is_empty() {
-            return Err(listed(p, protected));
+            let refusal = listed(p, protected);
+            if let Some(key) = refusal_key {
+                self.refused = Some((key, refusal.clone()));
+            }
+            return Err(refusal);
         }
         // A what-if costs a fleet clone. It cannot succeed unless the pool's free GPU units plus
         // what the victims hold reach the gang's minimum: skip those that cannot (the units
@@ -1081,6 +1102,7 @@ impl<'p> Solver<'p> {
             };
             self.status[v] = Some(Status::Preempt(reason));
         }
+        self.refused = None;
         self.victims = victims;
         self.fleet = fleet;
         self.ledger = ledger;

@@ -445,6 +445,12 @@ impl Session {
         let mut changed: Vec<WorkloadDecision> = touched
             .into_iter()
             .filter_map(|(x, was)| {
+                // Most picks decided again wait for the same reason: no decision to build.
+                if let (Some(Status::Pending(a)), Some(Status::Pending(b))) = (&was, &s.status[x])
+                    && a == b
+                {
+                    return None;
+                }
                 let now = heuristic::workload_decision(p, &s.fleet, x, s.status[x].as_ref()).0;
                 let then = heuristic::workload_decision(p, &before, x, was.as_ref()).0;
                 (now != then).then_some(now)
