@@ -15,6 +15,8 @@
 //! The full cycle's own invariants (no oversubscription, quota, gangs, isolation) are
 //! `invariants.rs`'s; equal decisions inherit them.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
@@ -434,6 +436,7 @@ struct Tally {
     reordered: u32,
     deferred: u32,
     removed: u32,
+    removed_running: u32,
     removal_deferred: u32,
 }
 
@@ -518,6 +521,7 @@ fn case(seed: u64, tally: &mut Tally) {
             continue;
         }
         let gone = rng.pick(&names).clone();
+        let was_running = state.running.iter().any(|r| r.name == gone);
         state.running.retain(|r| r.name != gone);
         state.pending.retain(|p| p.name != gone);
         match session.finish(&gone).unwrap() {
@@ -528,6 +532,7 @@ fn case(seed: u64, tally: &mut Tally) {
                     "seed {seed}: {gone} finished"
                 );
                 tally.removed += 1;
+                tally.removed_running += u32::from(was_running);
             }
             Removal::NeedsFullCycle(_) => {
                 tally.removal_deferred += 1;
@@ -547,7 +552,7 @@ proptest! {
 }
 
 /// Fixed seeds, and proof that every path is exercised: answers, admissions ahead of waiting
-/// work that is decided again, deferrals, and removals both ways.
+/// work that is decided again, deferrals, and removals (of running work too) both ways.
 #[test]
 fn fixed_seeds_agree_and_exercise_every_path() {
     let mut tally = Tally::default();
@@ -559,6 +564,7 @@ fn fixed_seeds_agree_and_exercise_every_path() {
     assert!(tally.reordered > 0, "{tally:?}");
     assert!(tally.deferred > 0, "{tally:?}");
     assert!(tally.removed > 0, "{tally:?}");
+    assert!(tally.removed_running > 0, "{tally:?}");
     assert!(tally.removal_deferred > 0, "{tally:?}");
 }
 
@@ -593,4 +599,87 @@ fn a_taken_name_and_an_unknown_workload_are_errors() {
         session.finish("nobody"),
         Err(SessionError::Unknown("nobody".into()))
     );
+}
+
+fn training(tenant: &str, count: u32) -> WorkloadSpec {
+    WorkloadSpec {
+        tenant: tenant.into(),
+        slo_class: "batch".into(),
+        pool: None,
+        replicas: 1,
+        min_member: None,
+        gpu: GpuRequest {
+            count: Some(count),
+            mig_profile: None,
+            fraction: None,
+        },
+        cpu: Millicores(8000),
+        memory: Bytes(64 << 30),
+        topology: Topology::default(),
+        max_duration: None,
+        command: Vec::new(),
+        env: BTreeMap::new(),
+    }
+}
+
+/// `a`'s guarantee (8 training GPUs) covers its two oldest jobs (4 GPUs each, on `t0`); its
+/// third (8 GPUs, on `t1`) is borrowed, so `b`, within its own guarantee, reclaims it for an
+/// 8-GPU job. Once one of the old jobs finishes, the third straddles the guarantee and is
+/// protected: the same arrival waits. The session must have moved the guarantee line.
+#[test]
+fn a_finished_workload_moves_the_guarantee_line() {
+    let nodes = [
+        common::node("t0", "train", 8),
+        common::node("t1", "train", 8),
+    ];
+    let job = |name: &str, count: u32, node: &str, gpus: &str, started: &str| {
+        format!(
+            "    - {{name: {name}, spec: {{tenant: a, sloClass: batch, gpu: {{count: {count}}}, cpu: 8, memory: 64Gi}}, bindings: [{{node: {node}, gpus: [{gpus}]}}], startedAt: \"{started}\"}}\n"
+        )
+    };
+    let running = [
+        job("old-1", 4, "t0", "0, 1, 2, 3", "2026-11-20T00:00:00Z"),
+        job("old-2", 4, "t0", "4, 5, 6, 7", "2026-11-20T00:00:00Z"),
+        job(
+            "recent",
+            8,
+            "t1",
+            "0, 1, 2, 3, 4, 5, 6, 7",
+            "2026-11-20T01:00:00Z",
+        ),
+    ]
+    .concat();
+    let (policy, mut state) = common::compile_all(&common::state(&nodes, &running, ""));
+    let options = SolveOptions::default();
+    let (mut session, _) = Session::new(&policy, &state, &options).unwrap();
+    let arrival = PendingWorkload {
+        name: "b-job".into(),
+        spec: training("b", 8),
+        submitted_at: NOW.into(),
+    };
+
+    let mut before = session.clone();
+    let Ok(Admission::Decided { decision, changed }) = before.admit(&arrival) else {
+        panic!("decided");
+    };
+    assert!(
+        matches!(decision.outcome, Outcome::Admit { .. }),
+        "{decision:?}"
+    );
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].name, "recent");
+    assert!(matches!(changed[0].outcome, Outcome::Preempt { .. }));
+
+    assert_eq!(session.finish("old-1"), Ok(Removal::Removed));
+    state.running.retain(|r| r.name != "old-1");
+    let Ok(Admission::Decided { decision, changed }) = session.admit(&arrival) else {
+        panic!("decided");
+    };
+    assert!(
+        matches!(decision.outcome, Outcome::Pending { .. }),
+        "{decision:?}"
+    );
+    assert!(changed.is_empty());
+    state.pending.push(arrival);
+    assert_eq!(session.decisions(), full(&policy, &state).workloads);
 }
