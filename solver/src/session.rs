@@ -394,14 +394,10 @@ impl Session {
         // The component's picks from `at` on come after the arrival now: decided again.
         let mut tail = Vec::new();
         let mut kept = Vec::with_capacity(s.trace.len() + 1);
+        let mut mine = None;
         for (i, step) in std::mem::take(&mut s.trace).into_iter().enumerate() {
             if i == at {
-                kept.push(Step {
-                    w,
-                    key,
-                    deltas: Vec::new(),
-                    victims: Vec::new(),
-                });
+                mine = Some(kept.len());
             }
             let in_component = p.workloads[step.w]
                 .pools
@@ -413,20 +409,15 @@ impl Session {
                 kept.push(step);
             }
         }
-        if at >= kept.len() + tail.len() {
-            kept.push(Step {
+        kept.insert(
+            mine.unwrap_or(kept.len()),
+            Step {
                 w,
                 key,
-                deltas: Vec::new(),
-                victims: Vec::new(),
-            });
-        }
-        let me = kept
-            .iter()
-            .position(|st| st.w == w)
-            .expect("the arrival's step was just inserted");
-        kept[me].deltas = deltas;
-        kept[me].victims = victims.clone();
+                deltas,
+                victims: victims.clone(),
+            },
+        );
         s.trace = kept;
         let old: Vec<(usize, Option<Status>)> =
             tail.iter().map(|&x| (x, s.status[x].clone())).collect();
