@@ -411,7 +411,9 @@ fn main() {
             "DIFFERS from the full cycle"
         };
         let (outcome, changed, preempted) = match &answer {
-            Admission::Decided { decision, changed } => (
+            Admission::Decided {
+                decision, changed, ..
+            } => (
                 match decision.outcome {
                     Outcome::Admit { .. } => "admitted",
                     Outcome::Pending { .. } => "pending",

@@ -1481,42 +1481,56 @@ fn instances(p: &Problem, pool: usize, v: &[Placement]) -> Vec<Instance> {
 }
 
 fn geometry(p: &Problem, fleet: &Fleet) -> Vec<GeometryPlan> {
-    let mut out = Vec::new();
-    for (g, info) in p.gpus.iter().enumerate() {
-        let Some(pool) = p.nodes[info.node].pool else {
-            continue;
-        };
-        if p.pools[pool].sharing != Sharing::Mig {
-            continue;
-        }
-        let state = &fleet.gpu[g];
-        let current = &info.instances;
-        let target = &state.geometry;
-        let destroy: Vec<Placement> = current
-            .iter()
-            .copied()
-            .filter(|x| !target.contains(x))
-            .collect();
-        let create: Vec<Placement> = target
-            .iter()
-            .copied()
-            .filter(|x| !current.contains(x))
-            .collect();
-        let drain = destroy.iter().any(|d| state.preempted.contains(&d.start))
-            || (!destroy.is_empty() && state.preempted.contains(&u8::MAX));
-        out.push(GeometryPlan {
-            node: p.nodes[info.node].name.clone(),
-            gpu: info.index,
-            pool: p.pools[pool].name.clone(),
-            current: instances(p, pool, current),
-            target: instances(p, pool, target),
-            destroy: instances(p, pool, &destroy),
-            create: instances(p, pool, &create),
-            enable_mig: !info.mig_enabled && !target.is_empty(),
-            drain,
-        });
+    (0..p.gpus.len())
+        .filter_map(|g| gpu_plan(p, fleet, g))
+        .collect()
+}
+
+/// The plans of the GPUs whose plan differs between two fleets of the same problem, in the
+/// decision's order. Only GPUs a placement wrote to can differ: the others share their state.
+pub(crate) fn geometry_changes(p: &Problem, before: &Fleet, after: &Fleet) -> Vec<GeometryPlan> {
+    (0..p.gpus.len())
+        .filter(|&g| !Rc::ptr_eq(&before.gpu[g], &after.gpu[g]))
+        .filter_map(|g| {
+            let now = gpu_plan(p, after, g)?;
+            (gpu_plan(p, before, g).as_ref() != Some(&now)).then_some(now)
+        })
+        .collect()
+}
+
+/// The geometry plan of GPU `g`, if it is in a MIG pool.
+fn gpu_plan(p: &Problem, fleet: &Fleet, g: usize) -> Option<GeometryPlan> {
+    let info = &p.gpus[g];
+    let pool = p.nodes[info.node].pool?;
+    if p.pools[pool].sharing != Sharing::Mig {
+        return None;
     }
-    out
+    let state = &fleet.gpu[g];
+    let current = &info.instances;
+    let target = &state.geometry;
+    let destroy: Vec<Placement> = current
+        .iter()
+        .copied()
+        .filter(|x| !target.contains(x))
+        .collect();
+    let create: Vec<Placement> = target
+        .iter()
+        .copied()
+        .filter(|x| !current.contains(x))
+        .collect();
+    let drain = destroy.iter().any(|d| state.preempted.contains(&d.start))
+        || (!destroy.is_empty() && state.preempted.contains(&u8::MAX));
+    Some(GeometryPlan {
+        node: p.nodes[info.node].name.clone(),
+        gpu: info.index,
+        pool: p.pools[pool].name.clone(),
+        current: instances(p, pool, current),
+        target: instances(p, pool, target),
+        destroy: instances(p, pool, &destroy),
+        create: instances(p, pool, &create),
+        enable_mig: !info.mig_enabled && !target.is_empty(),
+        drain,
+    })
 }
 
 fn usage(p: &Problem, ledger: &Ledger) -> Vec<TenantUsage> {

@@ -34,7 +34,7 @@ use tessera_compiler::compiled::Amounts;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 
-use crate::decision::{Decision, WorkloadDecision};
+use crate::decision::{Decision, GeometryPlan, WorkloadDecision};
 use crate::heuristic::{self, Parts, Solver, Status, Step, pool_of, queue_key};
 use crate::problem::{Phase, Problem, ProblemError};
 use crate::quota::Ledger;
@@ -65,6 +65,9 @@ pub enum Admission {
         /// Other workloads whose decision changed because of it (victims, and waiting work
         /// decided again behind it), by name.
         changed: Vec<WorkloadDecision>,
+        /// The MIG GPUs whose geometry plan changed (a re-layout for an instance, a drain for
+        /// a victim), as the full cycle's `geometry` lists them.
+        geometry: Vec<GeometryPlan>,
     },
     /// Nothing was changed; run a full cycle (a new session).
     NeedsFullCycle(FullCycle),
@@ -249,6 +252,7 @@ impl Session {
             return Ok(Admission::Decided {
                 decision: Box::new(decision),
                 changed: Vec::new(),
+                geometry: Vec::new(),
             });
         }
         let info = alone
@@ -267,7 +271,7 @@ impl Session {
                 return Ok(Admission::NeedsFullCycle(FullCycle::Reorders { before }));
             }
         };
-        let changed = self.decide(w, at);
+        let (changed, geometry) = self.decide(w, at);
         self.names.insert(arrival.name.clone(), w);
         let parts = self.parts();
         let decision =
@@ -276,6 +280,7 @@ impl Session {
         Ok(Admission::Decided {
             decision: Box::new(decision),
             changed,
+            geometry,
         })
     }
 
@@ -344,8 +349,12 @@ impl Session {
 
     /// Decides arrival `w` at trace position `at` (no admission of its component at or after
     /// it); when admitted, decides its component's later picks again. Returns the other
-    /// workloads whose decision changed.
-    fn decide(&mut self, w: usize, at: Option<usize>) -> Vec<WorkloadDecision> {
+    /// workloads whose decision changed, and the geometry plans that changed.
+    fn decide(
+        &mut self,
+        w: usize,
+        at: Option<usize>,
+    ) -> (Vec<WorkloadDecision>, Vec<GeometryPlan>) {
         let mut parts = self
             .parts
             .take()
@@ -388,7 +397,7 @@ impl Session {
                 );
             }
             self.parts = Some(s.into_parts());
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         let (deltas, victims) = s.admission_deltas(w);
         // The component's picks from `at` on come after the arrival now: decided again.
@@ -448,8 +457,9 @@ impl Session {
             })
             .collect();
         changed.sort_by(|a, b| a.name.cmp(&b.name));
+        let geometry = heuristic::geometry_changes(p, &before, &s.fleet);
         self.parts = Some(s.into_parts());
-        changed
+        (changed, geometry)
     }
 
     /// Removes a workload that finished (or was cancelled) from the standing state, when that

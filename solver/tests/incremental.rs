@@ -434,6 +434,7 @@ struct Tally {
     decided: u32,
     admitted: u32,
     reordered: u32,
+    relaid_out: u32,
     deferred: u32,
     removed: u32,
     removed_running: u32,
@@ -466,6 +467,8 @@ fn case(seed: u64, tally: &mut Tally) {
         "a session's first decision is the cycle's"
     );
     assert_eq!(session.decisions(), d.workloads);
+    // The standing decision's geometry plans, to tell which an event changed.
+    let mut before_geometry = d.geometry;
 
     for k in 0..3 {
         let arrival = PendingWorkload {
@@ -476,8 +479,35 @@ fn case(seed: u64, tally: &mut Tally) {
         state.pending.push(arrival.clone());
         let before = by_name(&session.decisions());
         match session.admit(&arrival).unwrap() {
-            Admission::Decided { decision, changed } => {
+            Admission::Decided {
+                decision,
+                changed,
+                geometry,
+            } => {
                 let d = full(&policy, &state);
+                // Each changed plan is the full cycle's for that GPU, and every GPU whose
+                // target differs from the standing one is listed.
+                for plan in &geometry {
+                    let theirs = d
+                        .geometry
+                        .iter()
+                        .find(|g| g.node == plan.node && g.gpu == plan.gpu);
+                    assert_eq!(Some(plan), theirs, "seed {seed}: arrival {k}");
+                }
+                for g in &d.geometry {
+                    let moved = before_geometry
+                        .iter()
+                        .find(|x| x.node == g.node && x.gpu == g.gpu)
+                        .is_none_or(|x| x != g);
+                    if moved {
+                        assert!(
+                            geometry.iter().any(|x| x.node == g.node && x.gpu == g.gpu),
+                            "seed {seed}: arrival {k}: {g:?} not reported"
+                        );
+                    }
+                }
+                before_geometry = d.geometry.clone();
+                tally.relaid_out += u32::from(!geometry.is_empty());
                 let expected = by_name(&d.workloads);
                 assert_eq!(
                     *decision, expected[&arrival.name],
@@ -506,7 +536,9 @@ fn case(seed: u64, tally: &mut Tally) {
                 // Nothing changed: the session still stands for the snapshot without it.
                 assert_eq!(session.decisions().len(), before.len());
                 tally.deferred += 1;
-                session = Session::new(&policy, &state, &options).unwrap().0;
+                let (s, d) = Session::new(&policy, &state, &options).unwrap();
+                session = s;
+                before_geometry = d.geometry;
             }
         }
 
@@ -526,17 +558,21 @@ fn case(seed: u64, tally: &mut Tally) {
         state.pending.retain(|p| p.name != gone);
         match session.finish(&gone).unwrap() {
             Removal::Removed => {
+                let d = full(&policy, &state);
                 assert_eq!(
                     session.decisions(),
-                    full(&policy, &state).workloads,
+                    d.workloads,
                     "seed {seed}: {gone} finished"
                 );
+                before_geometry = d.geometry;
                 tally.removed += 1;
                 tally.removed_running += u32::from(was_running);
             }
             Removal::NeedsFullCycle(_) => {
                 tally.removal_deferred += 1;
-                session = Session::new(&policy, &state, &options).unwrap().0;
+                let (s, d) = Session::new(&policy, &state, &options).unwrap();
+                session = s;
+                before_geometry = d.geometry;
             }
         }
     }
@@ -552,7 +588,8 @@ proptest! {
 }
 
 /// Fixed seeds, and proof that every path is exercised: answers, admissions ahead of waiting
-/// work that is decided again, deferrals, and removals (of running work too) both ways.
+/// work that is decided again, MIG re-layouts, deferrals, and removals (of running work too)
+/// both ways.
 #[test]
 fn fixed_seeds_agree_and_exercise_every_path() {
     let mut tally = Tally::default();
@@ -562,6 +599,7 @@ fn fixed_seeds_agree_and_exercise_every_path() {
     assert!(tally.decided > 100, "{tally:?}");
     assert!(tally.admitted > 30, "{tally:?}");
     assert!(tally.reordered > 0, "{tally:?}");
+    assert!(tally.relaid_out > 0, "{tally:?}");
     assert!(tally.deferred > 0, "{tally:?}");
     assert!(tally.removed > 0, "{tally:?}");
     assert!(tally.removed_running > 0, "{tally:?}");
@@ -659,7 +697,10 @@ fn a_finished_workload_moves_the_guarantee_line() {
     };
 
     let mut before = session.clone();
-    let Ok(Admission::Decided { decision, changed }) = before.admit(&arrival) else {
+    let Ok(Admission::Decided {
+        decision, changed, ..
+    }) = before.admit(&arrival)
+    else {
         panic!("decided");
     };
     assert!(
@@ -672,7 +713,10 @@ fn a_finished_workload_moves_the_guarantee_line() {
 
     assert_eq!(session.finish("old-1"), Ok(Removal::Removed));
     state.running.retain(|r| r.name != "old-1");
-    let Ok(Admission::Decided { decision, changed }) = session.admit(&arrival) else {
+    let Ok(Admission::Decided {
+        decision, changed, ..
+    }) = session.admit(&arrival)
+    else {
         panic!("decided");
     };
     assert!(
