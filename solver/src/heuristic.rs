@@ -34,6 +34,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
+use tessera_compiler::compiled::Amounts;
 use tessera_compiler::mig::{self, Placement};
 use tessera_compiler::model::{Sharing, TopologyMode};
 use tessera_compiler::units::Gpus;
@@ -96,7 +97,7 @@ impl GpuState {
 
 /// A replica's place in this decision.
 #[derive(Debug, Clone)]
-struct Placed {
+pub(crate) struct Placed {
     node: usize,
     gpus: Vec<usize>,
     mig: Option<Placement>,
@@ -105,14 +106,14 @@ struct Placed {
 
 /// The fleet's occupancy, cloned for each tentative placement.
 #[derive(Debug, Clone)]
-struct Fleet {
+pub(crate) struct Fleet {
     /// Shared until written: the preemption search tries many what-ifs, each a clone of the
     /// fleet that touches a few GPUs, so a clone copies pointers, not 4,000 GPU states.
     gpu: Vec<Rc<GpuState>>,
     cpu: Vec<u64>,
     memory: Vec<u64>,
     /// By workload index; a clone copies pointers (see `gpu`).
-    placed: Vec<Option<Rc<Vec<Placed>>>>,
+    pub(crate) placed: Vec<Option<Rc<Vec<Placed>>>>,
 }
 
 /// Why one replica does not fit on one node.
@@ -186,7 +187,7 @@ impl Fleet {
     }
 
     /// Frees everything `w` holds; `preempted` marks it for drains.
-    fn release(&mut self, p: &Problem, w: usize, preempted: bool) {
+    pub(crate) fn release(&mut self, p: &Problem, w: usize, preempted: bool) {
         let wl = &p.workloads[w];
         for slot in self.placed[w].take().unwrap_or_default().iter() {
             self.cpu[slot.node] -= wl.cpu.0;
@@ -671,34 +672,83 @@ fn relayout_into(busy: &[Placement], layout: &[Placement]) -> Option<Vec<Placeme
 
 /// Per-workload status while solving.
 #[derive(Debug, Clone)]
-enum Status {
+pub(crate) enum Status {
     Keep,
     Admit { guaranteed: Gpus, borrowed: Gpus },
     Preempt(PreemptReason),
     Pending(Reason),
 }
 
-struct Solver<'p> {
-    p: &'p Problem,
-    fleet: Fleet,
-    ledger: Ledger,
-    status: Vec<Option<Status>>,
-    /// Running workloads within their tenant's guarantee (at the start of the cycle).
-    within_guarantee: Vec<bool>,
+/// A queue key without its name (the name is the workload's).
+pub(crate) type Key = (i64, bool, u64, i64);
+
+/// A ledger change: (tenant, pool, amount, added or removed).
+pub(crate) type Delta = (usize, usize, Amounts, bool);
+
+/// One pick of the queue loop, in order. An arrival is ordered against these later (see
+/// `session.rs`): its own key at each pick depends on the ledger changes of the admissions
+/// before it, which are kept here.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub(crate) w: usize,
+    pub(crate) key: Key,
+    /// What its admission changed in the ledger: (tenant, pool, amount, added); empty when it
+    /// was left waiting.
+    pub(crate) deltas: Vec<Delta>,
+    /// The workloads its admission preempted.
+    pub(crate) victims: Vec<usize>,
 }
 
-fn pool_of(p: &Problem, w: usize) -> usize {
+/// The state of a cycle that outlives it: what a session keeps between events.
+#[derive(Debug, Clone)]
+pub(crate) struct Parts {
+    pub(crate) fleet: Fleet,
+    pub(crate) ledger: Ledger,
+    pub(crate) status: Vec<Option<Status>>,
+    pub(crate) within_guarantee: Vec<bool>,
+    pub(crate) trace: Vec<Step>,
+    pub(crate) running_by_pool: Vec<Vec<usize>>,
+}
+
+pub(crate) struct Solver<'p> {
+    p: &'p Problem,
+    pub(crate) fleet: Fleet,
+    pub(crate) ledger: Ledger,
+    pub(crate) status: Vec<Option<Status>>,
+    /// Running workloads within their tenant's guarantee (at the start of the cycle).
+    pub(crate) within_guarantee: Vec<bool>,
+    /// The queue loop's picks, in order.
+    pub(crate) trace: Vec<Step>,
+    /// The victims of the last successful `preempt_for`, for the trace.
+    victims: Vec<usize>,
+    /// Running workloads of the snapshot per pool, by index: the only possible victims. The
+    /// preemption search scans them instead of every workload (a fifth of them on the
+    /// reference fleet's training pool).
+    running_by_pool: Vec<Vec<usize>>,
+    /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority). A
+    /// borrower's candidates depend on nothing else but the running workloads' statuses, which
+    /// only a preemption changes (it clears this): a queue of borrowers blocked behind the same
+    /// protected work scans it once.
+    refused: Option<(RefusalKey, (Vec<Protected>, usize))>,
+}
+
+/// What a borrower's refusal depends on besides the statuses: (pool, scope, priority).
+type RefusalKey = (usize, Option<usize>, i64);
+
+pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
     p.workloads[w].pools[0]
 }
 
 impl<'p> Solver<'p> {
-    fn new(p: &'p Problem) -> Self {
+    pub(crate) fn new(p: &'p Problem) -> Self {
         let mut fleet = Fleet::new(p);
+        let mut running_by_pool = vec![Vec::new(); p.pools.len()];
         for (w, wl) in p.workloads.iter().enumerate() {
             if let Phase::Running { slots, .. } = &wl.phase {
                 for s in slots {
                     fleet.occupy(p, w, placed_of(p, w, s));
                 }
+                running_by_pool[pool_of(p, w)].push(w);
             }
         }
         Solver {
@@ -707,6 +757,35 @@ impl<'p> Solver<'p> {
             ledger: Ledger::new(p),
             status: vec![None; p.workloads.len()],
             within_guarantee: vec![false; p.workloads.len()],
+            trace: Vec::new(),
+            victims: Vec::new(),
+            running_by_pool,
+            refused: None,
+        }
+    }
+
+    pub(crate) fn from_parts(p: &'p Problem, parts: Parts) -> Self {
+        Solver {
+            p,
+            fleet: parts.fleet,
+            ledger: parts.ledger,
+            status: parts.status,
+            within_guarantee: parts.within_guarantee,
+            trace: parts.trace,
+            victims: Vec::new(),
+            running_by_pool: parts.running_by_pool,
+            refused: None,
+        }
+    }
+
+    pub(crate) fn into_parts(self) -> Parts {
+        Parts {
+            fleet: self.fleet,
+            ledger: self.ledger,
+            status: self.status,
+            within_guarantee: self.within_guarantee,
+            trace: self.trace,
+            running_by_pool: self.running_by_pool,
         }
     }
 
@@ -747,43 +826,25 @@ impl<'p> Solver<'p> {
         }
     }
 
-    /// Sort key of a pending workload now: priority desc, guaranteed first, fair share, time.
-    fn key(&self, w: usize) -> (i64, bool, u64, i64, &'p str) {
-        let p: &'p Problem = self.p;
-        let wl = &p.workloads[w];
-        let amount = wl.demand.gpus() * i64::from(wl.min_member);
-        let guaranteed = wl
-            .pools
-            .iter()
-            .any(|&pool| self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO);
-        let share = wl
-            .pools
-            .iter()
-            .map(|&pool| self.ledger.fair_share(p, wl.tenant, pool))
-            .fold(f64::INFINITY, f64::min);
-        let share = if share.is_finite() { share } else { 0.0 };
-        let submitted = match wl.phase {
-            Phase::Pending { submitted_at } => submitted_at,
-            Phase::Running { .. } => 0,
-        };
-        (
-            -p.classes[wl.class].priority,
-            !guaranteed,
-            (share * 1e9).round() as u64,
-            submitted,
-            wl.name.as_str(),
-        )
-    }
-
-    fn run(&mut self) {
+    pub(crate) fn run(&mut self) {
         self.keep_running();
-        let mut queue: Vec<usize> = (0..self.p.workloads.len())
+        let queue: Vec<usize> = (0..self.p.workloads.len())
             .filter(|&w| !self.p.workloads[w].is_running())
             .collect();
+        self.run_queue(queue);
+    }
+
+    /// (b)-(d) for `queue`, picked in key order; each pick is recorded in `trace`.
+    pub(crate) fn run_queue(&mut self, mut queue: Vec<usize>) {
+        let p = self.p;
+        self.refused = None;
         // A key depends on the ledger alone, which only an admission changes (`admit` replaces
         // it right before returning `Admit`): keys are recomputed after admissions, not after
         // every workload left waiting.
-        let mut keys: Vec<_> = queue.iter().map(|&w| self.key(w)).collect();
+        let mut keys: Vec<_> = queue
+            .iter()
+            .map(|&w| queue_key(p, &self.ledger, w))
+            .collect();
         while !queue.is_empty() {
             let (i, _) = keys
                 .iter()
@@ -791,18 +852,53 @@ impl<'p> Solver<'p> {
                 .min_by(|a, b| a.1.cmp(b.1))
                 .expect("non-empty");
             let w = queue.remove(i);
-            keys.remove(i);
+            let (priority, borrows, share, submitted, _) = keys.remove(i);
             let status = self.admit(w);
             let admitted = matches!(status, Status::Admit { .. });
             self.status[w] = Some(status);
+            let (deltas, victims) = if admitted {
+                self.admission_deltas(w)
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            self.trace.push(Step {
+                w,
+                key: (priority, borrows, share, submitted),
+                deltas,
+                victims,
+            });
             if admitted {
-                keys = queue.iter().map(|&w| self.key(w)).collect();
+                keys = queue
+                    .iter()
+                    .map(|&w| queue_key(p, &self.ledger, w))
+                    .collect();
             }
         }
     }
 
+    /// The ledger changes of admitting `w` (its victims released, itself added), and the
+    /// victims.
+    pub(crate) fn admission_deltas(&mut self, w: usize) -> (Vec<Delta>, Vec<usize>) {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        let victims = std::mem::take(&mut self.victims);
+        let mut deltas: Vec<_> = victims
+            .iter()
+            .map(|&v| {
+                let vl = &p.workloads[v];
+                (vl.tenant, pool_of(p, v), vl.amount(vl.replicas), false)
+            })
+            .collect();
+        if let Some(slots) = &self.fleet.placed[w]
+            && let Some(pool) = slots.first().and_then(|s| p.nodes[s.node].pool)
+        {
+            deltas.push((wl.tenant, pool, wl.amount(slots.len() as u32), true));
+        }
+        (deltas, victims)
+    }
+
     /// Tries each pool without preemption, then with; the status of `w`.
-    fn admit(&mut self, w: usize) -> Status {
+    pub(crate) fn admit(&mut self, w: usize) -> Status {
         let p = self.p;
         let wl = &p.workloads[w];
         if wl.pools.is_empty() {
@@ -871,10 +967,16 @@ impl<'p> Solver<'p> {
         let prio = p.classes[wl.class].priority;
         let amount = wl.demand.gpus() * i64::from(wl.min_member);
         let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
+        let refusal_key = (!requester_guaranteed).then_some((pool, scope, prio));
+        if let (Some(key), Some((k, refusal))) = (refusal_key, &self.refused)
+            && key == *k
+        {
+            return Err(refusal.clone());
+        }
         let mut protected = Vec::new();
         let mut eligible = Vec::new();
-        for v in 0..p.workloads.len() {
-            if !matches!(self.status[v], Some(Status::Keep)) || pool_of(p, v) != pool {
+        for &v in &self.running_by_pool[pool] {
+            if !matches!(self.status[v], Some(Status::Keep)) {
                 continue;
             }
             if scope.is_some_and(|x| !p.tenants[p.workloads[v].tenant].lineage.contains(&x)) {
@@ -941,6 +1043,15 @@ impl<'p> Solver<'p> {
             }
             try_pool(p, &fleet, &ledger, w, pool, cap)
         };
+        // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
+        // its GPUs) is not needed.
+        if eligible.is_empty() {
+            let refusal = listed(p, protected);
+            if let Some(key) = refusal_key {
+                self.refused = Some((key, refusal.clone()));
+            }
+            return Err(refusal);
+        }
         // A what-if costs a fleet clone. It cannot succeed unless the pool's free GPU units plus
         // what the victims hold reach the gang's minimum: skip those that cannot (the units
         // freed are over-counted for partial gangs and unhealthy GPUs, so nothing is skipped
@@ -1020,6 +1131,8 @@ impl<'p> Solver<'p> {
             };
             self.status[v] = Some(Status::Preempt(reason));
         }
+        self.refused = None;
+        self.victims = victims;
         self.fleet = fleet;
         self.ledger = ledger;
         Ok(Status::Admit {
@@ -1027,6 +1140,38 @@ impl<'p> Solver<'p> {
             borrowed,
         })
     }
+}
+
+/// Sort key of a pending workload under `ledger`: priority desc, guaranteed first, fair share,
+/// time, name.
+pub(crate) fn queue_key<'p>(
+    p: &'p Problem,
+    ledger: &Ledger,
+    w: usize,
+) -> (i64, bool, u64, i64, &'p str) {
+    let wl = &p.workloads[w];
+    let amount = wl.demand.gpus() * i64::from(wl.min_member);
+    let guaranteed = wl
+        .pools
+        .iter()
+        .any(|&pool| ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO);
+    let share = wl
+        .pools
+        .iter()
+        .map(|&pool| ledger.fair_share(p, wl.tenant, pool))
+        .fold(f64::INFINITY, f64::min);
+    let share = if share.is_finite() { share } else { 0.0 };
+    let submitted = match wl.phase {
+        Phase::Pending { submitted_at } => submitted_at,
+        Phase::Running { .. } => 0,
+    };
+    (
+        -p.classes[wl.class].priority,
+        !guaranteed,
+        (share * 1e9).round() as u64,
+        submitted,
+        wl.name.as_str(),
+    )
 }
 
 /// Why a candidate victim is protected, before its name is needed.
@@ -1042,10 +1187,19 @@ enum Blocked {
 /// there were in all. Names are cloned for the listed ones only: a large fleet has thousands.
 fn listed(p: &Problem, mut blocked: Vec<(usize, Blocked)>) -> (Vec<Protected>, usize) {
     let total = blocked.len();
-    blocked.sort_by(|a, b| p.workloads[a.0].name.cmp(&p.workloads[b.0].name));
+    let by_name = |a: &(usize, Blocked), b: &(usize, Blocked)| {
+        p.workloads[a.0].name.cmp(&p.workloads[b.0].name)
+    };
+    // Only the first few by name are listed: selecting them is linear where sorting thousands
+    // of names is not (names are unique, so the listed ones are the same).
+    let listed = crate::decision::PROTECTED_LISTED;
+    if blocked.len() > listed {
+        blocked.select_nth_unstable_by(listed, by_name);
+        blocked.truncate(listed);
+    }
+    blocked.sort_by(by_name);
     let list = blocked
         .into_iter()
-        .take(crate::decision::PROTECTED_LISTED)
         .map(|(v, why)| {
             let workload = p.workloads[v].name.clone();
             match why {
@@ -1205,91 +1359,118 @@ fn orphan_cause(c: &OrphanCause) -> String {
 pub fn solve(p: &Problem) -> Decision {
     let mut s = Solver::new(p);
     s.run();
-    let mut workloads = Vec::new();
+    decision(p, &s)
+}
+
+/// The decision for one workload of the problem given its status, and what it adds to the
+/// objective.
+pub(crate) fn workload_decision(
+    p: &Problem,
+    fleet: &Fleet,
+    w: usize,
+    status: Option<&Status>,
+) -> (WorkloadDecision, f64) {
+    let wl = &p.workloads[w];
+    let class = &p.classes[wl.class];
+    let status = status.cloned().unwrap_or(Status::Keep);
+    let slots = fleet.placed[w].clone().unwrap_or_default();
+    let placed_gpus = wl.demand.gpus() * slots.len() as i64;
     let mut objective = 0.0;
-    for (w, wl) in p.workloads.iter().enumerate() {
-        let class = &p.classes[wl.class];
-        let status = s.status[w].clone().unwrap_or(Status::Keep);
-        let slots = s.fleet.placed[w].clone().unwrap_or_default();
-        let placed_gpus = wl.demand.gpus() * slots.len() as i64;
-        let pool = match status {
-            Status::Keep | Status::Admit { .. } => {
-                objective += class.priority as f64 * placed_gpus.as_f64();
-                Some(p.pools[pool_of(p, w)].name.clone())
-            }
-            _ => None,
-        };
-        let pool = match (&status, &slots.first()) {
-            (Status::Admit { .. }, Some(sl)) => {
-                p.nodes[sl.node].pool.map(|x| p.pools[x].name.clone())
-            }
-            _ => pool,
-        };
-        let outcome = match status {
-            Status::Keep => Outcome::Keep {
-                bindings: bindings(p, &slots),
-            },
-            Status::Admit {
-                guaranteed,
-                borrowed,
-            } => Outcome::Admit {
-                bindings: bindings(p, &slots),
-                guaranteed,
-                borrowed,
-            },
-            Status::Preempt(reason) => {
-                let lost = lost_units_seconds(p, w) as f64 / Gpus::UNITS_PER_GPU as f64;
-                objective -= class.priority as f64 * lost / 3600.0;
-                Outcome::Preempt {
-                    grace_seconds: class.grace_period_seconds,
-                    lost_gpu_seconds: round(lost, 1e3),
-                    message: reason.to_string(),
-                    reason,
-                }
-            }
-            Status::Pending(reason) => Outcome::Pending {
-                message: reason.to_string(),
-                reason,
-            },
-        };
-        workloads.push(WorkloadDecision {
-            name: wl.name.clone(),
-            tenant: p.tenants[wl.tenant].name.clone(),
-            slo_class: class.name.clone(),
-            priority: class.priority,
-            pool,
-            outcome,
-        });
-    }
-    for o in &p.orphans {
-        let cause = orphan_cause(&o.cause);
-        // The class's grace period and priority, when the class still exists.
-        let class = p.classes.iter().find(|c| c.name == o.class);
-        let outcome = if o.was_running {
-            let lost = o.gpus.units() as f64 * (p.now - o.since.unwrap_or(p.now)).max(0) as f64
-                / Gpus::UNITS_PER_GPU as f64;
-            let reason = PreemptReason::Orphaned { cause };
+    let pool = match status {
+        Status::Keep | Status::Admit { .. } => {
+            objective = class.priority as f64 * placed_gpus.as_f64();
+            Some(p.pools[pool_of(p, w)].name.clone())
+        }
+        _ => None,
+    };
+    let pool = match (&status, &slots.first()) {
+        (Status::Admit { .. }, Some(sl)) => p.nodes[sl.node].pool.map(|x| p.pools[x].name.clone()),
+        _ => pool,
+    };
+    let outcome = match status {
+        Status::Keep => Outcome::Keep {
+            bindings: bindings(p, &slots),
+        },
+        Status::Admit {
+            guaranteed,
+            borrowed,
+        } => Outcome::Admit {
+            bindings: bindings(p, &slots),
+            guaranteed,
+            borrowed,
+        },
+        Status::Preempt(reason) => {
+            let lost = lost_units_seconds(p, w) as f64 / Gpus::UNITS_PER_GPU as f64;
+            // Subtracting is adding the negation, bit for bit: the total is unchanged.
+            objective = -(class.priority as f64 * lost / 3600.0);
             Outcome::Preempt {
-                grace_seconds: class.map_or(0, |c| c.grace_period_seconds),
+                grace_seconds: class.grace_period_seconds,
                 lost_gpu_seconds: round(lost, 1e3),
                 message: reason.to_string(),
                 reason,
             }
-        } else {
-            let reason = Reason::Orphaned { cause };
-            Outcome::Pending {
-                message: reason.to_string(),
-                reason,
-            }
-        };
-        workloads.push(WorkloadDecision {
-            name: o.name.clone(),
-            tenant: o.tenant.clone(),
-            slo_class: o.class.clone(),
-            priority: class.map_or(0, |c| c.priority),
-            pool: None,
-            outcome,
-        });
+        }
+        Status::Pending(reason) => Outcome::Pending {
+            message: reason.to_string(),
+            reason,
+        },
+    };
+    let decision = WorkloadDecision {
+        name: wl.name.clone(),
+        tenant: p.tenants[wl.tenant].name.clone(),
+        slo_class: class.name.clone(),
+        priority: class.priority,
+        pool,
+        outcome,
+    };
+    (decision, objective)
+}
+
+/// The decision for a workload whose tenant, class or pool left the policy.
+pub(crate) fn orphan_decision(p: &Problem, o: &crate::problem::Orphan) -> WorkloadDecision {
+    let cause = orphan_cause(&o.cause);
+    // The class's grace period and priority, when the class still exists.
+    let class = p.classes.iter().find(|c| c.name == o.class);
+    let outcome = if o.was_running {
+        let lost = o.gpus.units() as f64 * (p.now - o.since.unwrap_or(p.now)).max(0) as f64
+            / Gpus::UNITS_PER_GPU as f64;
+        let reason = PreemptReason::Orphaned { cause };
+        Outcome::Preempt {
+            grace_seconds: class.map_or(0, |c| c.grace_period_seconds),
+            lost_gpu_seconds: round(lost, 1e3),
+            message: reason.to_string(),
+            reason,
+        }
+    } else {
+        let reason = Reason::Orphaned { cause };
+        Outcome::Pending {
+            message: reason.to_string(),
+            reason,
+        }
+    };
+    WorkloadDecision {
+        name: o.name.clone(),
+        tenant: o.tenant.clone(),
+        slo_class: o.class.clone(),
+        priority: class.map_or(0, |c| c.priority),
+        pool: None,
+        outcome,
+    }
+}
+
+/// The whole decision of a finished cycle.
+pub(crate) fn decision(p: &Problem, s: &Solver) -> Decision {
+    let mut workloads = Vec::new();
+    let mut objective = 0.0;
+    for w in 0..p.workloads.len() {
+        let (d, value) = workload_decision(p, &s.fleet, w, s.status[w].as_ref());
+        if value != 0.0 {
+            objective += value;
+        }
+        workloads.push(d);
+    }
+    for o in &p.orphans {
+        workloads.push(orphan_decision(p, o));
     }
     workloads.sort_by(|a, b| a.name.cmp(&b.name));
 
@@ -1310,7 +1491,7 @@ pub fn solve(p: &Problem) -> Decision {
         }),
         geometry: geometry(p, &s.fleet),
         usage: usage(p, &s.ledger),
-        pools: pool_reports(p, &s),
+        pools: pool_reports(p, s),
         workloads,
     }
 }
@@ -1329,43 +1510,57 @@ fn instances(p: &Problem, pool: usize, v: &[Placement]) -> Vec<Instance> {
 }
 
 fn geometry(p: &Problem, fleet: &Fleet) -> Vec<GeometryPlan> {
-    let mut out = Vec::new();
-    for (g, info) in p.gpus.iter().enumerate() {
-        let Some(pool) = p.nodes[info.node].pool else {
-            continue;
-        };
-        if p.pools[pool].sharing != Sharing::Mig {
-            continue;
-        }
-        let state = &fleet.gpu[g];
-        let current = &info.instances;
-        let completed = complete_layout(&p.pools[pool], &state.geometry, state.changes);
-        let target = completed.as_ref().unwrap_or(&state.geometry);
-        let destroy: Vec<Placement> = current
-            .iter()
-            .copied()
-            .filter(|x| !target.contains(x))
-            .collect();
-        let create: Vec<Placement> = target
-            .iter()
-            .copied()
-            .filter(|x| !current.contains(x))
-            .collect();
-        let drain = destroy.iter().any(|d| state.preempted.contains(&d.start))
-            || (!destroy.is_empty() && state.preempted.contains(&u8::MAX));
-        out.push(GeometryPlan {
-            node: p.nodes[info.node].name.clone(),
-            gpu: info.index,
-            pool: p.pools[pool].name.clone(),
-            current: instances(p, pool, current),
-            target: instances(p, pool, target),
-            destroy: instances(p, pool, &destroy),
-            create: instances(p, pool, &create),
-            enable_mig: !info.mig_enabled && !target.is_empty(),
-            drain,
-        });
+    (0..p.gpus.len())
+        .filter_map(|g| gpu_plan(p, fleet, g))
+        .collect()
+}
+
+/// The plans of the GPUs whose plan differs between two fleets of the same problem, in the
+/// decision's order. Only GPUs a placement wrote to can differ: the others share their state.
+pub(crate) fn geometry_changes(p: &Problem, before: &Fleet, after: &Fleet) -> Vec<GeometryPlan> {
+    (0..p.gpus.len())
+        .filter(|&g| !Rc::ptr_eq(&before.gpu[g], &after.gpu[g]))
+        .filter_map(|g| {
+            let now = gpu_plan(p, after, g)?;
+            (gpu_plan(p, before, g).as_ref() != Some(&now)).then_some(now)
+        })
+        .collect()
+}
+
+/// The geometry plan of GPU `g`, if it is in a MIG pool.
+fn gpu_plan(p: &Problem, fleet: &Fleet, g: usize) -> Option<GeometryPlan> {
+    let info = &p.gpus[g];
+    let pool = p.nodes[info.node].pool?;
+    if p.pools[pool].sharing != Sharing::Mig {
+        return None;
     }
-    out
+    let state = &fleet.gpu[g];
+    let current = &info.instances;
+    let completed = complete_layout(&p.pools[pool], &state.geometry, state.changes);
+    let target = completed.as_ref().unwrap_or(&state.geometry);
+    let destroy: Vec<Placement> = current
+        .iter()
+        .copied()
+        .filter(|x| !target.contains(x))
+        .collect();
+    let create: Vec<Placement> = target
+        .iter()
+        .copied()
+        .filter(|x| !current.contains(x))
+        .collect();
+    let drain = destroy.iter().any(|d| state.preempted.contains(&d.start))
+        || (!destroy.is_empty() && state.preempted.contains(&u8::MAX));
+    Some(GeometryPlan {
+        node: p.nodes[info.node].name.clone(),
+        gpu: info.index,
+        pool: p.pools[pool].name.clone(),
+        current: instances(p, pool, current),
+        target: instances(p, pool, target),
+        destroy: instances(p, pool, &destroy),
+        create: instances(p, pool, &create),
+        enable_mig: !info.mig_enabled && !target.is_empty(),
+        drain,
+    })
 }
 
 fn usage(p: &Problem, ledger: &Ledger) -> Vec<TenantUsage> {

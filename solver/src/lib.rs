@@ -23,6 +23,7 @@ pub mod heuristic;
 pub mod openb;
 pub mod problem;
 pub mod quota;
+pub mod session;
 
 use std::time::Duration;
 

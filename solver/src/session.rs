@@ -1,0 +1,582 @@
+//! [`Session`]: a cycle that stays, so that one arriving workload is decided against the
+//! standing decision instead of re-deciding the whole queue.
+//!
+//! The greedy cycle ([`crate::heuristic`]) picks pending workloads one at a time by a key that
+//! depends on the ledger, and only an admission changes the fleet or the ledger. A session keeps
+//! the cycle's end state and its picks in order (each with its key and the ledger changes of its
+//! admission). An arrival is then decided exactly as the full cycle on the snapshot plus the
+//! arrival would decide it:
+//!
+//! - Pools split into *components*: the closure of the arrival's pools over the pools of the
+//!   queue's workloads. Keys, placements, quota and preemption of a workload read only its own
+//!   pools, so the picks of one component do not depend on the others' (nor on how they
+//!   interleave), and only the arrival's component matters.
+//! - The arrival's key at each earlier pick of its component is recomputed from the ledger
+//!   changes of the admissions after that pick. The first pick whose key is larger than the
+//!   arrival's is where the full cycle would decide the arrival.
+//! - If no admission of the component comes at or after that pick, the fleet and ledger there
+//!   are the ones the session holds: the arrival is decided on them. Left waiting, it changes
+//!   nothing else. Admitted, it can change what comes after it, so the component's picks after
+//!   it are decided again, in key order, as the cycle would.
+//! - Otherwise the arrival would be decided before work the cycle admitted, against a fleet the
+//!   session no longer has: the answer is [`Admission::NeedsFullCycle`].
+//!
+//! Agreement: whenever a session answers, every workload's [`WorkloadDecision`] (the arrival's
+//! and, through [`Admission::Decided::changed`] and [`Session::decision_for`], every other's) is
+//! equal to the one [`crate::solve`] gives on the session's snapshot with every arrival added as
+//! pending and every finished workload removed. The decision's pool reports, objective and bound
+//! are not maintained.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_compiler::CompiledPolicy;
+use tessera_compiler::compiled::Amounts;
+use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
+use tessera_compiler::units::{Bytes, Gpus, Millicores};
+
+use crate::decision::{Decision, GeometryPlan, WorkloadDecision};
+use crate::heuristic::{self, Parts, Solver, Status, Step, pool_of, queue_key};
+use crate::problem::{Phase, Problem, ProblemError};
+use crate::quota::Ledger;
+use crate::{SolveError, SolveOptions};
+
+/// Why an event cannot be decided without re-deciding the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FullCycle {
+    /// The arrival would be decided before `before`, which the standing decision admits: from
+    /// there on the cycle would see another fleet.
+    Reorders { before: String },
+    /// The arrival takes the name of a workload the policy commits: which of the two stands is
+    /// the full cycle's to decide.
+    ReplacesCommitted { name: String },
+    /// The finished workload frees capacity in `pool` that waiting, admitted or preempted work of
+    /// its component could use.
+    FreesCapacity { pool: String },
+    /// The finished workload was admitted or preempted by the standing decision.
+    Decided { name: String },
+}
+
+/// The answer to an arrival.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    Decided {
+        /// The arrival's decision: admitted with its bindings, or pending with its reason.
+        decision: Box<WorkloadDecision>,
+        /// Other workloads whose decision changed because of it (victims, and waiting work
+        /// decided again behind it), by name.
+        changed: Vec<WorkloadDecision>,
+        /// The MIG GPUs whose geometry plan changed (a re-layout for an instance, a drain for
+        /// a victim), as the full cycle's `geometry` lists them.
+        geometry: Vec<GeometryPlan>,
+    },
+    /// Nothing was changed; run a full cycle (a new session).
+    NeedsFullCycle(FullCycle),
+}
+
+/// The answer to a removal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removal {
+    Removed,
+    /// Nothing was changed; run a full cycle (a new session).
+    NeedsFullCycle(FullCycle),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// The arrival is invalid, or its name is taken: the full cycle would fail the same way.
+    #[error(transparent)]
+    Problem(#[from] ProblemError),
+    #[error("no workload `{0}` in the session")]
+    Unknown(String),
+}
+
+/// A solved cycle kept between events. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct Session {
+    policy: CompiledPolicy,
+    problem: Problem,
+    /// Always `Some` between calls; taken while a [`Solver`] borrows the problem.
+    parts: Option<Parts>,
+    /// A ledger with no usage: an arrival's key at an earlier pick is computed on it.
+    blank: Ledger,
+    /// Workloads of the session by name (finished ones removed), as indices into the problem.
+    names: BTreeMap<String, usize>,
+}
+
+/// An amount that may go below zero while ledger changes are undone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Signed {
+    gpus: i64,
+    cpu: i128,
+    memory: i128,
+}
+
+impl Signed {
+    fn of(a: Amounts) -> Signed {
+        Signed {
+            gpus: a.gpus.units(),
+            cpu: i128::from(a.cpu.unwrap_or_default().0),
+            memory: i128::from(a.memory.unwrap_or_default().0),
+        }
+    }
+    fn add(&mut self, a: Amounts, sign: i64) {
+        let s = Signed::of(a);
+        self.gpus += sign * s.gpus;
+        self.cpu += i128::from(sign) * s.cpu;
+        self.memory += i128::from(sign) * s.memory;
+    }
+    fn amounts(self) -> Amounts {
+        let clamp = |x: i128| u64::try_from(x.max(0)).unwrap_or(u64::MAX);
+        Amounts {
+            gpus: Gpus::from_units(self.gpus.max(0)),
+            cpu: Some(Millicores(clamp(self.cpu))),
+            memory: Some(Bytes(clamp(self.memory))),
+        }
+    }
+}
+
+impl Session {
+    /// Runs the full cycle on `state` and keeps it. The decision is the one [`crate::solve`]
+    /// gives.
+    pub fn new(
+        policy: &CompiledPolicy,
+        state: &ClusterStateSpec,
+        options: &SolveOptions,
+    ) -> Result<(Session, Decision), SolveError> {
+        let problem = Problem::new(policy, state, options.now)?;
+        let (parts, decision) = {
+            let mut s = Solver::new(&problem);
+            s.run();
+            let d = heuristic::decision(&problem, &s);
+            (s.into_parts(), d)
+        };
+        let names = problem
+            .workloads
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.name.clone(), i))
+            .collect();
+        let session = Session {
+            policy: policy.clone(),
+            blank: Ledger::new(&problem),
+            problem,
+            parts: Some(parts),
+            names,
+        };
+        Ok((session, decision))
+    }
+
+    fn parts(&self) -> &Parts {
+        self.parts
+            .as_ref()
+            .expect("parts are put back after each call")
+    }
+
+    /// The standing decision for one workload, as the full cycle would give it.
+    pub fn decision_for(&self, name: &str) -> Option<WorkloadDecision> {
+        if let Some(&w) = self.names.get(name) {
+            let parts = self.parts();
+            return Some(
+                heuristic::workload_decision(
+                    &self.problem,
+                    &parts.fleet,
+                    w,
+                    parts.status[w].as_ref(),
+                )
+                .0,
+            );
+        }
+        self.problem
+            .orphans
+            .iter()
+            .find(|o| o.name == name)
+            .map(|o| heuristic::orphan_decision(&self.problem, o))
+    }
+
+    /// Every workload's standing decision, by name.
+    pub fn decisions(&self) -> Vec<WorkloadDecision> {
+        let mut out: Vec<WorkloadDecision> = self
+            .names
+            .keys()
+            .chain(self.problem.orphans.iter().map(|o| &o.name))
+            .filter_map(|n| self.decision_for(n))
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Pools reachable from `start` through the pools of the queue's workloads.
+    fn component(&self, start: &[usize]) -> BTreeSet<usize> {
+        let p = &self.problem;
+        let mut c: BTreeSet<usize> = start.iter().copied().collect();
+        let trace = &self.parts().trace;
+        loop {
+            let before = c.len();
+            for step in trace {
+                let pools = &p.workloads[step.w].pools;
+                if pools.iter().any(|q| c.contains(q)) {
+                    c.extend(pools.iter().copied());
+                }
+            }
+            if c.len() == before {
+                return c;
+            }
+        }
+    }
+
+    /// Decides one arriving workload against the standing decision.
+    pub fn admit(&mut self, arrival: &PendingWorkload) -> Result<Admission, SessionError> {
+        if self.policy.workloads.iter().any(|w| w.name == arrival.name) {
+            return Ok(Admission::NeedsFullCycle(FullCycle::ReplacesCommitted {
+                name: arrival.name.clone(),
+            }));
+        }
+        if self.names.contains_key(&arrival.name)
+            || self.problem.orphans.iter().any(|o| o.name == arrival.name)
+        {
+            return Err(ProblemError::DuplicateWorkload(arrival.name.clone()).into());
+        }
+        // The arrival resolved on its own: pools, classes and tenants come from the policy in its
+        // order, so indices agree with the session's problem, and no node is needed.
+        let alone = ClusterStateSpec {
+            observed_at: self.problem.now_text.clone(),
+            nodes: Vec::new(),
+            running: Vec::new(),
+            pending: vec![arrival.clone()],
+        };
+        let mut alone = Problem::new(&self.policy, &alone, Some(self.problem.now))?;
+        if let Some(i) = alone.orphans.iter().position(|o| o.name == arrival.name) {
+            let orphan = alone.orphans.swap_remove(i);
+            let decision = heuristic::orphan_decision(&self.problem, &orphan);
+            self.problem.orphans.push(orphan);
+            return Ok(Admission::Decided {
+                decision: Box::new(decision),
+                changed: Vec::new(),
+                geometry: Vec::new(),
+            });
+        }
+        let info = alone
+            .workloads
+            .into_iter()
+            .find(|w| w.name == arrival.name)
+            .expect("a pending workload is resolved or orphaned");
+
+        let w = self.problem.workloads.len();
+        self.problem.workloads.push(info);
+        let place = self.position(w);
+        let at = match place {
+            Ok(at) => at,
+            Err(before) => {
+                self.problem.workloads.pop();
+                return Ok(Admission::NeedsFullCycle(FullCycle::Reorders { before }));
+            }
+        };
+        let (changed, geometry) = self.decide(w, at);
+        self.names.insert(arrival.name.clone(), w);
+        let parts = self.parts();
+        let decision =
+            heuristic::workload_decision(&self.problem, &parts.fleet, w, parts.status[w].as_ref())
+                .0;
+        Ok(Admission::Decided {
+            decision: Box::new(decision),
+            changed,
+            geometry,
+        })
+    }
+
+    /// Where in the trace the full cycle would pick workload `w` (an arrival already pushed on
+    /// the problem): `Ok(None)` after every pick, `Ok(Some(i))` right before pick `i`, or the
+    /// name of an admission it would precede.
+    fn position(&mut self, w: usize) -> Result<Option<usize>, String> {
+        let pools = self.problem.workloads[w].pools.clone();
+        if pools.is_empty() {
+            // Waits whatever the order: no pool, no effect.
+            return Ok(None);
+        }
+        let component = self.component(&pools);
+        let Session {
+            problem: p,
+            parts,
+            blank,
+            ..
+        } = self;
+        let p: &Problem = p;
+        let parts = parts.as_ref().expect("parts are put back after each call");
+        let tenant = p.workloads[w].tenant;
+        // The arrival's usage at each of its pools, walked back from now through the admissions.
+        let mut usage: Vec<Signed> = pools
+            .iter()
+            .map(|&q| Signed::of(parts.ledger.usage(tenant, q)))
+            .collect();
+        let mut key: Option<(heuristic::Key, Vec<Signed>)> = None;
+        let mut first: Option<usize> = None;
+        let mut admission_from_first: Option<usize> = None;
+        let mut admission_seen: Option<usize> = None;
+        for (i, step) in parts.trace.iter().enumerate().rev() {
+            let x = &p.workloads[step.w];
+            if !x.pools.iter().any(|q| component.contains(q)) {
+                continue;
+            }
+            // The key used at pick `i` was computed before its own admission.
+            for (t, q, amount, added) in &step.deltas {
+                if let Some(k) = pools.iter().position(|pq| pq == q)
+                    && p.tenants[*t].lineage.contains(&tenant)
+                {
+                    usage[k].add(*amount, if *added { -1 } else { 1 });
+                }
+            }
+            if !step.deltas.is_empty() {
+                admission_seen = Some(i);
+            }
+            let mine = match &key {
+                Some((k, u)) if *u == usage => *k,
+                _ => {
+                    let k = key_with(p, blank, w, &pools, &usage);
+                    key = Some((k, usage.clone()));
+                    k
+                }
+            };
+            if (mine, p.workloads[w].name.as_str()) < (step.key, x.name.as_str()) {
+                first = Some(i);
+                admission_from_first = admission_seen;
+            }
+        }
+        match (first, admission_from_first) {
+            (Some(_), Some(a)) => Err(p.workloads[parts.trace[a].w].name.clone()),
+            (first, _) => Ok(first),
+        }
+    }
+
+    /// Decides arrival `w` at trace position `at` (no admission of its component at or after
+    /// it); when admitted, decides its component's later picks again. Returns the other
+    /// workloads whose decision changed, and the geometry plans that changed.
+    fn decide(
+        &mut self,
+        w: usize,
+        at: Option<usize>,
+    ) -> (Vec<WorkloadDecision>, Vec<GeometryPlan>) {
+        let mut parts = self
+            .parts
+            .take()
+            .expect("parts are put back after each call");
+        parts.fleet.placed.push(None);
+        parts.status.push(None);
+        parts.within_guarantee.push(false);
+        let pools = self.problem.workloads[w].pools.clone();
+        let component = if pools.is_empty() {
+            BTreeSet::new()
+        } else {
+            // The trace does not hold `w` yet: its own pools seed the closure.
+            self.parts = Some(parts);
+            let c = self.component(&pools);
+            parts = self.parts.take().expect("just put back");
+            c
+        };
+        let p = &self.problem;
+        let before = parts.fleet.clone();
+        let mut s = Solver::from_parts(p, parts);
+        // Its key when picked: no admission of its component comes after `at`.
+        let key = {
+            let (a, b, c, d, _) = queue_key(p, &s.ledger, w);
+            (a, b, c, d)
+        };
+        let status = s.admit(w);
+        let admitted = matches!(status, Status::Admit { .. });
+        s.status[w] = Some(status);
+        let at = at.unwrap_or(s.trace.len());
+        if !admitted {
+            if !pools.is_empty() {
+                s.trace.insert(
+                    at,
+                    Step {
+                        w,
+                        key,
+                        deltas: Vec::new(),
+                        victims: Vec::new(),
+                    },
+                );
+            }
+            self.parts = Some(s.into_parts());
+            return (Vec::new(), Vec::new());
+        }
+        let (deltas, victims) = s.admission_deltas(w);
+        // The component's picks from `at` on come after the arrival now: decided again.
+        let mut tail = Vec::new();
+        let mut kept = Vec::with_capacity(s.trace.len() + 1);
+        let mut mine = None;
+        for (i, step) in std::mem::take(&mut s.trace).into_iter().enumerate() {
+            if i == at {
+                mine = Some(kept.len());
+            }
+            let in_component = p.workloads[step.w]
+                .pools
+                .iter()
+                .any(|q| component.contains(q));
+            if i >= at && in_component {
+                tail.push(step.w);
+            } else {
+                kept.push(step);
+            }
+        }
+        kept.insert(
+            mine.unwrap_or(kept.len()),
+            Step {
+                w,
+                key,
+                deltas,
+                victims: victims.clone(),
+            },
+        );
+        s.trace = kept;
+        let old: Vec<(usize, Option<Status>)> =
+            tail.iter().map(|&x| (x, s.status[x].clone())).collect();
+        let from = s.trace.len();
+        s.run_queue(tail);
+        // What changed: the victims (kept before), and the picks decided again.
+        let mut touched: BTreeMap<usize, Option<Status>> = old.into_iter().collect();
+        for &v in &victims {
+            touched.insert(v, Some(Status::Keep));
+        }
+        for step in &s.trace[from..] {
+            for &v in &step.victims {
+                touched.entry(v).or_insert(Some(Status::Keep));
+            }
+        }
+        let mut changed: Vec<WorkloadDecision> = touched
+            .into_iter()
+            .filter_map(|(x, was)| {
+                // Most picks decided again wait for the same reason: no decision to build.
+                if let (Some(Status::Pending(a)), Some(Status::Pending(b))) = (&was, &s.status[x])
+                    && a == b
+                {
+                    return None;
+                }
+                let now = heuristic::workload_decision(p, &s.fleet, x, s.status[x].as_ref()).0;
+                let then = heuristic::workload_decision(p, &before, x, was.as_ref()).0;
+                (now != then).then_some(now)
+            })
+            .collect();
+        changed.sort_by(|a, b| a.name.cmp(&b.name));
+        let geometry = heuristic::geometry_changes(p, &before, &s.fleet);
+        self.parts = Some(s.into_parts());
+        (changed, geometry)
+    }
+
+    /// Removes a workload that finished (or was cancelled) from the standing state, when that
+    /// cannot change another decision; otherwise changes nothing and asks for a full cycle.
+    pub fn finish(&mut self, name: &str) -> Result<Removal, SessionError> {
+        let Some(&w) = self.names.get(name) else {
+            if let Some(i) = self.problem.orphans.iter().position(|o| o.name == name) {
+                // Orphans hold nothing in the decision.
+                self.problem.orphans.remove(i);
+                return Ok(Removal::Removed);
+            }
+            return Err(SessionError::Unknown(name.to_owned()));
+        };
+        let p = &self.problem;
+        let parts = self
+            .parts
+            .as_mut()
+            .expect("parts are put back after each call");
+        match parts.status[w] {
+            Some(Status::Pending(_)) => {
+                // A waiting workload changed nothing: its picks go, nothing else moves.
+                parts.trace.retain(|s| s.w != w);
+                parts.status[w] = None;
+                self.names.remove(name);
+                return Ok(Removal::Removed);
+            }
+            Some(Status::Admit { .. }) | Some(Status::Preempt(_)) => {
+                return Ok(Removal::NeedsFullCycle(FullCycle::Decided {
+                    name: name.to_owned(),
+                }));
+            }
+            Some(Status::Keep) | None => {}
+        }
+        let pool = pool_of(p, w);
+        let component = self.component(&[pool]);
+        let parts = self
+            .parts
+            .as_ref()
+            .expect("parts are put back after each call");
+        let queued = parts
+            .trace
+            .iter()
+            .any(|s| p.workloads[s.w].pools.iter().any(|q| component.contains(q)));
+        let stopped = (0..p.workloads.len()).any(|v| {
+            matches!(parts.status[v], Some(Status::Preempt(_)))
+                && p.workloads[v].is_running()
+                && component.contains(&pool_of(p, v))
+        });
+        if queued || stopped {
+            return Ok(Removal::NeedsFullCycle(FullCycle::FreesCapacity {
+                pool: p.pools[pool].name.clone(),
+            }));
+        }
+        let parts = self
+            .parts
+            .as_mut()
+            .expect("parts are put back after each call");
+        let wl = &p.workloads[w];
+        parts.fleet.release(p, w, false);
+        parts
+            .ledger
+            .remove(p, wl.tenant, pool, wl.amount(wl.replicas));
+        parts.status[w] = None;
+        self.names.remove(name);
+        self.refresh_guarantees(pool);
+        Ok(Removal::Removed)
+    }
+
+    /// Recomputes which running workloads of `pool` are within their tenant's guarantee, as
+    /// the cycle's first step does: by priority desc, then start, then name.
+    fn refresh_guarantees(&mut self, pool: usize) {
+        let p = &self.problem;
+        let parts = self
+            .parts
+            .as_mut()
+            .expect("parts are put back after each call");
+        let mut running: Vec<usize> = (0..p.workloads.len())
+            .filter(|&v| {
+                matches!(parts.status[v], Some(Status::Keep))
+                    && p.workloads[v].is_running()
+                    && pool_of(p, v) == pool
+            })
+            .collect();
+        running.sort_by_cached_key(|&v| {
+            let wl = &p.workloads[v];
+            let started = match wl.phase {
+                Phase::Running { started_at, .. } => started_at,
+                Phase::Pending { .. } => 0,
+            };
+            (-p.classes[wl.class].priority, started, wl.name.clone())
+        });
+        let mut ledger = self.blank.clone();
+        for v in running {
+            let wl = &p.workloads[v];
+            let before = ledger.usage(wl.tenant, pool).gpus;
+            parts.within_guarantee[v] = before < Ledger::guarantee(p, wl.tenant, pool);
+            ledger.add(p, wl.tenant, pool, wl.amount(wl.replicas));
+        }
+    }
+}
+
+/// The queue key of `w` were its tenant's usage at `pools` the given one (`blank` holds no usage,
+/// and is left so).
+fn key_with(
+    p: &Problem,
+    blank: &mut Ledger,
+    w: usize,
+    pools: &[usize],
+    usage: &[Signed],
+) -> heuristic::Key {
+    let tenant = p.workloads[w].tenant;
+    for (&q, u) in pools.iter().zip(usage) {
+        blank.add(p, tenant, q, u.amounts());
+    }
+    let (a, b, c, d, _) = queue_key(p, blank, w);
+    for (&q, u) in pools.iter().zip(usage) {
+        blank.remove(p, tenant, q, u.amounts());
+    }
+    (a, b, c, d)
+}
