@@ -1,6 +1,8 @@
 //! Shared helpers: a small fleet in YAML, snapshots written compactly, compile and solve.
 #![allow(dead_code)]
 
+pub mod random;
+
 use tessera_compiler::model::ClusterStateSpec;
 use tessera_compiler::{CompiledPolicy, SourceFile, compile};
 use tessera_solver::decision::{Decision, Outcome, WorkloadDecision};
