@@ -9,6 +9,7 @@
 //! instances, mode change before creation); a driver only enforces the rules a real GPU enforces.
 
 pub mod faults;
+pub mod nvml;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};

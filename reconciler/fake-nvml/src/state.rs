@@ -1,0 +1,267 @@
+//! The fake's state file: the GPUs (each a [`MigDevice`], so the MIG rules are the ones the
+//! `sim` driver obeys) and the faults still to fire.
+//!
+//! The file is read at every call and written back after every call that changed anything
+//! (a mutation, or a fault counter), so a test can inspect or edit it between calls and two
+//! processes loading the library see one machine.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tessera_mig::device::MigDevice;
+
+/// The environment variable naming the state file.
+pub const STATE_ENV: &str = "TESSERA_FAKE_NVML_STATE";
+
+/// `NVML_ERROR_GPU_IS_LOST`.
+const GPU_IS_LOST: u32 = 15;
+
+/// The whole machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeState {
+    /// By NVML device index.
+    pub gpus: Vec<FakeGpu>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FakeFault>,
+}
+
+/// One GPU as NVML describes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeGpu {
+    /// What `nvmlDeviceGetName` answers, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// What `nvmlDeviceGetMemoryInfo` reports as total, in bytes.
+    pub memory_total: u64,
+    pub device: MigDevice,
+}
+
+/// A fault, fired by counting: `after` matching calls pass first. Counters are kept in the file,
+/// so a fault fires once however many processes call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum FakeFault {
+    /// The NVML function `function` (e.g. `nvmlGpuInstanceDestroy`) returns `code`, changing
+    /// nothing, `times` times; `gpu` restricts it to one device index.
+    Fail {
+        function: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<u32>,
+        code: u32,
+        #[serde(default = "one")]
+        times: u32,
+        #[serde(default)]
+        after: u32,
+    },
+    /// GPU `gpu` falls off the bus at a call on it: it and every later call on it answer
+    /// `NVML_ERROR_GPU_IS_LOST`, and the file remembers it.
+    Lose {
+        gpu: u32,
+        #[serde(default)]
+        after: u32,
+    },
+    /// The reset that `nvmlDeviceSetMigMode` attempts to activate the mode is refused with
+    /// `NVML_ERROR_IN_USE` (a client the caller cannot see holds the GPU), `times` times; the
+    /// mode stays pending.
+    RefuseReset {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<u32>,
+        #[serde(default = "one")]
+        times: u32,
+        #[serde(default)]
+        after: u32,
+    },
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Counts one matching call against a fault; true when the fault fires now. A spent fault is
+/// left with `times: 0` and removed by `FakeState::prune`.
+fn count(after: &mut u32, times: &mut u32) -> bool {
+    if *times == 0 {
+        return false;
+    }
+    if *after > 0 {
+        *after -= 1;
+        return false;
+    }
+    *times -= 1;
+    true
+}
+
+impl FakeState {
+    pub fn load(path: &Path) -> Result<FakeState, String> {
+        let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Writes to a temporary file, then renames it over the state, so a reader never sees half
+    /// a file.
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        let mut tmp = PathBuf::from(path);
+        tmp.set_extension(format!("tmp.{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&json)?;
+            f.sync_all()?;
+            fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            format!("{}: {e}", path.display())
+        })
+    }
+
+    /// Runs the faults for a call to `function` on `gpu` (None: a call on no device): `lose`
+    /// first; then, with `live_only`, a lost GPU answers `NVML_ERROR_GPU_IS_LOST` before any
+    /// `fail` is counted against it; then `fail`. Returns the code the call fails with.
+    pub fn gate(&mut self, function: &str, gpu: Option<u32>, live_only: bool) -> Option<u32> {
+        let mut lost = Vec::new();
+        self.faults.retain_mut(|f| match f {
+            FakeFault::Lose { gpu: g, after } if Some(*g) == gpu => {
+                if *after > 0 {
+                    *after -= 1;
+                    true
+                } else {
+                    lost.push(*g);
+                    false
+                }
+            }
+            _ => true,
+        });
+        for g in lost {
+            if let Some(d) = self.gpus.get_mut(g as usize) {
+                d.device.set_lost(true);
+            }
+        }
+        if live_only
+            && let Some(g) = gpu
+            && self
+                .gpus
+                .get(g as usize)
+                .is_some_and(|d| d.device.is_lost())
+        {
+            return Some(GPU_IS_LOST);
+        }
+        let mut failed = None;
+        for f in &mut self.faults {
+            if let FakeFault::Fail {
+                function: name,
+                gpu: g,
+                code,
+                times,
+                after,
+            } = f
+                && name == function
+                && (g.is_none() || *g == gpu)
+                && failed.is_none()
+                && count(after, times)
+            {
+                failed = Some(*code);
+            }
+        }
+        self.prune();
+        failed
+    }
+
+    /// Whether a `refuse_reset` fault refuses this reset of `gpu`.
+    pub fn reset_refused(&mut self, gpu: u32) -> bool {
+        let mut refused = false;
+        for f in &mut self.faults {
+            if let FakeFault::RefuseReset {
+                gpu: g,
+                times,
+                after,
+            } = f
+                && g.is_none_or(|g| g == gpu)
+                && !refused
+                && count(after, times)
+            {
+                refused = true;
+            }
+        }
+        self.prune();
+        refused
+    }
+
+    fn prune(&mut self) {
+        self.faults.retain(|f| match f {
+            FakeFault::Fail { times, .. } | FakeFault::RefuseReset { times, .. } => *times > 0,
+            FakeFault::Lose { .. } => true,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_mig::builtin_model;
+
+    fn state(faults: Vec<FakeFault>) -> FakeState {
+        let model = builtin_model("H100-SXM5-80GB").unwrap();
+        FakeState {
+            gpus: vec![FakeGpu {
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total: 85_520_809_984,
+                device: MigDevice::new("GPU-00000000-0000-0000-0000-000000000000", model),
+            }],
+            faults,
+        }
+    }
+
+    #[test]
+    fn a_fail_fault_fires_after_its_count_then_is_spent() {
+        let mut s = state(vec![FakeFault::Fail {
+            function: "nvmlGpuInstanceDestroy".into(),
+            gpu: Some(0),
+            code: 19,
+            times: 2,
+            after: 1,
+        }]);
+        assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), None);
+        assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(1), true), None);
+        assert_eq!(s.gate("nvmlDeviceGetName", Some(0), true), None);
+        assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), Some(19));
+        assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), Some(19));
+        assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), None);
+        assert!(s.faults.is_empty());
+    }
+
+    #[test]
+    fn a_lose_fault_marks_the_gpu_lost_once() {
+        let mut s = state(vec![FakeFault::Lose { gpu: 0, after: 1 }]);
+        s.gate("nvmlDeviceGetName", Some(0), true);
+        assert!(!s.gpus[0].device.is_lost());
+        s.gate("nvmlDeviceGetName", Some(0), true);
+        assert!(s.gpus[0].device.is_lost());
+        assert!(s.faults.is_empty());
+    }
+
+    #[test]
+    fn refused_resets_count_down() {
+        let mut s = state(vec![FakeFault::RefuseReset {
+            gpu: None,
+            times: 1,
+            after: 0,
+        }]);
+        assert!(s.reset_refused(0));
+        assert!(!s.reset_refused(0));
+    }
+
+    #[test]
+    fn the_file_round_trips() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-state-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let s = state(vec![FakeFault::Lose { gpu: 0, after: 3 }]);
+        s.save(&path).unwrap();
+        assert_eq!(FakeState::load(&path).unwrap(), s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

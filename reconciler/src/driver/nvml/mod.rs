@@ -1,0 +1,702 @@
+//! `nvml`: the GPUs of this machine, through NVML (nvml-wrapper loads `libnvidia-ml.so.1` at
+//! run time, so the binary builds and starts on machines without a driver).
+//!
+//! One service drives one node: the machine it runs on. What NVML cannot say about the node
+//! (its name, pool, labels, CPU and memory) comes from a `ClusterState` file holding that one
+//! node with `gpus: []` (the same file format `--driver sim` reads); the GPUs themselves are
+//! discovered through NVML at every observation, and their NVML names are mapped to catalog
+//! models by [`model::catalog_model`].
+//!
+//! nvml-wrapper wraps only part of MIG, and its `possible_placements` returns an empty list, so
+//! every call here goes through the raw symbols (`Nvml::lib()`) with the device handle: one
+//! path for every return code. Rules this driver follows:
+//!
+//! - GPU instances are created at an explicit placement, and only where
+//!   `nvmlDeviceGetGpuInstancePossiblePlacements_v2` says one of that profile fits now, so a
+//!   refused create is decided before anything is asked of the GPU.
+//! - Profile info is queried by the NVML profile *enum*; creation, listing and placements take
+//!   the profile *ID* the info returns (checked against the catalog's).
+//! - NVML has no reset call: `nvmlDeviceSetMigMode` itself attempts the reset that activates
+//!   the mode and reports how it went in `activationStatus` (the mode stays pending when it
+//!   fails). So [`NodeDriver::set_mig_mode`] may already activate the mode (unlike `sim`, where
+//!   it stays pending until `reset_gpu`), and [`NodeDriver::reset_gpu`] asks again for the
+//!   pending mode and fails with the activation status. A reset that keeps failing (a client
+//!   such as the persistence daemon or DCGM holds the GPU) needs an operator:
+//!   `nvidia-smi -r -i INDEX` after stopping the client, or a reboot.
+//! - A GPU that answers `GPU_IS_LOST` is reported `lost` with the last geometry read from it,
+//!   as the `sim` driver reports it.
+//! - Processes are whatever NVML lists (`nvmlDeviceGetComputeRunningProcesses_v3`);
+//!   `process_started`/`process_ended` are ignored.
+
+pub mod model;
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, OsStr, c_char, c_uint};
+use std::path::Path;
+use std::ptr;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper_sys::bindings::{
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE, NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t,
+    nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlProcessInfo_t, nvmlReturn_t,
+};
+use tessera_compiler::model::{Gpu, Health, MigInstance, MigState, Node};
+use tessera_mig::{GpuModel, SHAPES, shape};
+
+use super::{
+    ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef, NodeDriver,
+    NvmlCode, Observation,
+};
+
+/// The library loaded when no path is given: the soname every NVIDIA driver installs.
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+
+const SUCCESS: nvmlReturn_t = 0;
+const NOT_FOUND: nvmlReturn_t = 6;
+const INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+/// What NVML puts in a process's instance ids when it runs on no MIG instance.
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+/// Room for NVML's UUID and name strings (`NVML_DEVICE_UUID_V2_BUFFER_SIZE` is 96).
+const STRING_BUFFER: usize = 96;
+
+/// The driver. See the module documentation.
+pub struct NvmlDriver {
+    nvml: Nvml,
+    library: String,
+    /// The node as the descriptor gives it; `gpus` is filled at each observation.
+    node: Node,
+    /// The last successful read of each GPU, reported (as `lost`) once the GPU is lost.
+    last_seen: BTreeMap<u32, (Gpu, GpuDetail)>,
+}
+
+impl std::fmt::Debug for NvmlDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlDriver")
+            .field("library", &self.library)
+            .field("node", &self.node.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An NVML return code as the driver's error for `call` on `gpu`.
+fn check(gpu: &GpuRef, call: &'static str, ret: nvmlReturn_t) -> Result<(), DriverError> {
+    if ret == SUCCESS {
+        Ok(())
+    } else {
+        Err(DriverError::Nvml {
+            gpu: gpu.clone(),
+            call,
+            code: NvmlCode::from_raw(ret),
+        })
+    }
+}
+
+/// Calls the raw NVML function `$name` with `$args`; a symbol the library lacks is an error
+/// naming it (an old driver), a non-success return is [`DriverError::Nvml`].
+macro_rules! nvml_call {
+    ($self:expr, $gpu:expr, $name:ident ( $($arg:expr),* $(,)? )) => {{
+        let f = $self.nvml.lib().$name.as_ref().map_err(|e| {
+            DriverError::Other(format!(
+                "{}: the library has no {}: {e}",
+                $self.library,
+                stringify!($name)
+            ))
+        })?;
+        // SAFETY: the arguments follow nvml.h: handles come from this library, and out
+        // pointers point at live locals or buffers of the length passed.
+        let ret = unsafe { f($($arg),*) };
+        (ret, stringify!($name))
+    }};
+}
+
+/// Like [`nvml_call!`], failing on any return but success.
+macro_rules! nvml {
+    ($self:expr, $gpu:expr, $name:ident ( $($arg:expr),* $(,)? )) => {{
+        let (ret, call) = nvml_call!($self, $gpu, $name($($arg),*));
+        check($gpu, call, ret)
+    }};
+}
+
+/// The full-size compute instance profile (`NVML_COMPUTE_INSTANCE_PROFILE_*`) of a GPU
+/// instance with `compute_slices` slices.
+fn full_compute_instance_profile(compute_slices: u8) -> Option<c_uint> {
+    Some(match compute_slices {
+        1 => NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+        2 => NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+        3 => NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        4 => NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+        7 => NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+        _ => return None,
+    })
+}
+
+fn text(buf: &[c_char]) -> String {
+    // SAFETY: NVML wrote a NUL-terminated string into the buffer (checked by the caller's
+    // success return); the buffer ends with a NUL we put there in any case.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+impl NvmlDriver {
+    /// Loads NVML (`lib`, else [`DEFAULT_LIBRARY`] through the loader's search path),
+    /// initialises it and reads the GPUs once. `node` describes this machine; its `gpus` must
+    /// be empty, since NVML is the one that says which GPUs there are.
+    pub fn open(lib: Option<&Path>, node: Node) -> Result<NvmlDriver, DriverError> {
+        if !node.gpus.is_empty() {
+            return Err(DriverError::Other(format!(
+                "node {} lists {} GPU(s); with the nvml driver the GPUs are discovered through \
+                 NVML: describe the node with `gpus: []`",
+                node.name,
+                node.gpus.len()
+            )));
+        }
+        let path: &OsStr = lib.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
+        let library = path.to_string_lossy().into_owned();
+        let nvml = Nvml::builder().lib_path(path).init().map_err(|e| {
+            let reason = match e {
+                NvmlError::LibloadingError(e) => e.to_string(),
+                other => format!("nvmlInit_v2 failed: {other}"),
+            };
+            DriverError::Library {
+                path: library.clone(),
+                reason,
+            }
+        })?;
+        let mut driver = NvmlDriver {
+            nvml,
+            library,
+            node,
+            last_seen: BTreeMap::new(),
+        };
+        driver.observe()?;
+        Ok(driver)
+    }
+
+    /// The library this driver loaded, as given.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    fn gpu_ref(&self, index: u32) -> GpuRef {
+        GpuRef {
+            node: self.node.name.clone(),
+            index,
+        }
+    }
+
+    fn device_count(&self) -> Result<u32, DriverError> {
+        let mut n: c_uint = 0;
+        let at = self.gpu_ref(0);
+        nvml!(self, &at, nvmlDeviceGetCount_v2(&mut n))?;
+        Ok(n)
+    }
+
+    fn handle(&self, gpu: &GpuRef) -> Result<nvmlDevice_t, DriverError> {
+        if gpu.node != self.node.name || gpu.index >= self.device_count()? {
+            return Err(DriverError::UnknownGpu(gpu.clone()));
+        }
+        let mut h: nvmlDevice_t = ptr::null_mut();
+        nvml!(self, gpu, nvmlDeviceGetHandleByIndex_v2(gpu.index, &mut h))?;
+        Ok(h)
+    }
+
+    fn gpu_instance(&self, gpu: &GpuRef, id: u32) -> Result<nvmlGpuInstance_t, DriverError> {
+        let h = self.handle(gpu)?;
+        let mut gi: nvmlGpuInstance_t = ptr::null_mut();
+        nvml!(self, gpu, nvmlDeviceGetGpuInstanceById(h, id, &mut gi))?;
+        Ok(gi)
+    }
+
+    fn gpu_instance_info(
+        &self,
+        gpu: &GpuRef,
+        gi: nvmlGpuInstance_t,
+    ) -> Result<nvmlGpuInstanceInfo_t, DriverError> {
+        let mut info = nvmlGpuInstanceInfo_t {
+            device: ptr::null_mut(),
+            id: 0,
+            profileId: 0,
+            placement: nvmlGpuInstancePlacement_t { start: 0, size: 0 },
+        };
+        nvml!(self, gpu, nvmlGpuInstanceGetInfo(gi, &mut info))?;
+        Ok(info)
+    }
+
+    /// The profile ID of the full-size compute instance of a GPU instance of `profile_id`.
+    fn compute_profile(
+        &self,
+        gpu: &GpuRef,
+        gi: nvmlGpuInstance_t,
+        profile_id: u32,
+    ) -> Result<nvmlComputeInstanceProfileInfo_t, DriverError> {
+        let slices = shape(profile_id).map(|s| s.compute_slices).ok_or_else(|| {
+            DriverError::Other(format!(
+                "{gpu}: NVML reports unknown MIG profile {profile_id}"
+            ))
+        })?;
+        let enum_value = full_compute_instance_profile(slices).ok_or_else(|| {
+            DriverError::Other(format!(
+                "{gpu}: no compute instance profile of {slices} slices"
+            ))
+        })?;
+        let mut info = nvmlComputeInstanceProfileInfo_t {
+            id: 0,
+            sliceCount: 0,
+            instanceCount: 0,
+            multiprocessorCount: 0,
+            sharedCopyEngineCount: 0,
+            sharedDecoderCount: 0,
+            sharedEncoderCount: 0,
+            sharedJpegCount: 0,
+            sharedOfaCount: 0,
+        };
+        nvml!(
+            self,
+            gpu,
+            nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi,
+                enum_value,
+                NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                &mut info
+            )
+        )?;
+        Ok(info)
+    }
+
+    fn string(&self, gpu: &GpuRef, h: nvmlDevice_t, uuid: bool) -> Result<String, DriverError> {
+        let mut buf: [c_char; STRING_BUFFER] = [0; STRING_BUFFER];
+        let len = STRING_BUFFER as c_uint - 1;
+        if uuid {
+            nvml!(self, gpu, nvmlDeviceGetUUID(h, buf.as_mut_ptr(), len))?;
+        } else {
+            nvml!(self, gpu, nvmlDeviceGetName(h, buf.as_mut_ptr(), len))?;
+        }
+        Ok(text(&buf))
+    }
+
+    /// The MIG device UUID of each (GPU instance, compute instance).
+    fn mig_uuids(
+        &self,
+        gpu: &GpuRef,
+        h: nvmlDevice_t,
+    ) -> Result<BTreeMap<(u32, u32), String>, DriverError> {
+        let mut max: c_uint = 0;
+        nvml!(self, gpu, nvmlDeviceGetMaxMigDeviceCount(h, &mut max))?;
+        let mut out = BTreeMap::new();
+        for index in 0..max {
+            let mut mig: nvmlDevice_t = ptr::null_mut();
+            let (ret, call) = nvml_call!(
+                self,
+                gpu,
+                nvmlDeviceGetMigDeviceHandleByIndex(h, index, &mut mig)
+            );
+            // Indices past the MIG devices that exist answer NOT_FOUND.
+            if ret == NOT_FOUND {
+                continue;
+            }
+            check(gpu, call, ret)?;
+            let (mut gi, mut ci): (c_uint, c_uint) = (0, 0);
+            nvml!(self, gpu, nvmlDeviceGetGpuInstanceId(mig, &mut gi))?;
+            nvml!(self, gpu, nvmlDeviceGetComputeInstanceId(mig, &mut ci))?;
+            out.insert((gi, ci), self.string(gpu, mig, true)?);
+        }
+        Ok(out)
+    }
+
+    /// The GPU instances (with their compute instances, UUIDs not yet filled) of one GPU.
+    fn instances(
+        &self,
+        gpu: &GpuRef,
+        h: nvmlDevice_t,
+        model: &GpuModel,
+    ) -> Result<Vec<GpuInstanceInfo>, DriverError> {
+        let mut out = Vec::new();
+        for s in SHAPES.iter() {
+            if model.profile_name(s.profile_id).is_none() {
+                continue;
+            }
+            let mut info = nvmlGpuInstanceProfileInfo_t {
+                id: 0,
+                isP2pSupported: 0,
+                sliceCount: 0,
+                instanceCount: 0,
+                multiprocessorCount: 0,
+                copyEngineCount: 0,
+                decoderCount: 0,
+                encoderCount: 0,
+                jpegCount: 0,
+                ofaCount: 0,
+                memorySizeMB: 0,
+            };
+            nvml!(
+                self,
+                gpu,
+                nvmlDeviceGetGpuInstanceProfileInfo(h, s.nvml_enum, &mut info)
+            )?;
+            if info.id != s.profile_id {
+                return Err(DriverError::Other(format!(
+                    "{gpu}: NVML gives profile ID {} for profile enum {}, tessera's catalog {}",
+                    info.id, s.nvml_enum, s.profile_id
+                )));
+            }
+            // NVML fills at most the profile's instance count, and wants room for all of them.
+            let mut gis: Vec<nvmlGpuInstance_t> =
+                vec![ptr::null_mut(); info.instanceCount as usize];
+            let mut count: c_uint = 0;
+            nvml!(
+                self,
+                gpu,
+                nvmlDeviceGetGpuInstances(h, info.id, gis.as_mut_ptr(), &mut count)
+            )?;
+            gis.truncate(count as usize);
+            for gi in gis {
+                let gi_info = self.gpu_instance_info(gpu, gi)?;
+                let start = u8::try_from(gi_info.placement.start).map_err(|_| {
+                    DriverError::Other(format!(
+                        "{gpu}: GPU instance {} starts at slice {}",
+                        gi_info.id, gi_info.placement.start
+                    ))
+                })?;
+                let ci_profile = self.compute_profile(gpu, gi, info.id)?;
+                let mut cis: Vec<nvmlComputeInstance_t> =
+                    vec![ptr::null_mut(); ci_profile.instanceCount as usize];
+                let mut n: c_uint = 0;
+                nvml!(
+                    self,
+                    gpu,
+                    nvmlGpuInstanceGetComputeInstances(gi, ci_profile.id, cis.as_mut_ptr(), &mut n)
+                )?;
+                cis.truncate(n as usize);
+                let mut compute_instances = Vec::with_capacity(cis.len());
+                for ci in cis {
+                    let ci_info = self.compute_instance_info(gpu, ci)?;
+                    compute_instances.push(ComputeInstanceInfo {
+                        id: ci_info.id,
+                        uuid: String::new(),
+                    });
+                }
+                compute_instances.sort_by_key(|c| c.id);
+                out.push(GpuInstanceInfo {
+                    id: gi_info.id,
+                    profile_id: gi_info.profileId,
+                    start,
+                    compute_instances,
+                });
+            }
+        }
+        out.sort_by_key(|g| g.id);
+        Ok(out)
+    }
+
+    fn compute_instance_info(
+        &self,
+        gpu: &GpuRef,
+        ci: nvmlComputeInstance_t,
+    ) -> Result<nvmlComputeInstanceInfo_t, DriverError> {
+        let mut info = nvmlComputeInstanceInfo_t {
+            device: ptr::null_mut(),
+            gpuInstance: ptr::null_mut(),
+            id: 0,
+            profileId: 0,
+            placement: nvml_wrapper_sys::bindings::nvmlComputeInstancePlacement_t {
+                start: 0,
+                size: 0,
+            },
+        };
+        nvml!(self, gpu, nvmlComputeInstanceGetInfo_v2(ci, &mut info))?;
+        Ok(info)
+    }
+
+    fn processes(&self, gpu: &GpuRef, h: nvmlDevice_t) -> Result<Vec<GpuProcess>, DriverError> {
+        let mut infos: Vec<nvmlProcessInfo_t> = Vec::new();
+        // The list can grow between asking its length and reading it: ask again then.
+        for _ in 0..4 {
+            let mut n = infos.len() as c_uint;
+            let (ret, call) = nvml_call!(
+                self,
+                gpu,
+                nvmlDeviceGetComputeRunningProcesses_v3(
+                    h,
+                    &mut n,
+                    if infos.is_empty() {
+                        ptr::null_mut()
+                    } else {
+                        infos.as_mut_ptr()
+                    }
+                )
+            );
+            if ret == INSUFFICIENT_SIZE {
+                let blank = nvmlProcessInfo_t {
+                    pid: 0,
+                    usedGpuMemory: 0,
+                    gpuInstanceId: 0,
+                    computeInstanceId: 0,
+                };
+                infos = vec![blank; n as usize + 4];
+                continue;
+            }
+            check(gpu, call, ret)?;
+            infos.truncate(n as usize);
+            let mut out: Vec<GpuProcess> = infos
+                .iter()
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    gpu_instance: (p.gpuInstanceId != NO_INSTANCE).then_some(p.gpuInstanceId),
+                })
+                .collect();
+            out.sort_by_key(|p| (p.pid, p.gpu_instance));
+            out.dedup();
+            return Ok(out);
+        }
+        Err(DriverError::Other(format!(
+            "{gpu}: the process list kept growing while it was read"
+        )))
+    }
+
+    /// Reads one GPU completely; any NVML failure (a lost GPU included) fails the whole read.
+    fn read_gpu(&self, index: u32) -> Result<(Gpu, GpuDetail), DriverError> {
+        let at = self.gpu_ref(index);
+        let h = self.handle(&at)?;
+        let name = self.string(&at, h, false)?;
+        let uuid = self.string(&at, h, true)?;
+        let mut memory = nvmlMemory_t {
+            total: 0,
+            free: 0,
+            used: 0,
+        };
+        nvml!(self, &at, nvmlDeviceGetMemoryInfo(h, &mut memory))?;
+        let model = model::catalog_model(&name, memory.total)
+            .map_err(|e| DriverError::Other(format!("{at}: {e}")))?;
+        let (mut current, mut pending): (c_uint, c_uint) = (0, 0);
+        if model.is_mig_capable() {
+            nvml!(
+                self,
+                &at,
+                nvmlDeviceGetMigMode(h, &mut current, &mut pending)
+            )?;
+        }
+        let (current, pending) = (current == 1, pending == 1);
+        let mut instances = if current {
+            self.instances(&at, h, &model)?
+        } else {
+            Vec::new()
+        };
+        if current {
+            let uuids = self.mig_uuids(&at, h)?;
+            for gi in &mut instances {
+                for ci in &mut gi.compute_instances {
+                    ci.uuid = uuids.get(&(gi.id, ci.id)).cloned().ok_or_else(|| {
+                        DriverError::Other(format!(
+                            "{at}: compute instance {} of GPU instance {} has no MIG device",
+                            ci.id, gi.id
+                        ))
+                    })?;
+                }
+            }
+        }
+        let processes = self.processes(&at, h)?;
+        let mut shown: Vec<MigInstance> = instances
+            .iter()
+            .map(|gi| MigInstance {
+                profile: model
+                    .profile_name(gi.profile_id)
+                    .map_or_else(|| gi.profile_id.to_string(), str::to_owned),
+                start: gi.start,
+                uuid: gi.compute_instances.first().map(|c| c.uuid.clone()),
+            })
+            .collect();
+        shown.sort_by_key(|i| i.start);
+        let gpu = Gpu {
+            index,
+            uuid,
+            model: model.name.clone(),
+            health: Health::Healthy,
+            mig: MigState {
+                enabled: current,
+                pending: (pending != current).then_some(pending),
+            },
+            instances: shown,
+        };
+        let detail = GpuDetail {
+            gpu: at,
+            instances,
+            processes,
+        };
+        Ok((gpu, detail))
+    }
+}
+
+impl NodeDriver for NvmlDriver {
+    fn kind(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn observe(&mut self) -> Result<Observation, DriverError> {
+        let count = self.device_count()?;
+        let mut node = self.node.clone();
+        let mut details = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            match self.read_gpu(index) {
+                Ok(read) => {
+                    node.gpus.push(read.0.clone());
+                    details.push(read.1.clone());
+                    self.last_seen.insert(index, read);
+                }
+                Err(e) if e.code() == Some(NvmlCode::GpuIsLost) => {
+                    // A GPU lost before it was ever read has no geometry to report: that is
+                    // an error, not an empty GPU.
+                    let Some((gpu, detail)) = self.last_seen.get(&index) else {
+                        return Err(e);
+                    };
+                    let mut gpu = gpu.clone();
+                    gpu.health = Health::Lost;
+                    node.gpus.push(gpu);
+                    details.push(detail.clone());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Observation {
+            nodes: vec![node],
+            details,
+        })
+    }
+
+    /// May activate the mode at once (see the module documentation); a failed activation is
+    /// not an error here: the mode is pending and `reset_gpu` reports it.
+    fn set_mig_mode(&mut self, gpu: &GpuRef, enabled: bool) -> Result<(), DriverError> {
+        let h = self.handle(gpu)?;
+        let mut activation: nvmlReturn_t = SUCCESS;
+        nvml!(
+            self,
+            gpu,
+            nvmlDeviceSetMigMode(h, c_uint::from(enabled), &mut activation)
+        )
+    }
+
+    fn reset_gpu(&mut self, gpu: &GpuRef) -> Result<(), DriverError> {
+        let h = self.handle(gpu)?;
+        let (mut current, mut pending): (c_uint, c_uint) = (0, 0);
+        nvml!(
+            self,
+            gpu,
+            nvmlDeviceGetMigMode(h, &mut current, &mut pending)
+        )?;
+        let mut activation: nvmlReturn_t = SUCCESS;
+        nvml!(self, gpu, nvmlDeviceSetMigMode(h, pending, &mut activation))?;
+        check(gpu, "nvmlDeviceSetMigMode (activation)", activation)
+    }
+
+    fn create_gpu_instance(
+        &mut self,
+        gpu: &GpuRef,
+        profile_id: u32,
+        start: u8,
+    ) -> Result<u32, DriverError> {
+        let h = self.handle(gpu)?;
+        let size = shape(profile_id)
+            .map(|s| s.memory_slices)
+            .ok_or(DriverError::Nvml {
+                gpu: gpu.clone(),
+                call: "nvmlDeviceCreateGpuInstanceWithPlacement",
+                code: NvmlCode::InvalidArgument,
+            })?;
+        let mut n: c_uint = 0;
+        nvml!(
+            self,
+            gpu,
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2(h, profile_id, ptr::null_mut(), &mut n)
+        )?;
+        let mut possible = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; n as usize];
+        if n > 0 {
+            nvml!(
+                self,
+                gpu,
+                nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+                    h,
+                    profile_id,
+                    possible.as_mut_ptr(),
+                    &mut n
+                )
+            )?;
+            possible.truncate(n as usize);
+        }
+        let want = nvmlGpuInstancePlacement_t {
+            start: c_uint::from(start),
+            size: c_uint::from(size),
+        };
+        if !possible
+            .iter()
+            .any(|p| p.start == want.start && p.size == want.size)
+        {
+            // Not sent: NVML just said it would refuse it, with this code.
+            return Err(DriverError::Nvml {
+                gpu: gpu.clone(),
+                call: "nvmlDeviceCreateGpuInstanceWithPlacement",
+                code: NvmlCode::InsufficientResources,
+            });
+        }
+        let mut gi: nvmlGpuInstance_t = ptr::null_mut();
+        nvml!(
+            self,
+            gpu,
+            nvmlDeviceCreateGpuInstanceWithPlacement(h, profile_id, &want, &mut gi)
+        )?;
+        Ok(self.gpu_instance_info(gpu, gi)?.id)
+    }
+
+    fn destroy_gpu_instance(&mut self, gpu: &GpuRef, gpu_instance: u32) -> Result<(), DriverError> {
+        let gi = self.gpu_instance(gpu, gpu_instance)?;
+        nvml!(self, gpu, nvmlGpuInstanceDestroy(gi))
+    }
+
+    fn create_compute_instance(
+        &mut self,
+        gpu: &GpuRef,
+        gpu_instance: u32,
+    ) -> Result<ComputeInstanceInfo, DriverError> {
+        let gi = self.gpu_instance(gpu, gpu_instance)?;
+        let info = self.gpu_instance_info(gpu, gi)?;
+        let profile = self.compute_profile(gpu, gi, info.profileId)?;
+        let mut ci: nvmlComputeInstance_t = ptr::null_mut();
+        nvml!(
+            self,
+            gpu,
+            nvmlGpuInstanceCreateComputeInstance(gi, profile.id, &mut ci)
+        )?;
+        let id = self.compute_instance_info(gpu, ci)?.id;
+        let h = self.handle(gpu)?;
+        let uuid = self
+            .mig_uuids(gpu, h)?
+            .remove(&(gpu_instance, id))
+            .ok_or_else(|| {
+                DriverError::Other(format!(
+                    "{gpu}: compute instance {id} of GPU instance {gpu_instance} was created but \
+                     NVML lists no MIG device for it"
+                ))
+            })?;
+        Ok(ComputeInstanceInfo { id, uuid })
+    }
+
+    fn destroy_compute_instance(
+        &mut self,
+        gpu: &GpuRef,
+        gpu_instance: u32,
+        compute_instance: u32,
+    ) -> Result<(), DriverError> {
+        let gi = self.gpu_instance(gpu, gpu_instance)?;
+        let mut ci: nvmlComputeInstance_t = ptr::null_mut();
+        nvml!(
+            self,
+            gpu,
+            nvmlGpuInstanceGetComputeInstanceById(gi, compute_instance, &mut ci)
+        )?;
+        nvml!(self, gpu, nvmlComputeInstanceDestroy(ci))
+    }
+}

@@ -1,0 +1,570 @@
+//! The `nvml` driver through its real FFI, loaded against the stand-in `libnvidia-ml.so`
+//! (`reconciler/fake-nvml`), and side by side with the `sim` driver on the same states.
+//!
+//! The stand-in's state file is named by an environment variable and the library is loaded
+//! once per process, so the tests here take a lock and run one at a time.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use tessera_compiler::model::{Gpu, Health, Node};
+use tessera_fake_nvml::state::{FakeFault, FakeGpu, FakeState, STATE_ENV};
+use tessera_mig::device::{InitialInstance, MigDevice, MigMode, ProcessScope};
+use tessera_mig::{Placement, builtin_model};
+use tessera_reconciler::driver::faults::{Call, Fault, FaultPlan};
+use tessera_reconciler::driver::nvml::NvmlDriver;
+use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
+use tessera_reconciler::driver::{DriverError, GpuRef, NodeDriver, NvmlCode, Observation};
+
+const H100: u32 = 0;
+const H100_OFF: u32 = 1;
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data/nvml")
+        .join(name)
+}
+
+/// The built stand-in: beside this test binary when cargo built it as a dependency, else
+/// built now into a target directory of its own (so as not to wait on this build's lock).
+fn fake_library() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let file = format!(
+            "{}tessera_fake_nvml{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        );
+        let exe = std::env::current_exe().expect("test binary path");
+        let deps = exe.parent().expect("deps directory");
+        for dir in [Some(deps), deps.parent()].into_iter().flatten() {
+            if dir.join(&file).is_file() {
+                return dir.join(&file);
+            }
+        }
+        let target = deps
+            .parent()
+            .and_then(Path::parent)
+            .expect("target directory")
+            .join("fake-nvml");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "tessera-fake-nvml", "--target-dir"])
+            .arg(&target)
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the fake libnvidia-ml failed");
+        let built = target.join("debug").join(&file);
+        assert!(built.is_file(), "{} was not built", built.display());
+        built
+    })
+    .clone()
+}
+
+/// NVML's name and total memory for the catalog models these tests use.
+fn nvml_identity(model: &str) -> (&'static str, u64) {
+    const MIB: u64 = 1024 * 1024;
+    match model {
+        "H100-SXM5-80GB" => ("NVIDIA H100 80GB HBM3", 81_559 * MIB),
+        "A100-SXM4-40GB" => ("NVIDIA A100-SXM4-40GB", 40_536 * MIB),
+        other => panic!("no NVML identity for {other} in this test"),
+    }
+}
+
+/// The stand-in's GPUs for a node's GPUs, built the way the `sim` driver builds its devices.
+fn fake_gpus(node: &Node) -> Vec<FakeGpu> {
+    let mut gpus: Vec<&Gpu> = node.gpus.iter().collect();
+    gpus.sort_by_key(|g| g.index);
+    gpus.iter()
+        .enumerate()
+        .map(|(i, g)| {
+            assert_eq!(g.index as usize, i, "NVML indices are dense");
+            let model = builtin_model(&g.model).expect("catalog model");
+            let instances: Vec<InitialInstance> = g
+                .instances
+                .iter()
+                .map(|inst| InitialInstance {
+                    placement: Placement::new(
+                        model.resolve_profile(&inst.profile).expect("profile"),
+                        inst.start,
+                    ),
+                    uuid: inst.uuid.clone(),
+                })
+                .collect();
+            let mig = MigMode {
+                current: g.mig.enabled,
+                pending: g.mig.pending.unwrap_or(g.mig.enabled),
+            };
+            let mut device =
+                MigDevice::with_geometry(g.uuid.clone(), model, mig, &instances).expect("device");
+            device.set_lost(g.health == Health::Lost);
+            let (name, memory_total) = nvml_identity(&g.model);
+            FakeGpu {
+                name: name.into(),
+                memory_total,
+                device,
+            }
+        })
+        .collect()
+}
+
+/// One test's machine: the stand-in's state file (named in the environment while the guard
+/// lives), and the node both drivers describe.
+struct Machine {
+    _guard: MutexGuard<'static, ()>,
+    dir: tempfile::TempDir,
+    node: Node,
+}
+
+impl Machine {
+    fn new(mutate: impl FnOnce(&mut FakeState)) -> Machine {
+        static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let mut nodes = load_nodes(&data("fleet.yaml")).unwrap();
+        let node = nodes.remove(0);
+        let mut state = FakeState {
+            gpus: fake_gpus(&node),
+            faults: Vec::new(),
+        };
+        mutate(&mut state);
+        let path = dir.path().join("fake-nvml.json");
+        state.save(&path).unwrap();
+        // SAFETY: tests in this binary take ONE_AT_A_TIME before touching the environment,
+        // and nothing else here reads it concurrently.
+        unsafe { std::env::set_var(STATE_ENV, &path) };
+        Machine {
+            _guard: guard,
+            dir,
+            node,
+        }
+    }
+
+    fn state_path(&self) -> PathBuf {
+        self.dir.path().join("fake-nvml.json")
+    }
+
+    fn edit(&self, f: impl FnOnce(&mut FakeState)) {
+        let mut s = FakeState::load(&self.state_path()).unwrap();
+        f(&mut s);
+        s.save(&self.state_path()).unwrap();
+    }
+
+    fn state(&self) -> FakeState {
+        FakeState::load(&self.state_path()).unwrap()
+    }
+
+    fn descriptor(&self) -> Node {
+        let mut n = self.node.clone();
+        n.gpus.clear();
+        n
+    }
+
+    fn nvml(&self) -> NvmlDriver {
+        NvmlDriver::open(Some(&fake_library()), self.descriptor()).unwrap()
+    }
+
+    fn sim(&self) -> SimDriver {
+        SimDriver::from_nodes(
+            std::slice::from_ref(&self.node),
+            &self.dir.path().join("sim.json"),
+        )
+        .unwrap()
+    }
+}
+
+fn gpu(index: u32) -> GpuRef {
+    GpuRef {
+        node: "gpu-0".into(),
+        index,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    SetMig(u32, bool),
+    Reset(u32),
+    CreateGi(u32, u32, u8),
+    DestroyGi(u32, u32),
+    CreateCi(u32, u32),
+    DestroyCi(u32, u32, u32),
+}
+
+/// What a step returned, comparable across drivers: the value, or the NVML code.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Done,
+    Id(u32),
+    Ci(u32, String),
+    Failed(Option<NvmlCode>),
+}
+
+fn apply(d: &mut dyn NodeDriver, step: Step) -> Outcome {
+    let r: Result<Outcome, DriverError> = match step {
+        Step::SetMig(g, on) => d.set_mig_mode(&gpu(g), on).map(|()| Outcome::Done),
+        Step::Reset(g) => d.reset_gpu(&gpu(g)).map(|()| Outcome::Done),
+        Step::CreateGi(g, p, s) => d.create_gpu_instance(&gpu(g), p, s).map(Outcome::Id),
+        Step::DestroyGi(g, i) => d.destroy_gpu_instance(&gpu(g), i).map(|()| Outcome::Done),
+        Step::CreateCi(g, i) => d
+            .create_compute_instance(&gpu(g), i)
+            .map(|c| Outcome::Ci(c.id, c.uuid)),
+        Step::DestroyCi(g, i, c) => d
+            .destroy_compute_instance(&gpu(g), i, c)
+            .map(|()| Outcome::Done),
+    };
+    r.unwrap_or_else(|e| Outcome::Failed(e.code()))
+}
+
+/// Runs `steps` on both drivers: each step must return the same thing, a failed step must
+/// leave the observation as it was, and after each step (but a mode change, which NVML may
+/// activate at once; see the driver's documentation) both must observe the same fleet.
+fn side_by_side(nvml: &mut NvmlDriver, sim: &mut SimDriver, steps: &[(Step, Outcome)]) {
+    let mut before = nvml.observe().unwrap();
+    assert_eq!(before, sim.observe().unwrap(), "initial observation");
+    for (step, want) in steps {
+        let got_nvml = apply(nvml, *step);
+        let got_sim = apply(sim, *step);
+        assert_eq!(&got_sim, want, "sim: {step:?}");
+        assert_eq!(&got_nvml, want, "nvml: {step:?}");
+        let after = nvml.observe().unwrap();
+        if matches!(want, Outcome::Failed(_)) {
+            assert_eq!(after, before, "{step:?} failed but changed the GPU");
+        }
+        if !matches!(step, Step::SetMig(..)) {
+            assert_eq!(after, sim.observe().unwrap(), "after {step:?}");
+        }
+        before = after;
+    }
+}
+
+fn layout(o: &Observation, index: u32) -> Vec<(String, u8)> {
+    o.nodes[0].gpus[index as usize]
+        .instances
+        .iter()
+        .map(|i| (i.profile.clone(), i.start))
+        .collect()
+}
+
+const FAILED_IN_USE: Outcome = Outcome::Failed(Some(NvmlCode::InUse));
+const FAILED_NO_ROOM: Outcome = Outcome::Failed(Some(NvmlCode::InsufficientResources));
+
+#[test]
+fn reads_the_gpus_and_their_geometry_as_the_sim_driver_does() {
+    let m = Machine::new(|_| {});
+    let mut nvml = m.nvml();
+    let o = nvml.observe().unwrap();
+    assert_eq!(o, m.sim().observe().unwrap());
+    let node = &o.nodes[0];
+    assert_eq!((node.name.as_str(), node.pool.as_str()), ("gpu-0", "infer"));
+    let models: Vec<&str> = node.gpus.iter().map(|g| g.model.as_str()).collect();
+    assert_eq!(
+        models,
+        ["H100-SXM5-80GB", "H100-SXM5-80GB", "A100-SXM4-40GB"]
+    );
+    assert_eq!(
+        layout(&o, H100),
+        [("4g.40gb".to_string(), 0), ("3g.40gb".to_string(), 4)]
+    );
+    assert!(
+        node.gpus[H100 as usize]
+            .instances
+            .iter()
+            .all(|i| i.uuid.as_deref().is_some_and(|u| u.starts_with("MIG-")))
+    );
+    assert!(!node.gpus[H100_OFF as usize].mig.enabled);
+    assert_eq!(o.details[H100 as usize].instances.len(), 2);
+}
+
+#[test]
+fn a_reconfiguration_with_explicit_placements_in_order_matches_the_sim_driver() {
+    let m = Machine::new(|_| {});
+    let (mut nvml, mut sim) = (m.nvml(), m.sim());
+    // 4g@0 (GI 0) + 3g@4 (GI 1)  ->  3g@0 + 2g@4 + 1g@6.
+    let steps = [
+        // A GPU instance with a compute instance cannot go first; nor can the mode change.
+        (Step::DestroyGi(H100, 0), FAILED_IN_USE),
+        (Step::SetMig(H100, false), FAILED_IN_USE),
+        (Step::DestroyCi(H100, 0, 0), Outcome::Done),
+        (Step::DestroyGi(H100, 0), Outcome::Done),
+        (Step::CreateGi(H100, 9, 0), Outcome::Id(0)),
+        // The 2g's slot is still the old 3g's: refused before anything is asked of the GPU.
+        (Step::CreateGi(H100, 14, 4), FAILED_NO_ROOM),
+        // Not a start the 3g profile allows.
+        (Step::CreateGi(H100, 9, 2), FAILED_NO_ROOM),
+        (
+            Step::CreateGi(H100, 1, 0),
+            Outcome::Failed(Some(NvmlCode::InvalidArgument)),
+        ),
+        (Step::DestroyCi(H100, 1, 0), Outcome::Done),
+        (Step::DestroyGi(H100, 1), Outcome::Done),
+        (Step::CreateGi(H100, 14, 4), Outcome::Id(1)),
+        (Step::CreateGi(H100, 19, 6), Outcome::Id(2)),
+    ];
+    side_by_side(&mut nvml, &mut sim, &steps);
+    // Compute instances: the UUIDs are derived from the GPU and the instance, so both drivers
+    // must hand out the same ones.
+    for gi in 0..3 {
+        let a = apply(&mut nvml, Step::CreateCi(H100, gi));
+        let b = apply(&mut sim, Step::CreateCi(H100, gi));
+        assert!(
+            matches!(&a, Outcome::Ci(0, u) if u.starts_with("MIG-")),
+            "{a:?}"
+        );
+        assert_eq!(a, b);
+    }
+    let o = nvml.observe().unwrap();
+    assert_eq!(o, sim.observe().unwrap());
+    assert_eq!(
+        layout(&o, H100),
+        [
+            ("3g.40gb".to_string(), 0),
+            ("2g.20gb".to_string(), 4),
+            ("1g.10gb".to_string(), 6)
+        ]
+    );
+    // The stand-in's file holds what was made: the same geometry the driver reports.
+    let placements = m.state().gpus[H100 as usize].device.placements();
+    assert_eq!(
+        placements,
+        [
+            Placement::new(9, 0),
+            Placement::new(14, 4),
+            Placement::new(19, 6)
+        ]
+    );
+}
+
+#[test]
+fn an_instance_a_process_holds_cannot_be_destroyed() {
+    let m = Machine::new(|_| {});
+    let (mut nvml, mut sim) = (m.nvml(), m.sim());
+    // A live pid: the sim driver drops processes that no longer exist, as NVML does.
+    let pid = std::process::id();
+    sim.attach_process(pid, &gpu(H100), Some(1)).unwrap();
+    m.edit(|s| {
+        s.gpus[H100 as usize]
+            .device
+            .attach_process(pid, ProcessScope::GpuInstance(1))
+            .unwrap()
+    });
+    let o = nvml.observe().unwrap();
+    assert_eq!(o, sim.observe().unwrap());
+    assert_eq!(o.details[H100 as usize].processes[0].pid, pid);
+    assert_eq!(o.details[H100 as usize].processes[0].gpu_instance, Some(1));
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[
+            (Step::DestroyCi(H100, 1, 0), FAILED_IN_USE),
+            (Step::DestroyGi(H100, 1), FAILED_IN_USE),
+            // The other instance is free.
+            (Step::DestroyCi(H100, 0, 0), Outcome::Done),
+            (Step::DestroyGi(H100, 0), Outcome::Done),
+        ],
+    );
+    sim.process_ended(pid);
+    m.edit(|s| {
+        s.gpus[H100 as usize].device.detach_process(pid);
+    });
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[
+            (Step::DestroyCi(H100, 1, 0), Outcome::Done),
+            (Step::DestroyGi(H100, 1), Outcome::Done),
+        ],
+    );
+}
+
+#[test]
+fn a_call_that_fails_once_changes_nothing_and_the_retry_succeeds() {
+    let m = Machine::new(|s| {
+        s.faults.push(FakeFault::Fail {
+            function: "nvmlDeviceCreateGpuInstanceWithPlacement".into(),
+            gpu: Some(H100),
+            code: NvmlCode::Unknown.raw(),
+            times: 1,
+            after: 0,
+        });
+        s.faults.push(FakeFault::Fail {
+            function: "nvmlComputeInstanceDestroy".into(),
+            gpu: Some(H100),
+            code: NvmlCode::InUse.raw(),
+            times: 1,
+            after: 1,
+        });
+    });
+    let (mut nvml, mut sim) = (m.nvml(), m.sim());
+    sim.set_faults(FaultPlan {
+        faults: vec![
+            Fault::Fail {
+                call: Call::CreateGpuInstance,
+                node: None,
+                gpu: Some(H100),
+                code: NvmlCode::Unknown,
+                times: 1,
+                after: 0,
+            },
+            Fault::Fail {
+                call: Call::DestroyComputeInstance,
+                node: None,
+                gpu: Some(H100),
+                code: NvmlCode::InUse,
+                times: 1,
+                after: 1,
+            },
+        ],
+    });
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[
+            (Step::DestroyCi(H100, 1, 0), Outcome::Done),
+            (Step::DestroyCi(H100, 0, 0), FAILED_IN_USE),
+            (Step::DestroyCi(H100, 0, 0), Outcome::Done),
+            (Step::DestroyGi(H100, 1), Outcome::Done),
+            (
+                Step::CreateGi(H100, 19, 6),
+                Outcome::Failed(Some(NvmlCode::Unknown)),
+            ),
+        ],
+    );
+    // Faults fire once: the stand-in has used them up and says so in its file.
+    assert!(m.state().faults.is_empty());
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[(Step::CreateGi(H100, 19, 6), Outcome::Id(1))],
+    );
+}
+
+#[test]
+fn a_lost_gpu_fails_every_call_and_is_reported_lost_with_its_last_geometry() {
+    let m = Machine::new(|_| {});
+    let (mut nvml, mut sim) = (m.nvml(), m.sim());
+    let before = nvml.observe().unwrap();
+    m.edit(|s| {
+        s.faults.push(FakeFault::Lose {
+            gpu: H100,
+            after: 0,
+        })
+    });
+    sim.set_faults(FaultPlan {
+        faults: vec![Fault::Lose {
+            node: "gpu-0".into(),
+            gpu: H100,
+            after: 0,
+        }],
+    });
+    let lost = Outcome::Failed(Some(NvmlCode::GpuIsLost));
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[
+            (Step::DestroyCi(H100, 0, 0), lost),
+            (
+                Step::CreateGi(H100, 19, 6),
+                Outcome::Failed(Some(NvmlCode::GpuIsLost)),
+            ),
+            (
+                Step::SetMig(H100, false),
+                Outcome::Failed(Some(NvmlCode::GpuIsLost)),
+            ),
+            // The other GPUs are untouched.
+            (Step::CreateGi(2, 0, 0), Outcome::Id(0)),
+        ],
+    );
+    let o = nvml.observe().unwrap();
+    let g = &o.nodes[0].gpus[H100 as usize];
+    assert_eq!(g.health, Health::Lost);
+    assert_eq!(g.instances, before.nodes[0].gpus[H100 as usize].instances);
+    assert!(m.state().gpus[H100 as usize].device.is_lost());
+}
+
+#[test]
+fn enabling_mig_waits_for_a_reset_that_a_hidden_client_refuses() {
+    // NVML activates the mode inside nvmlDeviceSetMigMode; that attempt is refused too, so the
+    // stand-in refuses twice where the sim driver, whose reset is a call of its own, once.
+    let m = Machine::new(|s| {
+        s.faults.push(FakeFault::RefuseReset {
+            gpu: Some(H100_OFF),
+            times: 2,
+            after: 0,
+        })
+    });
+    let (mut nvml, mut sim) = (m.nvml(), m.sim());
+    sim.set_faults(FaultPlan {
+        faults: vec![Fault::RefuseReset {
+            node: None,
+            gpu: Some(H100_OFF),
+            times: 1,
+            after: 0,
+        }],
+    });
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[
+            (Step::SetMig(H100_OFF, true), Outcome::Done),
+            // Not yet enabled: nothing can be created.
+            (
+                Step::CreateGi(H100_OFF, 0, 0),
+                Outcome::Failed(Some(NvmlCode::NotSupported)),
+            ),
+            (Step::Reset(H100_OFF), FAILED_IN_USE),
+        ],
+    );
+    let o = nvml.observe().unwrap();
+    let g = &o.nodes[0].gpus[H100_OFF as usize];
+    assert_eq!((g.mig.enabled, g.mig.pending), (false, Some(true)));
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[
+            (Step::Reset(H100_OFF), Outcome::Done),
+            (Step::CreateGi(H100_OFF, 0, 0), Outcome::Id(0)),
+        ],
+    );
+}
+
+#[test]
+fn an_unknown_gpu_model_is_a_clear_error() {
+    let m = Machine::new(|s| s.gpus[2].name = "NVIDIA GeForce RTX 4090".into());
+    let err = NvmlDriver::open(Some(&fake_library()), m.descriptor()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("gpu-0/gpu2"), "{text}");
+    assert!(text.contains("NVIDIA GeForce RTX 4090"), "{text}");
+    assert!(text.contains("matches no GPU model"), "{text}");
+}
+
+#[test]
+fn a_descriptor_listing_gpus_is_refused() {
+    let m = Machine::new(|_| {});
+    let err = NvmlDriver::open(Some(&fake_library()), m.node.clone()).unwrap_err();
+    assert!(err.to_string().contains("gpus: []"), "{err}");
+}
+
+#[test]
+fn without_the_library_open_fails_naming_it() {
+    let m = Machine::new(|_| {});
+    let missing = m.dir.path().join("no-such/libnvidia-ml.so.1");
+    let err = NvmlDriver::open(Some(&missing), m.descriptor()).unwrap_err();
+    assert!(
+        matches!(&err, DriverError::Library { path, .. } if *path == missing.display().to_string()),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("cannot load the NVML library"),
+        "{err}"
+    );
+    // A library that loads but whose nvmlInit fails (here: the stand-in without a state file)
+    // is the same kind of error, with NVML's reason.
+    // SAFETY: serialised by the Machine's lock.
+    unsafe { std::env::set_var(STATE_ENV, m.dir.path().join("none.json")) };
+    let err = NvmlDriver::open(Some(&fake_library()), m.descriptor()).unwrap_err();
+    assert!(
+        matches!(&err, DriverError::Library { reason, .. } if reason.contains("nvmlInit_v2")),
+        "{err:?}"
+    );
+}
