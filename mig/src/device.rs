@@ -197,12 +197,7 @@ impl TryFrom<DeviceRecord> for MigDevice {
             processes: r.processes,
             lost: r.lost,
         };
-        device
-            .check_invariants()
-            .map_err(|reason| InvalidDeviceState {
-                uuid: device.uuid.clone(),
-                reason,
-            })?;
+        device.check_invariants()?;
         Ok(device)
     }
 }
@@ -264,7 +259,7 @@ impl MigDevice {
         // Catches a UUID given to two instances (or equal to a generated one).
         device
             .check_invariants()
-            .map_err(DeviceError::InvalidArgument)?;
+            .map_err(|e| DeviceError::InvalidArgument(e.reason))?;
         Ok(device)
     }
 
@@ -568,8 +563,16 @@ impl MigDevice {
     }
 
     /// What the operations guarantee, checked on stored state (and by the tests after every
-    /// operation). Returns the first broken rule.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    /// operation). Reports the first broken rule.
+    pub fn check_invariants(&self) -> Result<(), InvalidDeviceState> {
+        self.first_broken_rule()
+            .map_err(|reason| InvalidDeviceState {
+                uuid: self.uuid.clone(),
+                reason,
+            })
+    }
+
+    fn first_broken_rule(&self) -> Result<(), String> {
         if !self.mig.current && !self.gpu_instances.is_empty() {
             return Err("GPU instances exist but MIG is disabled".into());
         }
