@@ -156,7 +156,9 @@ pub struct ReconcileArgs {
     pub path: Option<String>,
     #[arg(long, value_enum, default_value_t = DriverKind::Sim)]
     pub driver: DriverKind,
-    /// With `--driver sim`: the ClusterState file the simulated nodes start from.
+    /// A ClusterState file. With `--driver sim`: the simulated nodes to start from. With
+    /// `--driver nvml`: this machine's one node (name, pool, labels, cpu, memory) with
+    /// `gpus: []`, the GPUs being discovered through NVML.
     #[arg(long, value_name = "FILE")]
     pub nodes: Option<PathBuf>,
     /// With `--driver sim`: NVML faults to inject (YAML), for tests and drills.

@@ -9,7 +9,8 @@ use tessera_compiler::units;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::driver::NodeDriver;
 use tessera_reconciler::driver::faults::FaultPlan;
-use tessera_reconciler::driver::sim::SimDriver;
+use tessera_reconciler::driver::nvml::NvmlDriver;
+use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
 use tessera_reconciler::repo::Source;
 use tessera_reconciler::service::{
     Config, CycleReport, OnceOptions, ServeOptions, Status, run_once, serve,
@@ -102,9 +103,29 @@ fn driver(args: &ReconcileArgs) -> anyhow::Result<Box<dyn NodeDriver>> {
             }
             Box::new(sim)
         }
-        DriverKind::Nvml => bail!(
-            "--driver nvml is not available in this build yet; use --driver sim (see the CHANGELOG)"
-        ),
+        DriverKind::Nvml => {
+            if args.faults.is_some() {
+                bail!(
+                    "--faults is for --driver sim; under --driver nvml faults come from the GPUs \
+                     (or from the stand-in library's state file in tests)"
+                );
+            }
+            let Some(descriptor) = &args.nodes else {
+                bail!(
+                    "--driver nvml needs --nodes FILE: a ClusterState file with this machine's \
+                     node (name, pool, cpu, memory, labels) and `gpus: []`; the GPUs come from NVML"
+                );
+            };
+            let mut nodes = load_nodes(descriptor)?;
+            if nodes.len() != 1 {
+                bail!(
+                    "{}: --driver nvml drives this machine only: describe exactly one node (found {})",
+                    descriptor.display(),
+                    nodes.len()
+                );
+            }
+            Box::new(NvmlDriver::open(args.nvml_lib.as_deref(), nodes.remove(0))?)
+        }
     })
 }
 
