@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use git2::{Repository, Signature, Time};
+use git2::Repository;
 
 mod common;
 
@@ -56,27 +56,8 @@ impl Fleet {
 
     /// Commits the whole work tree (`git add -A && git commit`), at a fixed time; returns the id.
     fn commit(&mut self, message: &str) -> String {
-        let mut index = self.repo.index().unwrap();
-        index
-            .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
-            .unwrap();
-        index.update_all(["*"], None).unwrap();
-        index.write().unwrap();
-        let tree = self.repo.find_tree(index.write_tree().unwrap()).unwrap();
         self.ticks += 1;
-        let sig = Signature::new(
-            "Policy Author",
-            "author@example.invalid",
-            &Time::new(1_790_000_000 + self.ticks * 60, 0),
-        )
-        .unwrap();
-        let parent = self.repo.head().ok().map(|h| h.peel_to_commit().unwrap());
-        let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
-        let id = self
-            .repo
-            .commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
-            .unwrap();
-        id.to_string()
+        common::commit_all(&self.repo, self.ticks, message)
     }
 
     fn tag(&self, name: &str, commit: &str) {

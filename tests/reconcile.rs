@@ -5,12 +5,14 @@
 //! Every wait polls with a generous deadline and never asserts on time: a slow machine makes
 //! these tests slower, not red.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use git2::{Repository, RepositoryInitOptions, Signature, Time};
+use git2::{Repository, RepositoryInitOptions};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-0123456789abcdef";
@@ -65,26 +67,8 @@ impl PolicyRepo {
     }
 
     fn commit(&mut self, message: &str) -> String {
-        let mut index = self.repo.index().unwrap();
-        index
-            .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
-            .unwrap();
-        index.update_all(["*"], None).unwrap();
-        index.write().unwrap();
-        let tree = self.repo.find_tree(index.write_tree().unwrap()).unwrap();
         self.ticks += 1;
-        let sig = Signature::new(
-            "Policy Author",
-            "author@example.invalid",
-            &Time::new(1_790_000_000 + self.ticks * 60, 0),
-        )
-        .unwrap();
-        let parent = self.repo.head().ok().map(|h| h.peel_to_commit().unwrap());
-        let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
-        self.repo
-            .commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
-            .unwrap()
-            .to_string()
+        common::commit_all(&self.repo, self.ticks, message)
     }
 }
 

@@ -197,7 +197,8 @@ fn dir_has_entries(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 
-fn find_gi(observation: &Observation, gpu: &GpuRef, start: u8) -> Option<u32> {
+/// The id of the GPU instance at memory slice `start` of `gpu`, as observed.
+pub fn find_gi(observation: &Observation, gpu: &GpuRef, start: u8) -> Option<u32> {
     observation
         .details
         .iter()

@@ -134,7 +134,9 @@ impl Reconciler {
                             index,
                         };
                         let gi = b.mig_start.and_then(|start| {
-                            observation.as_ref().and_then(|o| find_gi(o, &gpu, start))
+                            observation
+                                .as_ref()
+                                .and_then(|o| apply::find_gi(o, &gpu, start))
                         });
                         self.driver.process_started(pid, &gpu, gi);
                     }
@@ -250,7 +252,7 @@ impl Reconciler {
 
         let mut observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
         let records = self.store.live().map_err(|e| e.to_string())?;
-        let tracked: Vec<Tracked> = records.iter().map(tracked).collect();
+        let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
         let state = snapshot::cluster_state(&observation, &tracked, now);
         *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
 
@@ -359,6 +361,14 @@ impl Reconciler {
                     report.failed.push((action.clone(), message));
                 }
             }
+        }
+        if !plan.actions.is_empty() {
+            // `/state` shows the fleet as this cycle left it, not as it found it.
+            let observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
+            let records = self.store.live().map_err(|e| e.to_string())?;
+            let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
+            *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) =
+                Some(snapshot::cluster_state(&observation, &tracked, now));
         }
         report.plan = plan;
         Ok(())
@@ -660,15 +670,4 @@ pub fn action_name(action: &Action) -> &'static str {
 
 fn short(commit: &str) -> &str {
     &commit[..commit.len().min(12)]
-}
-
-fn find_gi(observation: &Observation, gpu: &GpuRef, start: u8) -> Option<u32> {
-    observation
-        .details
-        .iter()
-        .find(|d| &d.gpu == gpu)?
-        .instances
-        .iter()
-        .find(|gi| gi.start == start)
-        .map(|gi| gi.id)
 }
