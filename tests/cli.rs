@@ -182,7 +182,10 @@ fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
         .iter()
         .map(|p| p["policy"].as_str().unwrap())
         .collect();
-    assert_eq!(policies, ["Tessera", "FGD", "BestFit", "FirstFit", "Random"]);
+    assert_eq!(
+        policies,
+        ["Tessera", "FGD", "BestFit", "FirstFit", "Random"]
+    );
     let (code, _, stderr) = tessera(&[
         "bench",
         "openb",
