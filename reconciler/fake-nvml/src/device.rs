@@ -1,0 +1,337 @@
+//! Devices: count, handles, identity, memory, MIG mode, MIG device handles and the processes
+//! on a device.
+
+use std::ffi::{c_char, c_uint};
+
+use nvml_wrapper_sys::bindings::*;
+use tessera_mig::COMPUTE_SLICES;
+use tessera_mig::device::ProcessScope;
+
+use crate::ffi::*;
+use crate::handle::{Handle, handle};
+
+/// # Safety
+/// `count` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: NVML's contract on `count`.
+    call("nvmlDeviceGetCount_v2", None, false, |st| unsafe {
+        put(count, st.gpus.len() as c_uint)
+    })
+}
+
+/// # Safety
+/// `device` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    // A lost GPU still has a handle; the calls on it fail.
+    call(
+        "nvmlDeviceGetHandleByIndex_v2",
+        Some(index),
+        false,
+        |_| unsafe { put(device, Handle::Device(index).ptr()) },
+    )
+}
+
+/// # Safety
+/// `name` is null or valid for `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    let Some(h) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceGetName", Some(h.gpu()), true, |st| {
+        let g = &st.gpus[h.gpu() as usize];
+        let text = match h {
+            Handle::Device(_) => g.name.clone(),
+            Handle::Mig { gi, .. } => {
+                let p = placement_of(&g.device, gi)?;
+                let profile = g.device.model().profile_name(p.profile_id).unwrap_or("?");
+                format!("{} MIG {profile}", g.name)
+            }
+            _ => return Err(INVALID_ARGUMENT),
+        };
+        // SAFETY: NVML's contract on `name`.
+        unsafe { put_str(name, length, &text) }
+    })
+}
+
+/// # Safety
+/// `uuid` is null or valid for `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    let Some(h) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceGetUUID", Some(h.gpu()), true, |st| {
+        let d = &st.gpus[h.gpu() as usize].device;
+        let text = match h {
+            Handle::Device(_) => d.uuid().to_owned(),
+            Handle::Mig { gi, ci, .. } => d
+                .gpu_instance(gi)
+                .and_then(|g| g.compute_instances.iter().find(|c| c.id == ci))
+                .map(|c| c.uuid.clone())
+                .ok_or(NOT_FOUND)?,
+            _ => return Err(INVALID_ARGUMENT),
+        };
+        // SAFETY: NVML's contract on `uuid`.
+        unsafe { put_str(uuid, length, &text) }
+    })
+}
+
+/// # Safety
+/// `memory` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    let Some(Handle::Device(g)) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceGetMemoryInfo", Some(g), true, |st| {
+        let total = st.gpus[g as usize].memory_total;
+        // SAFETY: NVML's contract on `memory`.
+        unsafe {
+            put(
+                memory,
+                nvmlMemory_t {
+                    total,
+                    free: total,
+                    used: 0,
+                },
+            )
+        }
+    })
+}
+
+/// # Safety
+/// `isMigDevice` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    isMigDevice: *mut c_uint,
+) -> nvmlReturn_t {
+    let Some(h) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call(
+        "nvmlDeviceIsMigDeviceHandle",
+        Some(h.gpu()),
+        true,
+        |_| unsafe { put(isMigDevice, c_uint::from(matches!(h, Handle::Mig { .. }))) },
+    )
+}
+
+/// # Safety
+/// `currentMode` and `pendingMode` are null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    currentMode: *mut c_uint,
+    pendingMode: *mut c_uint,
+) -> nvmlReturn_t {
+    let Some(Handle::Device(g)) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceGetMigMode", Some(g), true, |st| {
+        let d = dev(st, g);
+        if !d.model().is_mig_capable() {
+            return Err(NOT_SUPPORTED);
+        }
+        let m = d.mig_mode();
+        // SAFETY: NVML's contract on the out pointers.
+        unsafe {
+            put(currentMode, c_uint::from(m.current))?;
+            put(pendingMode, c_uint::from(m.pending))
+        }
+    })
+}
+
+/// Records the mode, then attempts the reset that activates it; `activationStatus` says how
+/// that went (the call itself succeeds, and the mode stays pending, when it fails).
+///
+/// # Safety
+/// `activationStatus` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMigMode(
+    device: nvmlDevice_t,
+    mode: c_uint,
+    activationStatus: *mut nvmlReturn_t,
+) -> nvmlReturn_t {
+    let Some(Handle::Device(g)) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceSetMigMode", Some(g), true, |st| {
+        if mode > 1 || activationStatus.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        dev(st, g).set_mig_mode(mode == 1).map_err(nvml_err)?;
+        let status = if st.reset_refused(g) {
+            IN_USE
+        } else {
+            match dev(st, g).reset() {
+                Ok(()) => SUCCESS,
+                Err(e) => e.nvml_return(),
+            }
+        };
+        // SAFETY: checked non-null; NVML's contract otherwise.
+        unsafe { put(activationStatus, status) }
+    })
+}
+
+/// # Safety
+/// `count` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    let Some(Handle::Device(g)) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceGetMaxMigDeviceCount", Some(g), true, |st| {
+        let max = if dev(st, g).model().is_mig_capable() {
+            c_uint::from(COMPUTE_SLICES)
+        } else {
+            0
+        };
+        // SAFETY: NVML's contract on `count`.
+        unsafe { put(count, max) }
+    })
+}
+
+/// # Safety
+/// `migDevice` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    migDevice: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    let Some(Handle::Device(g)) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceGetMigDeviceHandleByIndex", Some(g), true, |st| {
+        let d = dev(st, g);
+        if !d.mig_mode().current {
+            return Err(NOT_SUPPORTED);
+        }
+        let &(gi, ci) = mig_devices(d).get(index as usize).ok_or(NOT_FOUND)?;
+        // SAFETY: NVML's contract on `migDevice`.
+        unsafe { put(migDevice, Handle::Mig { gpu: g, gi, ci }.ptr()) }
+    })
+}
+
+/// # Safety
+/// `id` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    let Some(Handle::Mig { gpu, gi, .. }) = handle(device) else {
+        return NOT_SUPPORTED;
+    };
+    call("nvmlDeviceGetGpuInstanceId", Some(gpu), true, |_| unsafe {
+        put(id, gi)
+    })
+}
+
+/// # Safety
+/// `id` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    let Some(Handle::Mig { gpu, ci, .. }) = handle(device) else {
+        return NOT_SUPPORTED;
+    };
+    call(
+        "nvmlDeviceGetComputeInstanceId",
+        Some(gpu),
+        true,
+        |_| unsafe { put(id, ci) },
+    )
+}
+
+/// On the GPU's handle: every process, with its instance ids; on a MIG device's handle: the
+/// processes of that compute instance. With `infos` null, or too small, `infoCount` receives
+/// the count needed and the answer is `INSUFFICIENT_SIZE` (`SUCCESS` when there are none).
+///
+/// # Safety
+/// `infoCount` is null or valid; `infos` is null or valid for `*infoCount` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    infoCount: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    let Some(h) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call(
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        Some(h.gpu()),
+        true,
+        |st| {
+            if infoCount.is_null() {
+                return Err(INVALID_ARGUMENT);
+            }
+            let d = dev(st, h.gpu());
+            let info = |pid: u32, gi: c_uint, ci: c_uint| nvmlProcessInfo_t {
+                pid,
+                usedGpuMemory: 0,
+                gpuInstanceId: gi,
+                computeInstanceId: ci,
+            };
+            let items: Vec<nvmlProcessInfo_t> = d
+                .processes()
+                .iter()
+                .filter_map(|p| {
+                    let (gi, ci) = match p.scope {
+                        ProcessScope::Gpu => (NO_INSTANCE, NO_INSTANCE),
+                        ProcessScope::GpuInstance(gi) => (gi, NO_INSTANCE),
+                        ProcessScope::ComputeInstance {
+                            gpu_instance,
+                            compute_instance,
+                        } => (gpu_instance, compute_instance),
+                    };
+                    match h {
+                        Handle::Device(_) => Some(info(p.pid, gi, ci)),
+                        // A process bound to a whole GPU instance runs on each of its
+                        // compute instances.
+                        Handle::Mig { gi: mg, ci: mc, .. }
+                            if gi == mg && (ci == NO_INSTANCE || ci == mc) =>
+                        {
+                            Some(info(p.pid, gi, ci))
+                        }
+                        _ => None,
+                    }
+                })
+                .collect();
+            // SAFETY: `infoCount` checked; NVML's contract on `infos`.
+            let capacity = if infos.is_null() {
+                0
+            } else {
+                unsafe { *infoCount as usize }
+            };
+            if items.is_empty() {
+                return unsafe { put(infoCount, 0) };
+            }
+            unsafe { put_list(infos, infoCount, capacity, items) }
+        },
+    )
+}
