@@ -753,3 +753,42 @@ fn submit_checks_the_file_first_and_cancel_goes_through_the_api() {
     assert!(text.contains("no workload"), "{text}");
     service.stop();
 }
+
+#[test]
+fn a_suspended_service_applies_nothing_until_resumed() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start(repo.path(), work.path(), &[]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+    assert_eq!(
+        service.call("POST", "/v1/suspend", Some(PRODUCT), None).0,
+        403
+    );
+    let (code, status) = service.call("POST", "/v1/suspend", Some(ADMIN), None);
+    assert_eq!(code, 200);
+    assert_eq!(status["suspended"], true);
+    let mut chat = small_inference();
+    chat["gpu"] = json!({"migProfile": "3g.40gb"});
+    assert_eq!(service.submit(PRODUCT, "chat-small", chat).0, 201);
+    // Cycles go on (the decision is computed and shown) but nothing is applied.
+    let before = service.status()["cycles"].as_u64().unwrap();
+    eventually("two more cycles", || {
+        (service.status()["cycles"].as_u64().unwrap() >= before + 2).then_some(())
+    });
+    assert_eq!(phase(&service.workload(PRODUCT, "chat-small")), "pending");
+    assert_eq!(service.status()["sync"], "OutOfSync");
+
+    assert_eq!(service.call("POST", "/v1/resume", Some(ADMIN), None).0, 200);
+    assert_eq!(
+        service.call("POST", "/v1/reconcile", Some(ADMIN), None).0,
+        202
+    );
+    eventually("running once resumed", || {
+        (phase(&service.workload(PRODUCT, "chat-small")) == "running").then_some(())
+    });
+    stop_workloads(&service);
+    service.stop();
+}
