@@ -29,6 +29,7 @@ mod ffi;
 mod handle;
 mod init;
 mod instances;
+mod signatures;
 pub mod state;
 
 pub use ffi::full_compute_instance_profile;
