@@ -568,3 +568,56 @@ fn without_the_library_open_fails_naming_it() {
         "{err:?}"
     );
 }
+
+#[test]
+fn the_stand_in_answers_nvml_wrappers_own_api_per_device_and_per_instance() {
+    // The driver uses raw symbols; nvml-wrapper's safe wrappers are a second, independent
+    // reader of the same C answers (sizes, out-pointers, INSUFFICIENT_SIZE handshakes).
+    let m = Machine::new(|_| {});
+    let pid = std::process::id();
+    m.edit(|s| {
+        let d = &mut s.gpus[H100 as usize].device;
+        d.attach_process(pid, ProcessScope::GpuInstance(1)).unwrap();
+        d.attach_process(pid + 1, ProcessScope::Gpu).unwrap();
+    });
+    let lib = fake_library();
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .unwrap();
+    assert_eq!(nvml.device_count().unwrap(), 3);
+    let device = nvml.device_by_index(H100).unwrap();
+    assert_eq!(device.name().unwrap(), "NVIDIA H100 80GB HBM3");
+    assert_eq!(
+        device.uuid().unwrap(),
+        "GPU-0c000000-0000-0000-0000-000000000000"
+    );
+    let mode = device.mig_mode().unwrap();
+    assert_eq!((mode.current, mode.pending), (1, 1));
+    let all: Vec<(u32, Option<u32>)> = device
+        .running_compute_processes()
+        .unwrap()
+        .iter()
+        .map(|p| (p.pid, p.gpu_instance_id))
+        .collect();
+    assert_eq!(all, [(pid, Some(1)), (pid + 1, None)]);
+
+    // MIG devices in NVML's order (GPU instance 0, then 1); only the one on GPU instance 1
+    // runs the process.
+    let expected = m.sim().observe().unwrap().details[H100 as usize].clone();
+    for (index, gi) in expected.instances.iter().enumerate() {
+        let mig = device.mig_device_by_index(index as u32).unwrap();
+        assert!(mig.mig_is_mig_device_handle().unwrap());
+        assert_eq!(mig.uuid().unwrap(), gi.compute_instances[0].uuid);
+        let pids: Vec<u32> = mig
+            .running_compute_processes()
+            .unwrap()
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(pids, if gi.id == 1 { vec![pid] } else { vec![] });
+    }
+    assert!(device.mig_device_by_index(2).is_err());
+    // A symbol the stand-in does not export is a per-call error, not a load failure.
+    assert!(device.memory_info().is_err());
+}
