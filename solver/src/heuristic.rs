@@ -45,6 +45,12 @@ use crate::decision::{
 use crate::problem::{Demand, Exclusion, OrphanCause, Phase, Problem, Slot};
 use crate::quota::Ledger;
 
+// The integer program's replay builds its decision with this cycle's own steps, so it lives
+// beside the ILP but is a child of this module, which keeps the cycle's internals private.
+#[path = "ilp/replay.rs"]
+mod replay;
+pub(crate) use replay::{Admission, Directive, KeepPhase, keep_phase, solve_directed};
+
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default)]
 struct GpuState {
@@ -656,6 +662,9 @@ struct Solver<'p> {
     status: Vec<Option<Status>>,
     /// Running workloads within their tenant's guarantee (at the start of the cycle).
     within_guarantee: Vec<bool>,
+    /// Workloads admitted only where they fit without preemption (an integer program found
+    /// preempting for them not worth it; see `replay.rs`).
+    hold: Vec<bool>,
 }
 
 fn pool_of(p: &Problem, w: usize) -> usize {
@@ -678,6 +687,7 @@ impl<'p> Solver<'p> {
             ledger: Ledger::new(p),
             status: vec![None; p.workloads.len()],
             within_guarantee: vec![false; p.workloads.len()],
+            hold: vec![false; p.workloads.len()],
         }
     }
 
@@ -748,8 +758,13 @@ impl<'p> Solver<'p> {
 
     fn run(&mut self) {
         self.keep_running();
+        self.run_queue();
+    }
+
+    /// (b)-(e) for every workload not decided yet, in queue order.
+    fn run_queue(&mut self) {
         let mut queue: Vec<usize> = (0..self.p.workloads.len())
-            .filter(|&w| !self.p.workloads[w].is_running())
+            .filter(|&w| self.status[w].is_none())
             .collect();
         // A key depends on the ledger alone, which only an admission changes (`admit` replaces
         // it right before returning `Admit`): keys are recomputed after admissions, not after
@@ -794,7 +809,8 @@ impl<'p> Solver<'p> {
             }
         }
         // Releasing victims frees room and quota alike (the root's limit is the pool).
-        for (pool, reason) in &mut attempts {
+        let preempting = if self.hold[w] { 0 } else { attempts.len() };
+        for (pool, reason) in attempts.iter_mut().take(preempting) {
             // A limit refused at tenant X: only X's subtree can give quota back.
             let scope = match reason {
                 Reason::QuotaExceeded { tenant, .. } => {
@@ -1120,7 +1136,7 @@ fn placed_of(p: &Problem, w: usize, s: &Slot) -> Placed {
 }
 
 /// GPU units × seconds of work since the last checkpoint (or the start).
-fn lost_units_seconds(p: &Problem, w: usize) -> i64 {
+pub(crate) fn lost_units_seconds(p: &Problem, w: usize) -> i64 {
     let wl = &p.workloads[w];
     match wl.phase {
         Phase::Running {
@@ -1176,6 +1192,11 @@ fn orphan_cause(c: &OrphanCause) -> String {
 pub fn solve(p: &Problem) -> Decision {
     let mut s = Solver::new(p);
     s.run();
+    decide(p, &s, Method::Heuristic, crate::bound::lp_bound(p))
+}
+
+/// The decision of a finished cycle, valued, with the relaxation's `bound`.
+fn decide(p: &Problem, s: &Solver, method: Method, bound: Option<f64>) -> Decision {
     let mut workloads = Vec::new();
     let mut objective = 0.0;
     for (w, wl) in p.workloads.iter().enumerate() {
@@ -1264,11 +1285,10 @@ pub fn solve(p: &Problem) -> Decision {
     }
     workloads.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let bound = crate::bound::lp_bound(p);
     Decision {
         format_version: FORMAT_VERSION,
         now: p.now_text.clone(),
-        method: Method::Heuristic,
+        method,
         objective: round(objective, 1e6),
         // Rounded up, so that rounding never makes the bound smaller than the objective.
         bound: bound.map(|b| (b * 1e6).ceil() / 1e6),
@@ -1281,7 +1301,7 @@ pub fn solve(p: &Problem) -> Decision {
         }),
         geometry: geometry(p, &s.fleet),
         usage: usage(p, &s.ledger),
-        pools: pool_reports(p, &s),
+        pools: pool_reports(p, s),
         workloads,
     }
 }
@@ -1458,6 +1478,7 @@ fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                 stranded,
                 free_nodes,
                 free_domains: free_domains.values().filter(|v| **v).count() as u32,
+                refinement: None,
             }
         })
         .collect()
