@@ -32,17 +32,33 @@ use tessera_compiler::units::Gpus;
 
 use super::incumbent::State;
 use super::model::{Linear, Model, Var};
-use super::window::Window;
+use super::window::{Gang, Victim, Window};
 use crate::heuristic::{Admission, KeepPhase, lost_units_seconds};
-use crate::problem::Problem;
+use crate::problem::{Demand, Problem, WorkloadInfo};
+use crate::quota::Ledger;
 
 /// A preemption that costs no lost work still costs this much, so that it is chosen only when
 /// it buys something.
 const PREEMPTION_COST: f64 = 1e-3;
 
-/// Scales that keep CPU (cores) and memory (GiB) coefficients near the GPU counts.
+/// GPUs, CPU cores and memory GiB: scales that keep the coefficients near one another.
+const RESOURCES: usize = 3;
+type Amount = [f64; RESOURCES];
 const MILLIS_PER_CORE: f64 = 1000.0;
 const BYTES_PER_GIB: f64 = (1u64 << 30) as f64;
+
+fn amount(gpus: Gpus, cpu_millis: u64, memory_bytes: u64) -> Amount {
+    [
+        gpus.as_f64(),
+        cpu_millis as f64 / MILLIS_PER_CORE,
+        memory_bytes as f64 / BYTES_PER_GIB,
+    ]
+}
+
+/// One replica of `wl`.
+fn per_replica(wl: &WorkloadInfo) -> Amount {
+    amount(wl.demand.gpus(), wl.cpu.0, wl.memory.0)
+}
 
 pub struct Formulation {
     pub model: Model,
@@ -50,7 +66,7 @@ pub struct Formulation {
     victims: Vec<(usize, Var)>,
     /// Auxiliary variables, each a function of the choices above (for the start point).
     aux: Vec<(Var, Aux)>,
-    /// Usage per tenant in the pool, as an expression.
+    /// GPUs used per tenant in the pool, descendants included.
     usage: BTreeMap<usize, Linear>,
 }
 
@@ -65,95 +81,120 @@ enum Aux {
     Domain(usize, String),
     /// The gang (by position) is admitted and its tenant ends within its guarantee.
     Guaranteed(usize),
+    /// One of the tenant's gangs is admitted.
+    Admits(usize),
     /// The tenant admits (the expression: 1 or its `Admits` variable) and ends above its
     /// guarantee.
     Borrows(usize, Linear),
-    /// One of the tenant's gangs is admitted.
-    Admits(usize),
     /// The tenant's reserved idle guarantee, `max(0, guarantee − lending − usage)`.
     Reserved(usize, f64),
 }
 
-fn gpus(g: Gpus) -> f64 {
-    g.as_f64()
+pub fn formulate(p: &Problem, win: &Window, states: &[State], keep: &KeepPhase) -> Formulation {
+    let mut b = Builder {
+        p,
+        win,
+        states,
+        pool: win.pool,
+        m: Model::default(),
+        aux: Vec::new(),
+        gangs: Vec::new(),
+        victims: Vec::new(),
+        usage: BTreeMap::new(),
+        node_use: BTreeMap::new(),
+        guaranteed: BTreeMap::new(),
+    };
+    for g in &win.gangs {
+        b.gang(g);
+    }
+    for v in &win.victims {
+        b.victim(v);
+    }
+    b.nodes();
+    b.limits();
+    b.borrowing();
+    for (i, v) in win.victims.iter().enumerate() {
+        b.beneficiary(i, v, keep.within_guarantee[v.workload]);
+    }
+    let mut f = Formulation {
+        model: b.m,
+        gangs: b.gangs,
+        victims: b.victims,
+        aux: b.aux,
+        usage: b
+            .usage
+            .into_iter()
+            .map(|(t, [gpus, ..])| (t, gpus))
+            .collect(),
+    };
+    f.start(p, win, win.pool);
+    f
 }
 
-pub fn formulate(p: &Problem, win: &Window, states: &[State], keep: &KeepPhase) -> Formulation {
-    let pool = win.pool;
-    let mut m = Model::default();
-    let capacity = gpus(win.fixed.capacity(pool).gpus);
-    // Usage of each tenant in the pool, descendants included, as an expression.
-    let mut usage: BTreeMap<usize, Linear> = BTreeMap::new();
-    let mut cpu_use: BTreeMap<usize, Linear> = BTreeMap::new();
-    let mut mem_use: BTreeMap<usize, Linear> = BTreeMap::new();
-    let mut node_gpus: BTreeMap<usize, Linear> = BTreeMap::new();
-    let mut node_cpu: BTreeMap<usize, Linear> = BTreeMap::new();
-    let mut node_mem: BTreeMap<usize, Linear> = BTreeMap::new();
-    let mut charge = |tenant: usize, e: &Linear, wl: &crate::problem::WorkloadInfo| {
-        for &t in &p.tenants[tenant].lineage {
-            usage
-                .entry(t)
-                .or_default()
-                .add_all(e, gpus(wl.demand.gpus()));
-            cpu_use
-                .entry(t)
-                .or_default()
-                .add_all(e, wl.cpu.0 as f64 / MILLIS_PER_CORE);
-            mem_use
-                .entry(t)
-                .or_default()
-                .add_all(e, wl.memory.0 as f64 / BYTES_PER_GIB);
-        }
-    };
+struct Builder<'a> {
+    p: &'a Problem,
+    win: &'a Window,
+    states: &'a [State],
+    pool: usize,
+    m: Model,
+    aux: Vec<(Var, Aux)>,
+    gangs: Vec<GangVars>,
+    victims: Vec<(usize, Var)>,
+    /// Per tenant whose usage the window changes: GPUs, CPU and memory, descendants included.
+    usage: BTreeMap<usize, [Linear; RESOURCES]>,
+    /// Per window node: what the window's workloads hold there.
+    node_use: BTreeMap<usize, [Linear; RESOURCES]>,
+    /// Per gang (workload), its "admitted within guarantee" flag, made when first needed.
+    guaranteed: BTreeMap<usize, Var>,
+}
 
-    // Gangs.
-    let domains_of_window: BTreeSet<&str> = win
-        .nodes
-        .iter()
-        .map(|&n| p.nodes[n].domain.as_str())
-        .collect();
-    let mut gangs = Vec::new();
-    let mut aux = Vec::new();
-    for gang in &win.gangs {
-        let w = gang.workload;
-        let wl = &p.workloads[w];
-        let per_replica = gpus(wl.demand.gpus());
+impl Builder<'_> {
+    /// `count` of the window's workload `wl` (an expression) held by its tenant and ancestors.
+    fn charge(&mut self, wl: &WorkloadInfo, count: &Linear) {
+        let each = per_replica(wl);
+        for &t in &self.p.tenants[wl.tenant].lineage {
+            let u = self.usage.entry(t).or_default();
+            for r in 0..RESOURCES {
+                u[r].add_all(count, each[r]);
+            }
+        }
+    }
+
+    fn hold(&mut self, node: usize, count: &Linear, each: Amount) {
+        let u = self.node_use.entry(node).or_default();
+        for r in 0..RESOURCES {
+            u[r].add_all(count, each[r]);
+        }
+    }
+
+    /// A gang: admitted or not, replicas per node, its domain when `required`.
+    fn gang(&mut self, gang: &Gang) {
+        let p = self.p;
+        let wl = &p.workloads[gang.workload];
         let prio = p.classes[wl.class].priority as f64;
-        let count = match wl.demand {
-            crate::problem::Demand::Whole { count } => count,
+        let gpus_per_replica = match wl.demand {
+            Demand::Whole { count } => count,
             _ => 1,
         };
-        let admit = m.binary(0.0);
+        let admit = self.m.binary(0.0);
         let mut replicas = Linear::default();
         let mut per_node = Vec::new();
-        for &n in &win.nodes {
-            if win.room[&n].gpus + held_by_victims(win, n) < count {
+        for &n in &self.win.nodes {
+            if self.win.room[&n].gpus + held_by_victims(self.win, n) < gpus_per_replica {
                 continue;
             }
-            let y = m.integer(wl.replicas, prio * per_replica);
+            let y = self
+                .m
+                .integer(wl.replicas, prio * wl.demand.gpus().as_f64());
             replicas.add(y, 1.0);
             per_node.push((n, y));
-            let mut e = Linear::default();
-            e.add(y, 1.0);
-            node_gpus
-                .entry(n)
-                .or_default()
-                .add_all(&e, f64::from(count));
-            node_cpu
-                .entry(n)
-                .or_default()
-                .add_all(&e, wl.cpu.0 as f64 / MILLIS_PER_CORE);
-            node_mem
-                .entry(n)
-                .or_default()
-                .add_all(&e, wl.memory.0 as f64 / BYTES_PER_GIB);
+            let mut each = per_replica(wl);
+            // Whole GPUs of the node, by count (the quota counts the same).
+            each[0] = f64::from(gpus_per_replica);
+            self.hold(n, &Linear::term(y, 1.0), each);
         }
-        let mut lo = Linear::default();
-        lo.add(admit, f64::from(wl.min_member));
-        let mut hi = Linear::default();
-        hi.add(admit, f64::from(wl.replicas));
-        m.ge(&replicas, &lo);
-        m.le(&replicas, &hi);
+        let admitted = Linear::term(admit, 1.0);
+        let mut least = Linear::term(admit, f64::from(wl.min_member));
         if gang.entitled {
             let kept: u32 = gang
                 .incumbent
@@ -161,333 +202,311 @@ pub fn formulate(p: &Problem, win: &Window, states: &[State], keep: &KeepPhase) 
                 .flat_map(|pl| pl.nodes.values())
                 .map(|h| h.replicas)
                 .sum();
-            m.ge(&replicas, &Linear::constant(f64::from(kept)));
+            least = Linear::constant(f64::from(kept.max(wl.min_member)));
+            self.m.ge(&admitted, &Linear::constant(1.0));
         }
-        if wl.topology == TopologyMode::Required && domains_of_window.len() > 1 {
-            let mut one = Linear::default();
-            for d in &domains_of_window {
-                let z = m.binary(0.0);
-                aux.push((z, Aux::Domain(gangs.len(), (*d).to_owned())));
-                one.add(z, 1.0);
-                let mut inside = Linear::default();
+        self.m.ge(&replicas, &least);
+        self.m
+            .le(&replicas, &Linear::term(admit, f64::from(wl.replicas)));
+        let domains: BTreeSet<&str> = self
+            .win
+            .nodes
+            .iter()
+            .map(|&n| p.nodes[n].domain.as_str())
+            .collect();
+        if wl.topology == TopologyMode::Required && domains.len() > 1 {
+            let mut chosen = Linear::default();
+            for d in domains {
+                let z = self.m.binary(0.0);
+                self.aux
+                    .push((z, Aux::Domain(self.gangs.len(), d.to_owned())));
+                chosen.add(z, 1.0);
+                // Replicas outside domain d only when z is off: Σ outside ≤ R (1 − z).
+                let mut outside = Linear::default();
                 for &(n, y) in &per_node {
-                    if p.nodes[n].domain == *d {
-                        inside.add(y, 1.0);
+                    if p.nodes[n].domain != d {
+                        outside.add(y, 1.0);
                     }
                 }
-                // Replicas outside domain d only when z_d is off: Σ_outside y ≤ R (1 − z_d).
-                let mut outside = replicas.clone();
-                outside.add_all(&inside, -1.0);
                 let mut room = Linear::constant(f64::from(wl.replicas));
                 room.add(z, -f64::from(wl.replicas));
-                m.le(&outside, &room);
+                self.m.le(&outside, &room);
             }
-            let mut a = Linear::default();
-            a.add(admit, 1.0);
-            m.eq(&one, &a);
+            self.m.eq(&chosen, &admitted);
         }
-        charge(wl.tenant, &replicas, wl);
-        gangs.push(GangVars {
-            workload: w,
+        self.charge(wl, &replicas);
+        self.gangs.push(GangVars {
+            workload: gang.workload,
             admit,
             per_node,
         });
     }
 
-    // Running workloads that may be preempted: what they hold stays unless x = 1.
-    let mut victims = Vec::new();
-    for v in &win.victims {
+    /// A running workload: what it holds stays unless it is preempted.
+    fn victim(&mut self, v: &Victim) {
+        let p = self.p;
         let vl = &p.workloads[v.workload];
         let prio = p.classes[vl.class].priority as f64;
-        let held = gpus(vl.amount(vl.replicas).gpus);
+        let held = vl.amount(vl.replicas).gpus.as_f64();
         let lost = lost_units_seconds(p, v.workload) as f64 / Gpus::UNITS_PER_GPU as f64 / 3600.0;
-        let x = m.binary(-prio * (held + lost) - PREEMPTION_COST);
+        let x = self.m.binary(-prio * (held + lost) - PREEMPTION_COST);
         let mut stays = Linear::constant(1.0);
         stays.add(x, -1.0);
         for (&n, h) in &v.placement.nodes {
-            node_gpus
-                .entry(n)
-                .or_default()
-                .add_all(&stays, f64::from(h.healthy_gpus));
-            node_cpu.entry(n).or_default().add_all(
-                &stays,
-                (vl.cpu.0 * u64::from(h.replicas)) as f64 / MILLIS_PER_CORE,
-            );
-            node_mem.entry(n).or_default().add_all(
-                &stays,
-                (vl.memory.0 * u64::from(h.replicas)) as f64 / BYTES_PER_GIB,
-            );
+            let mut each = per_replica(vl);
+            each[0] = f64::from(h.healthy_gpus) / f64::from(h.replicas.max(1));
+            let mut on_node = Linear::default();
+            on_node.add_all(&stays, f64::from(h.replicas));
+            self.hold(n, &on_node, each);
         }
         let mut replicas = Linear::default();
         replicas.add_all(&stays, f64::from(vl.replicas));
-        charge(vl.tenant, &replicas, vl);
-        victims.push((v.workload, x));
+        self.charge(vl, &replicas);
+        self.victims.push((v.workload, x));
     }
 
-    // Nodes.
-    for &n in &win.nodes {
-        let room = win.room[&n];
-        for (map, cap) in [
-            (&node_gpus, f64::from(room.gpus)),
-            (&node_cpu, room.cpu_millis as f64 / MILLIS_PER_CORE),
-            (&node_mem, room.memory_bytes as f64 / BYTES_PER_GIB),
-        ] {
-            if let Some(e) = map.get(&n) {
-                m.le(e, &Linear::constant(cap));
+    /// Per node: what the window holds fits the room the rest leaves.
+    fn nodes(&mut self) {
+        for &n in &self.win.nodes {
+            let room = self.win.room[&n];
+            let cap = amount(
+                Gpus::whole(i64::from(room.gpus)),
+                room.cpu_millis,
+                room.memory_bytes,
+            );
+            if let Some(used) = self.node_use.get(&n) {
+                for r in 0..RESOURCES {
+                    self.m.le(&used[r], &Linear::constant(cap[r]));
+                }
             }
         }
     }
 
-    // Every tenant whose usage the window can change: fixed usage plus the window's.
-    let tenants: Vec<usize> = usage.keys().copied().collect();
-    for &t in &tenants {
-        let fixed = win.fixed.usage(t, pool);
-        // `charge` gave every tenant of the window an entry in all three maps.
-        for (map, amount) in [
-            (&mut usage, gpus(fixed.gpus)),
-            (
-                &mut cpu_use,
-                fixed.cpu.unwrap_or_default().0 as f64 / MILLIS_PER_CORE,
-            ),
-            (
-                &mut mem_use,
-                fixed.memory.unwrap_or_default().0 as f64 / BYTES_PER_GIB,
-            ),
-        ] {
-            if let Some(e) = map.get_mut(&t) {
-                e.constant += amount;
+    /// Per tenant whose usage the window changes: fixed usage plus the window's ≤ limit.
+    fn limits(&mut self) {
+        let (p, pool) = (self.p, self.pool);
+        let tenants: Vec<usize> = self.usage.keys().copied().collect();
+        for t in tenants {
+            let f = self.win.fixed.usage(t, pool);
+            let fixed = amount(
+                f.gpus,
+                f.cpu.unwrap_or_default().0,
+                f.memory.unwrap_or_default().0,
+            );
+            let used = self.usage.get_mut(&t).expect("listed above");
+            for r in 0..RESOURCES {
+                used[r].constant += fixed[r];
             }
-        }
-        let Some(q) = p.tenants[t].quota.get(&pool) else {
-            // No quota: nothing may be admitted below it.
-            forbid_below(p, &mut m, &gangs, t);
-            continue;
-        };
-        let limits = [
-            (&usage, Some(gpus(q.limit.gpus))),
-            (&cpu_use, q.limit.cpu.map(|c| c.0 as f64 / MILLIS_PER_CORE)),
-            (&mem_use, q.limit.memory.map(|b| b.0 as f64 / BYTES_PER_GIB)),
-        ];
-        for (map, limit) in limits {
-            let (Some(limit), Some(e)) = (limit, map.get(&t)) else {
+            let used = used.clone();
+            let Some(q) = p.tenants[t].quota.get(&pool) else {
+                self.forbid_below(t);
                 continue;
             };
-            // Work that cannot move already exceeds a lowered limit: nothing more goes below.
-            if e.constant > limit + 1e-9 {
-                forbid_below(p, &mut m, &gangs, t);
-            } else {
-                m.le(e, &Linear::constant(limit));
+            let limit = [
+                Some(q.limit.gpus.as_f64()),
+                q.limit.cpu.map(|c| c.0 as f64 / MILLIS_PER_CORE),
+                q.limit.memory.map(|b| b.0 as f64 / BYTES_PER_GIB),
+            ];
+            for r in 0..RESOURCES {
+                let Some(limit) = limit[r] else { continue };
+                // Work that cannot move already exceeds a lowered limit: nothing more goes below.
+                if used[r].constant > limit + 1e-9 {
+                    self.forbid_below(t);
+                } else {
+                    self.m.le(&used[r], &Linear::constant(limit));
+                }
             }
         }
     }
 
-    // Borrowing: a tenant that admits and ends above its guarantee needs the pool's free
-    // capacity to cover every other tenant's reservation.
-    let reserved = reservations(p, &mut m, win, &usage, pool, &mut aux);
-    let mut pool_usage = Linear::default();
-    for (t, info) in p.tenants.iter().enumerate() {
-        if info.parent.is_none() {
-            match usage.get(&t) {
-                Some(e) => pool_usage.add_all(e, 1.0),
-                None => pool_usage.constant += gpus(win.fixed.usage(t, pool).gpus),
+    fn forbid_below(&mut self, t: usize) {
+        for g in &self.gangs {
+            if self.p.tenants[self.p.workloads[g.workload].tenant]
+                .lineage
+                .contains(&t)
+            {
+                self.m
+                    .le(&Linear::term(g.admit, 1.0), &Linear::constant(0.0));
             }
         }
     }
-    let mut free = Linear::constant(capacity);
-    free.add_all(&pool_usage, -1.0);
-    // Who admits: the window's gangs (when chosen) and the incumbent's gangs outside it.
-    let mut admitting: BTreeMap<usize, Linear> = BTreeMap::new();
-    for g in &gangs {
-        admitting.entry(p.workloads[g.workload].tenant).or_default();
-    }
-    for (w, st) in states.iter().enumerate() {
-        if matches!(st, State::Admitted(pl, _) if pl.pool == pool)
-            && !gangs.iter().any(|g| g.workload == w)
-        {
-            admitting.insert(p.workloads[w].tenant, Linear::constant(1.0));
+
+    fn gpus_used(&self, t: usize) -> Linear {
+        match self.usage.get(&t) {
+            Some(u) => u[0].clone(),
+            None => Linear::constant(self.win.fixed.usage(t, self.pool).gpus.as_f64()),
         }
     }
-    let big = capacity + reserved.iter().map(|r| r.1.1).sum::<f64>() + 1.0;
-    for (&t, admits) in &mut admitting {
-        if admits.terms.is_empty() && admits.constant == 0.0 {
-            // On only if one of the tenant's gangs is admitted.
-            let on = m.binary(0.0);
-            aux.push((on, Aux::Admits(t)));
-            let mut sum = Linear::default();
-            for g in gangs.iter().filter(|g| p.workloads[g.workload].tenant == t) {
-                sum.add(g.admit, 1.0);
-                let mut a = Linear::default();
-                a.add(g.admit, 1.0);
-                let mut o = Linear::default();
-                o.add(on, 1.0);
-                m.ge(&o, &a);
-            }
-            let mut o = Linear::default();
-            o.add(on, 1.0);
-            m.le(&o, &sum);
-            *admits = o;
-        }
-    }
-    for (&t, admits) in &admitting {
-        let others = others(p, t);
-        let mut claim = Linear::default();
-        for (o, (e, _)) in &reserved {
-            if others.contains(o) {
-                claim.add_all(e, 1.0);
+
+    /// A tenant that admits and ends above its guarantee borrows: the pool's free GPUs must
+    /// cover every other tenant's reservation.
+    fn borrowing(&mut self) {
+        let (p, pool) = (self.p, self.pool);
+        let reserved = self.reservations();
+        let capacity = self.win.fixed.capacity(pool).gpus.as_f64();
+        let mut free = Linear::constant(capacity);
+        for (t, info) in p.tenants.iter().enumerate() {
+            if info.parent.is_none() {
+                free.add_all(&self.gpus_used(t), -1.0);
             }
         }
-        if claim.terms.is_empty() && claim.constant <= 0.0 {
-            continue;
+        let big = capacity + reserved.values().map(|r| r.1).sum::<f64>() + 1.0;
+        for (t, admits) in self.admitting() {
+            let others = others(p, t);
+            let mut claim = Linear::default();
+            for (o, (e, _)) in &reserved {
+                if others.contains(o) {
+                    claim.add_all(e, 1.0);
+                }
+            }
+            if claim.terms.is_empty() && claim.constant <= 0.0 {
+                continue;
+            }
+            let b = self.m.binary(0.0);
+            self.aux.push((b, Aux::Borrows(t, admits.clone())));
+            let guarantee = Ledger::guarantee(p, t, pool).as_f64();
+            // used ≤ guarantee + big·b + big·(1 − admits): a tenant that admits nothing is
+            // not checked, whatever it runs.
+            let mut rhs = Linear::constant(guarantee + big);
+            rhs.add(b, big);
+            rhs.add_all(&admits, -big);
+            self.m.le(&self.gpus_used(t), &rhs);
+            // claim ≤ free + big·(1 − b)
+            let mut rhs = free.clone();
+            rhs.constant += big;
+            rhs.add(b, -big);
+            self.m.le(&claim, &rhs);
         }
-        let b = m.binary(0.0);
-        aux.push((b, Aux::Borrows(t, admits.clone())));
-        let guarantee = gpus(crate::quota::Ledger::guarantee(p, t, pool));
-        let own = usage.get(&t).cloned().unwrap_or_default();
-        // own ≤ guarantee + big·b + big·(1 − admits): a tenant that admits nothing is not
-        // checked, whatever it runs.
-        let mut rhs = Linear::constant(guarantee + big);
-        rhs.add(b, big);
-        rhs.add_all(admits, -big);
-        m.le(&own, &rhs);
-        // claim ≤ free + big·(1 − b)
-        let mut rhs = free.clone();
-        rhs.constant += big;
-        rhs.add(b, -big);
-        m.le(&claim, &rhs);
     }
 
-    // Preemptions need a beneficiary.
-    let mut within_flag: BTreeMap<usize, Var> = BTreeMap::new();
-    let positions: BTreeMap<usize, usize> = gangs
-        .iter()
-        .enumerate()
-        .map(|(i, g)| (g.workload, i))
-        .collect();
-    for (vi, v) in win.victims.iter().enumerate() {
-        let vw = v.workload;
-        let vl = &p.workloads[vw];
-        let vprio = p.classes[vl.class].priority;
-        let within = keep.within_guarantee[vw];
-        // A gang the incumbent admits elsewhere in the pool, of higher priority, covers a
-        // borrowed victim whatever the window does.
-        let covered = !within
-            && states.iter().enumerate().any(|(w, st)| {
-                matches!(st, State::Admitted(pl, _) if pl.pool == pool)
-                    && !win.gangs.iter().any(|g| g.workload == w)
-                    && p.classes[p.workloads[w].class].priority > vprio
-            });
-        if covered {
-            continue;
-        }
-        let mut by = Linear::default();
-        for g in &gangs {
-            let wl = &p.workloads[g.workload];
-            let prio = p.classes[wl.class].priority;
-            if prio > vprio && !within {
-                by.add(g.admit, 1.0);
-            } else if prio > vprio || (!within && wl.tenant != vl.tenant) {
-                let f = *within_flag.entry(g.workload).or_insert_with(|| {
-                    let f = guaranteed_flag(p, &mut m, g, &usage, pool, capacity);
-                    aux.push((f, Aux::Guaranteed(positions[&g.workload])));
-                    f
-                });
-                by.add(f, 1.0);
+    /// Per tenant that may admit in the pool: 1 when the incumbent admits one of its gangs
+    /// outside the window, otherwise a variable on only when one of its gangs is admitted.
+    fn admitting(&mut self) -> BTreeMap<usize, Linear> {
+        let p = self.p;
+        let mut out: BTreeMap<usize, Linear> = BTreeMap::new();
+        for (w, st) in self.states.iter().enumerate() {
+            if matches!(st, State::Admitted(pl, _) if pl.pool == self.pool)
+                && !self.gangs.iter().any(|g| g.workload == w)
+            {
+                out.insert(p.workloads[w].tenant, Linear::constant(1.0));
             }
         }
-        let mut x = Linear::default();
-        x.add(victims[vi].1, 1.0);
-        m.le(&x, &by);
+        let tenants: BTreeSet<usize> = self
+            .gangs
+            .iter()
+            .map(|g| p.workloads[g.workload].tenant)
+            .collect();
+        for t in tenants {
+            if out.contains_key(&t) {
+                continue;
+            }
+            let on = self.m.binary(0.0);
+            self.aux.push((on, Aux::Admits(t)));
+            let o = Linear::term(on, 1.0);
+            let mut any = Linear::default();
+            for g in self
+                .gangs
+                .iter()
+                .filter(|g| p.workloads[g.workload].tenant == t)
+            {
+                any.add(g.admit, 1.0);
+                self.m.ge(&o, &Linear::term(g.admit, 1.0));
+            }
+            self.m.le(&o, &any);
+            out.insert(t, o);
+        }
+        out
     }
 
-    let mut f = Formulation {
-        model: m,
-        gangs,
-        victims,
-        aux,
-        usage,
-    };
-    f.start(p, win, pool);
-    f
-}
-
-/// `g = 1` only if the gang is admitted and its tenant ends within its guarantee.
-fn guaranteed_flag(
-    p: &Problem,
-    m: &mut Model,
-    g: &GangVars,
-    usage: &BTreeMap<usize, Linear>,
-    pool: usize,
-    big: f64,
-) -> Var {
-    let t = p.workloads[g.workload].tenant;
-    let flag = m.binary(0.0);
-    let mut f = Linear::default();
-    f.add(flag, 1.0);
-    let mut a = Linear::default();
-    a.add(g.admit, 1.0);
-    m.le(&f, &a);
-    let guarantee = gpus(crate::quota::Ledger::guarantee(p, t, pool));
-    let own = usage.get(&t).cloned().unwrap_or_default();
-    let mut rhs = Linear::constant(guarantee + big);
-    rhs.add(flag, -big);
-    m.le(&own, &rhs);
-    flag
-}
-
-fn forbid_below(p: &Problem, m: &mut Model, gangs: &[GangVars], t: usize) {
-    for g in gangs {
-        if p.tenants[p.workloads[g.workload].tenant]
-            .lineage
-            .contains(&t)
-        {
-            let mut a = Linear::default();
-            a.add(g.admit, 1.0);
-            m.le(&a, &Linear::constant(0.0));
-        }
-    }
-}
-
-/// Per tenant with a reservation possible: `(expression of its reservation, its largest
-/// value)`, where the expression is a variable `s ≥ guarantee − lending − usage, s ≥ 0` (the
-/// claim only grows with `s`, so the solver sets it to the max) or a constant.
-fn reservations(
-    p: &Problem,
-    m: &mut Model,
-    win: &Window,
-    usage: &BTreeMap<usize, Linear>,
-    pool: usize,
-    aux: &mut Vec<(Var, Aux)>,
-) -> BTreeMap<usize, (Linear, f64)> {
-    let mut out = BTreeMap::new();
-    for (t, info) in p.tenants.iter().enumerate() {
-        let Some(q) = info.quota.get(&pool) else {
-            continue;
-        };
-        let idle_max = gpus(q.guarantee.gpus.saturating_sub(q.lending_limit.gpus));
-        if idle_max <= 0.0 {
-            continue;
-        }
-        match usage.get(&t) {
-            None => {
-                let fixed = gpus(win.fixed.usage(t, pool).gpus);
-                let r = (idle_max - fixed).max(0.0);
+    /// Per tenant with a reservation possible: `(its reservation, its largest value)`, a
+    /// constant or a variable `s ≥ guarantee − lending − usage, s ≥ 0` (the claim only grows
+    /// with `s`, so the search keeps it at the max).
+    fn reservations(&mut self) -> BTreeMap<usize, (Linear, f64)> {
+        let (p, pool) = (self.p, self.pool);
+        let mut out = BTreeMap::new();
+        for (t, info) in p.tenants.iter().enumerate() {
+            let Some(q) = info.quota.get(&pool) else {
+                continue;
+            };
+            let idle_max = q
+                .guarantee
+                .gpus
+                .saturating_sub(q.lending_limit.gpus)
+                .as_f64();
+            if idle_max <= 0.0 {
+                continue;
+            }
+            let used = self.gpus_used(t);
+            if used.terms.is_empty() {
+                let r = (idle_max - used.constant).max(0.0);
                 if r > 0.0 {
                     out.insert(t, (Linear::constant(r), r));
                 }
+                continue;
             }
-            Some(e) => {
-                let s = m.continuous(idle_max);
-                aux.push((s, Aux::Reserved(t, idle_max)));
-                let mut sv = Linear::default();
-                sv.add(s, 1.0);
-                let mut floor = Linear::constant(idle_max);
-                floor.add_all(e, -1.0);
-                m.ge(&sv, &floor);
-                out.insert(t, (sv, idle_max));
+            let s = self.m.continuous(idle_max);
+            self.aux.push((s, Aux::Reserved(t, idle_max)));
+            let mut floor = Linear::constant(idle_max);
+            floor.add_all(&used, -1.0);
+            self.m.ge(&Linear::term(s, 1.0), &floor);
+            out.insert(t, (Linear::term(s, 1.0), idle_max));
+        }
+        out
+    }
+
+    /// The `i`-th victim is preempted only for a gang the cycle's rules allow: one of higher
+    /// priority (within its guarantee if the victim is), or one within its guarantee
+    /// reclaiming another tenant's borrowed work.
+    fn beneficiary(&mut self, i: usize, v: &Victim, within: bool) {
+        let p = self.p;
+        let vl = &p.workloads[v.workload];
+        let vprio = p.classes[vl.class].priority;
+        // A gang the incumbent admits in the pool outside the window, of higher priority,
+        // covers a borrowed victim whatever the window does.
+        let covered = !within
+            && self.states.iter().enumerate().any(|(w, st)| {
+                matches!(st, State::Admitted(pl, _) if pl.pool == self.pool)
+                    && !self.win.gangs.iter().any(|g| g.workload == w)
+                    && p.classes[p.workloads[w].class].priority > vprio
+            });
+        if covered {
+            return;
+        }
+        let mut by = Linear::default();
+        for gi in 0..self.gangs.len() {
+            let wl = &p.workloads[self.gangs[gi].workload];
+            let prio = p.classes[wl.class].priority;
+            if prio > vprio && !within {
+                by.add(self.gangs[gi].admit, 1.0);
+            } else if prio > vprio || (!within && wl.tenant != vl.tenant) {
+                let flag = self.guaranteed_flag(gi);
+                by.add(flag, 1.0);
             }
         }
+        let x = self.victims[i].1;
+        self.m.le(&Linear::term(x, 1.0), &by);
     }
-    out
+
+    /// `g = 1` only if the gang is admitted and its tenant ends within its guarantee.
+    fn guaranteed_flag(&mut self, gi: usize) -> Var {
+        let w = self.gangs[gi].workload;
+        if let Some(&f) = self.guaranteed.get(&w) {
+            return f;
+        }
+        let t = self.p.workloads[w].tenant;
+        let flag = self.m.binary(0.0);
+        self.aux.push((flag, Aux::Guaranteed(gi)));
+        self.m.le(
+            &Linear::term(flag, 1.0),
+            &Linear::term(self.gangs[gi].admit, 1.0),
+        );
+        let big = self.win.fixed.capacity(self.pool).gpus.as_f64();
+        let mut rhs = Linear::constant(Ledger::guarantee(self.p, t, self.pool).as_f64() + big);
+        rhs.add(flag, -big);
+        self.m.le(&self.gpus_used(t), &rhs);
+        self.guaranteed.insert(w, flag);
+        flag
+    }
 }
 
 /// Tenants outside `t`'s lineage whose reservations a borrower of `t` must respect: the
@@ -498,11 +517,7 @@ fn others(p: &Problem, t: usize) -> BTreeSet<usize> {
         .iter()
         .enumerate()
         .filter(|(o, info)| {
-            !lineage.contains(o)
-                && match info.parent {
-                    None => true,
-                    Some(parent) => lineage.contains(&parent),
-                }
+            !lineage.contains(o) && info.parent.is_none_or(|parent| lineage.contains(&parent))
         })
         .map(|(o, _)| o)
         .collect()
@@ -533,9 +548,8 @@ impl Formulation {
         }
         let mut x = m.start.clone();
         let own = |x: &[f64], t: usize| self.usage.get(&t).map_or(0.0, |e| e.eval(x));
-        let within = |x: &[f64], t: usize| {
-            own(x, t) <= gpus(crate::quota::Ledger::guarantee(p, t, pool)) + 1e-9
-        };
+        let within =
+            |x: &[f64], t: usize| own(x, t) <= Ledger::guarantee(p, t, pool).as_f64() + 1e-9;
         // In creation order, so that `Borrows` sees the `Admits` it depends on.
         for (var, a) in &self.aux {
             let on = |b: bool| if b { 1.0 } else { 0.0 };

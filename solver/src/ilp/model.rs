@@ -32,6 +32,12 @@ impl Linear {
             constant: c,
         }
     }
+    /// `c × v`.
+    pub fn term(v: Var, c: f64) -> Linear {
+        let mut l = Linear::default();
+        l.add(v, c);
+        l
+    }
     pub fn add(&mut self, v: Var, c: f64) {
         *self.terms.entry(v).or_insert(0.0) += c;
     }
