@@ -140,6 +140,15 @@ pub fn build(
             }
         }
     }
+    // A node that cannot give one replica of the smallest gang is no use to the window.
+    let smallest = (0..states.len())
+        .filter(|&w| waiting.contains(&w) || admitted_here(w))
+        .filter_map(|w| match p.workloads[w].demand {
+            Demand::Whole { count } => Some(count),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(1);
     let mut domains: BTreeMap<&str, (u32, Vec<usize>)> = BTreeMap::new();
     for &n in &info.nodes {
         let node = &p.nodes[n];
@@ -149,7 +158,7 @@ pub fn build(
         let healthy = node.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() as u32;
         let gain = healthy.saturating_sub(held.get(&n).copied().unwrap_or(0))
             + reclaimable.get(&n).copied().unwrap_or(0);
-        if gain == 0 {
+        if gain < smallest.max(1) {
             continue;
         }
         let e = domains.entry(node.domain.as_str()).or_default();
