@@ -172,9 +172,14 @@ fn human(d: &Decision) -> String {
 
 /// One line on what the integer program did with a pool.
 fn refinement(r: &PoolRefinement) -> String {
+    let count = |n: u32, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     let size = format!(
-        "{} gangs, {} running, {} nodes: {} variables, {} constraints",
-        r.gangs, r.running, r.nodes, r.variables, r.constraints
+        "{}, {}, {}: {}, {}",
+        count(r.gangs, "gang"),
+        count(r.running, "running workload"),
+        count(r.nodes, "node"),
+        count(r.variables, "variable"),
+        count(r.constraints, "constraint")
     );
     match &r.status {
         RefineStatus::Improved { gain } => format!("improved by {gain:.1} ({size})"),
