@@ -736,3 +736,26 @@ fn most_cases_are_exact_and_some_improve() {
     );
     assert!(improved > 0, "no case improved on the heuristic");
 }
+
+/// A cycle out of time keeps the heuristic's decision and says so for every pool.
+#[test]
+fn a_spent_time_limit_keeps_the_heuristic_decision() {
+    let yaml = instance(155);
+    let c = compile(&[SourceFile::new("case.yaml", &yaml)]);
+    let (policy, state) = (c.policy.expect("policy"), &c.states[0].1);
+    let options = SolveOptions {
+        time_limit: std::time::Duration::ZERO,
+        now: None,
+    };
+    let d = solve(&policy, state, &options).expect("solves");
+    let h = heuristic::solve(&Problem::new(&policy, state, None).expect("problem"));
+    assert_eq!(d.workloads, h.workloads);
+    assert_eq!(d.objective, h.objective);
+    assert!(d.pools.iter().all(|p| matches!(
+        p.refinement.as_ref().map(|r| &r.status),
+        Some(RefineStatus::TimeLimit)
+    )));
+    // With time, the same case is improved (see `cases_that_once_failed`).
+    let refined = solve(&policy, state, &SolveOptions::default()).expect("solves");
+    assert!(refined.objective > h.objective);
+}
