@@ -15,6 +15,7 @@ use tessera_compiler::model::{
 };
 use tessera_compiler::units::{Bytes, Millicores};
 use tessera_compiler::{SourceFile, compile};
+use tessera_solver::Solver as _;
 use tessera_solver::decision::Decision;
 use tessera_solver::session::{Admission, Session};
 use tessera_solver::{Outcome, SolveOptions, solve};
@@ -403,7 +404,9 @@ fn main() {
         let (answer, after) = answer.expect("measured");
         let mut with = steady_state.clone();
         with.pending.push(a.clone());
-        let full = solve(compiled, &with, &options).expect("solves");
+        // The session stands for the heuristic cycle; the integer program refines full cycles.
+        let problem = tessera_solver::Problem::new(compiled, &with, None).expect("solves");
+        let full = tessera_solver::Heuristic.solve(&problem, std::time::Duration::ZERO);
         // Every workload's decision, the arrival's and the others', against the full cycle's.
         let agrees = if after.decisions() == full.workloads {
             "every decision agrees with the full cycle"

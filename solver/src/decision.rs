@@ -44,6 +44,39 @@ pub struct Decision {
 pub enum Method {
     /// The greedy heuristic alone.
     Heuristic,
+    /// The heuristic's decision, improved by the integer program in at least one pool.
+    Refined,
+}
+
+/// The integer program's work on one pool (see `ilp/`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolRefinement {
+    /// Gangs, running workloads and nodes the sub-problem decided about (0 when none was built).
+    pub gangs: u32,
+    pub running: u32,
+    pub nodes: u32,
+    pub variables: u32,
+    pub constraints: u32,
+    #[serde(flatten)]
+    pub status: RefineStatus,
+}
+
+/// How a pool's refinement ended. Every status but `improved` leaves the heuristic's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum RefineStatus {
+    /// A strictly better decision was found and rebuilt through the heuristic's steps.
+    Improved { gain: f64 },
+    /// The heuristic's decision is optimal for the sub-problem.
+    Optimal,
+    /// The search stopped at its node limit (deterministic) with nothing better.
+    NodeLimit,
+    /// The search stopped at the cycle's time limit: the one outcome that depends on the clock.
+    TimeLimit,
+    /// No sub-problem was solved; `reason` says why.
+    Skipped { reason: String },
+    /// The integer program's answer did not survive the rebuild; `reason` says where it failed.
+    Rejected { reason: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,6 +188,10 @@ pub struct PoolReport {
     pub free_nodes: u32,
     /// NVLink domains whose nodes are all free.
     pub free_domains: u32,
+    /// What the integer program did with the heuristic's decision in this pool; absent when
+    /// no refinement ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refinement: Option<PoolRefinement>,
 }
 
 /// Which resource a quota refused.

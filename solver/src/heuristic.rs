@@ -46,6 +46,12 @@ use crate::decision::{
 use crate::problem::{Demand, Exclusion, OrphanCause, Phase, Problem, Slot};
 use crate::quota::Ledger;
 
+// The integer program's replay builds its decision with this cycle's own steps, so it lives
+// beside the ILP but is a child of this module, which keeps the cycle's internals private.
+#[path = "ilp/replay.rs"]
+mod replay;
+pub(crate) use replay::{Admission, Directive, KeepPhase, keep_phase, solve_directed};
+
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default)]
 struct GpuState {
@@ -730,6 +736,9 @@ pub(crate) struct Solver<'p> {
     /// only a preemption changes (it clears this): a queue of borrowers blocked behind the same
     /// protected work scans it once.
     refused: Option<(RefusalKey, (Vec<Protected>, usize))>,
+    /// Workloads admitted only where they fit without preemption (an integer program found
+    /// preempting for them not worth it; see `ilp/replay.rs`).
+    pub(crate) hold: Vec<bool>,
 }
 
 /// What a borrower's refusal depends on besides the statuses: (pool, scope, priority).
@@ -761,6 +770,7 @@ impl<'p> Solver<'p> {
             victims: Vec::new(),
             running_by_pool,
             refused: None,
+            hold: vec![false; p.workloads.len()],
         }
     }
 
@@ -775,6 +785,7 @@ impl<'p> Solver<'p> {
             victims: Vec::new(),
             running_by_pool: parts.running_by_pool,
             refused: None,
+            hold: vec![false; p.workloads.len()],
         }
     }
 
@@ -830,6 +841,15 @@ impl<'p> Solver<'p> {
         self.keep_running();
         let queue: Vec<usize> = (0..self.p.workloads.len())
             .filter(|&w| !self.p.workloads[w].is_running())
+            .collect();
+        self.run_queue(queue);
+    }
+
+    /// (b)-(d) for every workload not decided yet (after steps decided first, as a replay of
+    /// the integer program's answer does).
+    pub(crate) fn run_undecided(&mut self) {
+        let queue: Vec<usize> = (0..self.p.workloads.len())
+            .filter(|&w| self.status[w].is_none())
             .collect();
         self.run_queue(queue);
     }
@@ -919,7 +939,8 @@ impl<'p> Solver<'p> {
             }
         }
         // Releasing victims frees room and quota alike (the root's limit is the pool).
-        for (pool, reason) in &mut attempts {
+        let preempting = if self.hold[w] { 0 } else { attempts.len() };
+        for (pool, reason) in attempts.iter_mut().take(preempting) {
             // A limit refused at tenant X: only X's subtree can give quota back.
             let scope = match reason {
                 Reason::QuotaExceeded { tenant, .. } => {
@@ -1303,7 +1324,7 @@ fn placed_of(p: &Problem, w: usize, s: &Slot) -> Placed {
 }
 
 /// GPU units × seconds of work since the last checkpoint (or the start).
-fn lost_units_seconds(p: &Problem, w: usize) -> i64 {
+pub(crate) fn lost_units_seconds(p: &Problem, w: usize) -> i64 {
     let wl = &p.workloads[w];
     match wl.phase {
         Phase::Running {
@@ -1359,7 +1380,7 @@ fn orphan_cause(c: &OrphanCause) -> String {
 pub fn solve(p: &Problem) -> Decision {
     let mut s = Solver::new(p);
     s.run();
-    decision(p, &s)
+    decision(p, &s, Method::Heuristic, crate::bound::lp_bound(p))
 }
 
 /// The decision for one workload of the problem given its status, and what it adds to the
@@ -1459,7 +1480,8 @@ pub(crate) fn orphan_decision(p: &Problem, o: &crate::problem::Orphan) -> Worklo
 }
 
 /// The whole decision of a finished cycle.
-pub(crate) fn decision(p: &Problem, s: &Solver) -> Decision {
+/// The decision of a finished cycle, valued, with the relaxation's `bound`.
+pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f64>) -> Decision {
     let mut workloads = Vec::new();
     let mut objective = 0.0;
     for w in 0..p.workloads.len() {
@@ -1474,11 +1496,10 @@ pub(crate) fn decision(p: &Problem, s: &Solver) -> Decision {
     }
     workloads.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let bound = crate::bound::lp_bound(p);
     Decision {
         format_version: FORMAT_VERSION,
         now: p.now_text.clone(),
-        method: Method::Heuristic,
+        method,
         objective: round(objective, 1e6),
         // Rounded up, so that rounding never makes the bound smaller than the objective.
         bound: bound.map(|b| (b * 1e6).ceil() / 1e6),
@@ -1683,6 +1704,7 @@ fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                 stranded,
                 free_nodes,
                 free_domains: free_domains.values().filter(|v| **v).count() as u32,
+                refinement: None,
             }
         })
         .collect()

@@ -7,19 +7,24 @@
 //! - [`quota`]: hierarchical accounting (limits, guaranteed and borrowed usage, reservations of
 //!   idle guarantees, fair share).
 //! - [`heuristic`]: the fast greedy cycle; its decision is valid on its own, and is the warm
-//!   start and fallback of the integer program that will refine it per pool and NVLink domain.
+//!   start and fallback of the integer program.
+//! - `ilp`: the integer programs that refine the heuristic's decision, one bounded window per
+//!   pool, rebuilt through the heuristic's own steps and kept only when strictly better.
 //! - [`decision`]: the output, serializable and byte-stable.
 //!
 //! [`openb`]: the openb benchmark harness and its baseline placement policies, against which the
 //! solver's placement is measured.
 //!
-//! Solving is pure and deterministic (invariant 7): no clock is read (the instant is the
-//! snapshot's `observedAt` or [`SolveOptions::now`]), and every collection in the output has a
-//! fixed order.
+//! Solving is pure and deterministic (invariant 7): the instant is the snapshot's `observedAt`
+//! or [`SolveOptions::now`], every collection in the output has a fixed order, and the integer
+//! programs are bounded by node counts. The clock is read for one thing only: a refinement that
+//! reaches [`SolveOptions::time_limit`] stops and keeps the best decision so far, which the
+//! decision reports (`time_limit` in a pool's refinement).
 
 pub mod bound;
 pub mod decision;
 pub mod heuristic;
+mod ilp;
 pub mod openb;
 pub mod problem;
 pub mod quota;
@@ -36,8 +41,8 @@ pub use problem::{Problem, ProblemError};
 /// How to solve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SolveOptions {
-    /// Wall-clock budget for refinement. The heuristic alone ignores it (it runs one bounded
-    /// greedy pass); the integer program will stop at it and fall back to the heuristic.
+    /// Wall-clock budget for refinement. The heuristic ignores it (it runs one bounded greedy
+    /// pass); the integer programs share it and stop at it, keeping the best decision so far.
     pub time_limit: Duration,
     /// The instant of the decision, as Unix seconds; defaults to the snapshot's `observedAt`.
     pub now: Option<i64>,
@@ -60,8 +65,8 @@ pub enum SolveError {
 }
 
 /// A method that turns a [`Problem`] into a [`Decision`] within a time budget. The heuristic is
-/// one; the integer program will be another, taking the heuristic's decision as warm start and
-/// returning it unchanged when it finds nothing better in time.
+/// one; [`Refined`] is another, taking the heuristic's decision as warm start and returning it
+/// unchanged when it finds nothing better in time.
 pub trait Solver {
     fn solve(&self, problem: &Problem, time_limit: Duration) -> Decision;
 }
@@ -76,12 +81,28 @@ impl Solver for Heuristic {
     }
 }
 
-/// Decides one cycle for `state` under `policy`.
+/// The heuristic, then an integer program per pool that may improve it (see `ilp/`); each
+/// pool's report says what happened there.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Refined;
+
+impl Solver for Refined {
+    fn solve(&self, problem: &Problem, time_limit: Duration) -> Decision {
+        ilp::refine(
+            problem,
+            heuristic::solve(problem),
+            ilp::Budget::new(time_limit),
+        )
+    }
+}
+
+/// Decides one cycle for `state` under `policy`: the heuristic refined within
+/// `options.time_limit`.
 pub fn solve(
     policy: &CompiledPolicy,
     state: &ClusterStateSpec,
     options: &SolveOptions,
 ) -> Result<Decision, SolveError> {
     let problem = Problem::new(policy, state, options.now)?;
-    Ok(Heuristic.solve(&problem, options.time_limit))
+    Ok(Refined.solve(&problem, options.time_limit))
 }

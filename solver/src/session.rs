@@ -147,7 +147,12 @@ impl Session {
         let (parts, decision) = {
             let mut s = Solver::new(&problem);
             s.run();
-            let d = heuristic::decision(&problem, &s);
+            let d = heuristic::decision(
+                &problem,
+                &s,
+                crate::decision::Method::Heuristic,
+                crate::bound::lp_bound(&problem),
+            );
             (s.into_parts(), d)
         };
         let names = problem

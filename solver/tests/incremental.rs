@@ -25,15 +25,19 @@ use tessera_compiler::model::{
     ClusterStateSpec, GpuRequest, PendingWorkload, Topology, WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Millicores};
+use tessera_solver::SolveOptions;
 use tessera_solver::decision::{Decision, Outcome, WorkloadDecision};
 use tessera_solver::problem::{ProblemError, format_rfc3339, parse_rfc3339};
 use tessera_solver::session::{Admission, Removal, Session, SessionError};
-use tessera_solver::{SolveOptions, solve};
 
 use common::random::*;
+use tessera_solver::Solver as _;
 
+/// The full heuristic cycle: what a session stands for (the integer program's refinement
+/// runs on top of a full cycle, not of a session).
 fn full(policy: &CompiledPolicy, state: &ClusterStateSpec) -> Decision {
-    solve(policy, state, &SolveOptions::default()).expect("the snapshot solves")
+    let problem = tessera_solver::Problem::new(policy, state, None).expect("the snapshot solves");
+    tessera_solver::Heuristic.solve(&problem, std::time::Duration::ZERO)
 }
 
 fn by_name(d: &[WorkloadDecision]) -> BTreeMap<String, WorkloadDecision> {

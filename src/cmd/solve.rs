@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use tessera_compiler::units::Duration;
+use tessera_solver::decision::{Method, PoolRefinement, RefineStatus};
 use tessera_solver::{Decision, Outcome, SolveOptions};
 
 use crate::cli::TextOrJson;
@@ -81,7 +82,11 @@ fn human(d: &Decision) -> String {
         (Some(b), Some(g)) => format!("bound {b:.1}, gap {:.2} %", g * 100.0),
         _ => "no bound (heuristic only)".to_owned(),
     };
-    let _ = writeln!(out, "objective {:.1}, {bound}\n", d.objective);
+    let method = match d.method {
+        Method::Heuristic => "heuristic",
+        Method::Refined => "heuristic refined by integer programs",
+    };
+    let _ = writeln!(out, "objective {:.1} ({method}), {bound}\n", d.objective);
     for w in &d.workloads {
         match &w.outcome {
             Outcome::Admit {
@@ -158,6 +163,30 @@ fn human(d: &Decision) -> String {
             p.stranded,
             p.free_nodes
         );
+        if let Some(r) = &p.refinement {
+            let _ = writeln!(out, "  {:<16} refinement: {}", "", refinement(r));
+        }
     }
     out
+}
+
+/// One line on what the integer program did with a pool.
+fn refinement(r: &PoolRefinement) -> String {
+    let count = |n: u32, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let size = format!(
+        "{}, {}, {}: {}, {}",
+        count(r.gangs, "gang"),
+        count(r.running, "running workload"),
+        count(r.nodes, "node"),
+        count(r.variables, "variable"),
+        count(r.constraints, "constraint")
+    );
+    match &r.status {
+        RefineStatus::Improved { gain } => format!("improved by {gain:.1} ({size})"),
+        RefineStatus::Optimal => format!("the heuristic's decision is optimal ({size})"),
+        RefineStatus::NodeLimit => format!("nothing better within the node limit ({size})"),
+        RefineStatus::TimeLimit => "stopped at --time-limit, the heuristic's decision kept".into(),
+        RefineStatus::Skipped { reason } => format!("skipped: {reason}"),
+        RefineStatus::Rejected { reason } => format!("answer rejected on rebuild: {reason}"),
+    }
 }

@@ -1,0 +1,223 @@
+//! Refinement of the heuristic's decision by integer programs, one bounded sub-problem per pool.
+//!
+//! A fleet-wide MILP does not finish on microlp (no presolve, cuts or primal heuristics, a basis
+//! copied per open node), so the work is decomposed: per pool, in name order, a [`window`] of
+//! the gangs left waiting and the nodes where room could be made, everything else fixed as the
+//! incumbent has it; [`formulate`] writes that window's program, [`backend`] solves it from the
+//! incumbent as start point under a node limit, and the answer is rebuilt through the
+//! heuristic's own steps (`replay.rs`), so that every invariant holds by construction. It
+//! replaces the incumbent only when the rebuilt decision is strictly better; in every other case
+//! the incumbent stands, and the pool's report says why.
+//!
+//! Determinism: the node limit, not the clock, bounds each search, so the same input gives the
+//! same bytes. The one exception is the time limit ([`crate::SolveOptions::time_limit`]): a
+//! search it stops, and every pool not reached by then, keep the incumbent and report
+//! `time_limit`; only a cycle that hits its limit can differ from one run to the next.
+
+mod backend;
+mod formulate;
+mod incumbent;
+mod model;
+mod window;
+
+use std::time::{Duration, Instant};
+
+use crate::decision::{Decision, Method, PoolRefinement, RefineStatus};
+use crate::heuristic::{self, Directive};
+use crate::problem::Problem;
+
+pub use backend::Stop;
+
+/// Limits of the refinement.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Wall-clock limit for all sub-problems together.
+    pub time: Duration,
+    /// Branch-and-bound nodes per sub-problem.
+    pub nodes: u64,
+    /// Gangs waiting and nodes per window.
+    pub gangs: usize,
+    pub window_nodes: usize,
+    /// Sub-problems with more variables are not solved.
+    pub variables: usize,
+}
+
+impl Budget {
+    pub fn new(time: Duration) -> Budget {
+        Budget {
+            time,
+            nodes: 2_000,
+            gangs: 6,
+            window_nodes: 8,
+            variables: 400,
+        }
+    }
+}
+
+/// Refines `incumbent` (the heuristic's decision for `p`) pool by pool within `budget`.
+pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision {
+    let started = Instant::now();
+    let keep = heuristic::keep_phase(p);
+    let mut order: Vec<usize> = (0..p.pools.len()).collect();
+    order.sort_by(|&a, &b| p.pools[a].name.cmp(&p.pools[b].name));
+    let mut reports: Vec<(usize, PoolRefinement)> = Vec::new();
+    let mut improved = false;
+    for (i, &pool) in order.iter().enumerate() {
+        let left = budget.time.saturating_sub(started.elapsed());
+        let mut report = PoolRefinement {
+            gangs: 0,
+            running: 0,
+            nodes: 0,
+            variables: 0,
+            constraints: 0,
+            status: RefineStatus::TimeLimit,
+        };
+        if left.is_zero() {
+            reports.push((pool, report));
+            continue;
+        }
+        // The time left, shared evenly by the pools still to do.
+        let share = left / (order.len() - i) as u32;
+        let states = incumbent::read(p, &incumbent);
+        let caps = window::Caps {
+            gangs: budget.gangs,
+            nodes: budget.window_nodes,
+        };
+        let win = match window::build(p, &states, &keep, pool, caps) {
+            Ok(w) => w,
+            Err(e) => {
+                report.status = RefineStatus::Skipped {
+                    reason: e.to_string(),
+                };
+                reports.push((pool, report));
+                continue;
+            }
+        };
+        let f = formulate::formulate(p, &win, &states, &keep);
+        report.gangs = f.gangs() as u32;
+        report.running = f.victims() as u32;
+        report.nodes = win.nodes.len() as u32;
+        report.variables = f.model.vars.len() as u32;
+        report.constraints = f.model.constraints.len() as u32;
+        if f.model.vars.len() > budget.variables {
+            report.status = RefineStatus::Skipped {
+                reason: format!(
+                    "{} variables, more than the {} a sub-problem may have",
+                    f.model.vars.len(),
+                    budget.variables
+                ),
+            };
+            reports.push((pool, report));
+            continue;
+        }
+        let limits = backend::Limits {
+            nodes: budget.nodes,
+            time: share,
+        };
+        let answer = match backend::solve(&f.model, limits) {
+            Ok(a) => a,
+            Err(e) => {
+                report.status = RefineStatus::Skipped {
+                    reason: e.to_string(),
+                };
+                reports.push((pool, report));
+                continue;
+            }
+        };
+        if answer.stop == Stop::TimeLimit {
+            reports.push((pool, report));
+            continue;
+        }
+        let start = f.model.objective(&f.model.start);
+        let found = f.model.objective(&answer.values);
+        let unchanged = match answer.stop {
+            Stop::Optimal => RefineStatus::Optimal,
+            _ => RefineStatus::NodeLimit,
+        };
+        // Only a strict gain, beyond the solver's tolerances, is worth a rebuild.
+        if found <= start + 1e-6 {
+            report.status = unchanged;
+            reports.push((pool, report));
+            continue;
+        }
+        let directive = directive(p, &states, &keep, &f, pool, &answer.values);
+        report.status = match heuristic::solve_directed(p, &directive, incumbent.bound) {
+            Err(e) => RefineStatus::Rejected {
+                reason: e.to_string(),
+            },
+            Ok(d) if d.objective > incumbent.objective + 1e-6 => {
+                let gain = round6(d.objective - incumbent.objective);
+                incumbent = d;
+                improved = true;
+                RefineStatus::Improved { gain }
+            }
+            Ok(d) => RefineStatus::Rejected {
+                reason: format!(
+                    "rebuilt, the decision is worth {} against {}",
+                    d.objective, incumbent.objective
+                ),
+            },
+        };
+        reports.push((pool, report));
+    }
+    incumbent.method = if improved {
+        Method::Refined
+    } else {
+        Method::Heuristic
+    };
+    for (pool, report) in reports {
+        if let Some(r) = incumbent
+            .pools
+            .iter_mut()
+            .find(|r| r.pool == p.pools[pool].name)
+        {
+            r.refinement = Some(report);
+        }
+    }
+    incumbent
+}
+
+fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// The whole decision as the rebuild must make it: the incumbent's admissions and preemptions
+/// in exclusive pools outside the window, as they are, then the window's answer. (Shared pools
+/// are left to the cycle's queue, which decides them as it did.)
+fn directive(
+    p: &Problem,
+    states: &[incumbent::State],
+    keep: &heuristic::KeepPhase,
+    f: &formulate::Formulation,
+    pool: usize,
+    values: &[f64],
+) -> Directive {
+    let (window_admit, window_preempt, hold) = f.read(pool, values);
+    let decided: std::collections::BTreeSet<usize> = f.workloads().collect();
+    let exclusive = |pl: usize| p.pools[pl].sharing == tessera_compiler::model::Sharing::Exclusive;
+    let mut d = Directive::default();
+    for (w, st) in states.iter().enumerate() {
+        if decided.contains(&w) {
+            continue;
+        }
+        match st {
+            incumbent::State::Admitted(pl, _) if exclusive(pl.pool) => {
+                d.admit.push(incumbent::admission(w, pl));
+            }
+            incumbent::State::Preempted if keep.kept[w] && exclusive(p.workloads[w].pools[0]) => {
+                d.preempt.push(w);
+            }
+            _ => {}
+        }
+    }
+    d.admit.extend(window_admit);
+    d.preempt.extend(window_preempt);
+    d.hold = hold;
+    // Highest priority first, as the cycle's queue would admit them.
+    d.admit.sort_by_cached_key(|a| {
+        let wl = &p.workloads[a.workload];
+        (-p.classes[wl.class].priority, wl.name.clone())
+    });
+    d.preempt.sort_unstable();
+    d
+}

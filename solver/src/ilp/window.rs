@@ -1,0 +1,281 @@
+//! The bounded sub-problem of one pool: the gangs that wait (the highest priority first, at
+//! most [`Caps::gangs`]), the nodes where room could be made for them (whole NVLink domains,
+//! the most reclaimable first, at most [`Caps::nodes`]), the gangs the incumbent admitted on
+//! those nodes and the running workloads there that could be preempted. Everything else stays
+//! as the incumbent has it and enters the sub-problem as fixed usage and fixed room.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_compiler::model::Sharing;
+
+use super::incumbent::{Placement, State};
+use crate::heuristic::KeepPhase;
+use crate::problem::{Demand, Phase, Problem};
+use crate::quota::Ledger;
+
+/// How large a window may grow.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    pub gangs: usize,
+    pub nodes: usize,
+}
+
+/// A gang the sub-problem decides: admitted (where) or not.
+#[derive(Debug, Clone)]
+pub struct Gang {
+    pub workload: usize,
+    /// Its place in the incumbent, when admitted there.
+    pub incumbent: Option<Placement>,
+    /// Admitted by the incumbent within its tenant's guarantee: an entitlement, which stays
+    /// admitted with at least as many replicas (the objective alone would trade a guarantee
+    /// away for the lost work of the borrower it reclaims from).
+    pub entitled: bool,
+}
+
+/// A running workload the sub-problem may preempt.
+#[derive(Debug, Clone)]
+pub struct Victim {
+    pub workload: usize,
+    pub placement: Placement,
+    pub preempted: bool,
+}
+
+/// What a window node has for the sub-problem's workloads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Room {
+    pub gpus: u32,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Window {
+    pub pool: usize,
+    /// Healthy nodes, by index.
+    pub nodes: Vec<usize>,
+    pub gangs: Vec<Gang>,
+    pub victims: Vec<Victim>,
+    /// Per window node: room once every gang and victim of the window is gone.
+    pub room: BTreeMap<usize, Room>,
+    /// Usage in the pool of everything that stays as it is.
+    pub fixed: Ledger,
+}
+
+/// Why a pool has no sub-problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoWindow {
+    #[error(
+        "`{0}` sharing: MIG instances and shares are placed per GPU, which the integer program does not model yet"
+    )]
+    Sharing(&'static str),
+    #[error("no gang waits for this pool or was admitted to it")]
+    NothingWaits,
+    #[error("no node of the pool could make room")]
+    NoRoom,
+}
+
+/// Whether a running workload may be preempted at all (class and minRuntime).
+pub fn preemptible(p: &Problem, w: usize) -> bool {
+    let wl = &p.workloads[w];
+    let class = &p.classes[wl.class];
+    match wl.phase {
+        Phase::Running { started_at, .. } => {
+            class.preemptible && (p.now - started_at).max(0) as u64 >= class.min_runtime_seconds
+        }
+        Phase::Pending { .. } => false,
+    }
+}
+
+pub fn build(
+    p: &Problem,
+    states: &[State],
+    keep: &KeepPhase,
+    pool: usize,
+    caps: Caps,
+) -> Result<Window, NoWindow> {
+    let info = &p.pools[pool];
+    if info.sharing != Sharing::Exclusive {
+        return Err(NoWindow::Sharing(info.sharing.as_str()));
+    }
+    let whole = |w: usize| matches!(p.workloads[w].demand, Demand::Whole { .. });
+    let mut waiting: Vec<usize> = (0..p.workloads.len())
+        .filter(|&w| {
+            matches!(states[w], State::Pending)
+                && !p.workloads[w].is_running()
+                && p.workloads[w].pools.contains(&pool)
+                && whole(w)
+        })
+        .collect();
+    let admitted_here =
+        |w: usize| matches!(&states[w], State::Admitted(pl, _) if pl.pool == pool) && whole(w);
+    if waiting.is_empty() && !(0..states.len()).any(admitted_here) {
+        return Err(NoWindow::NothingWaits);
+    }
+    let value = |w: usize| {
+        let wl = &p.workloads[w];
+        p.classes[wl.class].priority * wl.amount(wl.min_member).gpus.units()
+    };
+    waiting.sort_by_cached_key(|&w| {
+        let wl = &p.workloads[w];
+        (-p.classes[wl.class].priority, -value(w), wl.name.clone())
+    });
+    waiting.truncate(caps.gangs);
+
+    // What each node could give: free healthy GPUs plus those held by work the window may move.
+    let movable = |w: usize| match &states[w] {
+        State::Admitted(pl, _) => pl.pool == pool,
+        State::Kept(pl) => pl.pool == pool && keep.kept[w] && preemptible(p, w),
+        State::Preempted => keep.kept[w] && preemptible(p, w) && p.workloads[w].pools[0] == pool,
+        State::Pending => false,
+    };
+    let mut held: BTreeMap<usize, u32> = BTreeMap::new();
+    let mut reclaimable: BTreeMap<usize, u32> = BTreeMap::new();
+    for (w, st) in states.iter().enumerate() {
+        if let Some(pl) = st.placement().filter(|pl| pl.pool == pool) {
+            for (&n, h) in &pl.nodes {
+                *held.entry(n).or_default() += h.healthy_gpus;
+                if movable(w) {
+                    *reclaimable.entry(n).or_default() += h.healthy_gpus;
+                }
+            }
+        }
+    }
+    // A node that cannot give one replica of the smallest gang is no use to the window.
+    let smallest = (0..states.len())
+        .filter(|&w| waiting.contains(&w) || admitted_here(w))
+        .filter_map(|w| match p.workloads[w].demand {
+            Demand::Whole { count } => Some(count),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(1);
+    let mut domains: BTreeMap<&str, (u32, Vec<usize>)> = BTreeMap::new();
+    for &n in &info.nodes {
+        let node = &p.nodes[n];
+        if !node.healthy {
+            continue;
+        }
+        let healthy = node.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() as u32;
+        let gain = healthy.saturating_sub(held.get(&n).copied().unwrap_or(0))
+            + reclaimable.get(&n).copied().unwrap_or(0);
+        if gain < smallest.max(1) {
+            continue;
+        }
+        let e = domains.entry(node.domain.as_str()).or_default();
+        e.0 += gain;
+        e.1.push(n);
+    }
+    let mut order: Vec<(&str, (u32, Vec<usize>))> = domains.into_iter().collect();
+    order.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(b.0)));
+    let mut nodes: Vec<usize> = Vec::new();
+    for (_, (_, members)) in order {
+        if !nodes.is_empty() && nodes.len() + members.len() > caps.nodes {
+            continue;
+        }
+        nodes.extend(members.into_iter().take(caps.nodes));
+    }
+    if nodes.is_empty() {
+        return Err(NoWindow::NoRoom);
+    }
+    nodes.sort_unstable();
+    let inside: BTreeSet<usize> = nodes.iter().copied().collect();
+    let within = |pl: &Placement| pl.nodes.keys().all(|n| inside.contains(n));
+
+    let mut gangs: Vec<Gang> = waiting
+        .into_iter()
+        .map(|w| Gang {
+            workload: w,
+            incumbent: None,
+            entitled: false,
+        })
+        .collect();
+    let mut victims = Vec::new();
+    for (w, st) in states.iter().enumerate() {
+        match st {
+            State::Admitted(pl, guaranteed) if admitted_here(w) && within(pl) => gangs.push(Gang {
+                workload: w,
+                incumbent: Some(pl.clone()),
+                entitled: *guaranteed,
+            }),
+            State::Kept(pl) if movable(w) && within(pl) => victims.push(Victim {
+                workload: w,
+                placement: pl.clone(),
+                preempted: false,
+            }),
+            State::Preempted if movable(w) => {
+                if let Some(pl) = running_placement(p, w).filter(&within) {
+                    victims.push(Victim {
+                        workload: w,
+                        placement: pl,
+                        preempted: true,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    let variable: BTreeSet<usize> = gangs
+        .iter()
+        .map(|g| g.workload)
+        .chain(victims.iter().map(|v| v.workload))
+        .collect();
+
+    let mut room: BTreeMap<usize, Room> = BTreeMap::new();
+    for &n in &nodes {
+        let node = &p.nodes[n];
+        room.insert(
+            n,
+            Room {
+                gpus: node.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() as u32,
+                cpu_millis: node.cpu.0,
+                memory_bytes: node.memory.0,
+            },
+        );
+    }
+    let mut fixed = Ledger::new(p);
+    for (w, st) in states.iter().enumerate() {
+        let Some(pl) = st.placement() else { continue };
+        if pl.pool != pool || variable.contains(&w) {
+            continue;
+        }
+        let wl = &p.workloads[w];
+        let replicas: u32 = pl.nodes.values().map(|h| h.replicas).sum();
+        fixed.add(p, wl.tenant, pool, wl.amount(replicas));
+        for (n, h) in &pl.nodes {
+            if let Some(r) = room.get_mut(n) {
+                r.gpus = r.gpus.saturating_sub(h.healthy_gpus);
+                r.cpu_millis = r
+                    .cpu_millis
+                    .saturating_sub(wl.cpu.0 * u64::from(h.replicas));
+                r.memory_bytes = r
+                    .memory_bytes
+                    .saturating_sub(wl.memory.0 * u64::from(h.replicas));
+            }
+        }
+    }
+    Ok(Window {
+        pool,
+        nodes,
+        gangs,
+        victims,
+        room,
+        fixed,
+    })
+}
+
+/// Where a running workload ran, from the snapshot.
+pub fn running_placement(p: &Problem, w: usize) -> Option<Placement> {
+    let Phase::Running { slots, .. } = &p.workloads[w].phase else {
+        return None;
+    };
+    let mut pl = Placement {
+        pool: p.workloads[w].pools[0],
+        nodes: BTreeMap::new(),
+    };
+    for s in slots {
+        let h = pl.nodes.entry(s.node).or_default();
+        h.replicas += 1;
+        h.healthy_gpus += s.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() as u32;
+    }
+    Some(pl)
+}
