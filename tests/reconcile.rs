@@ -127,6 +127,15 @@ impl Service {
         Service { child, base }
     }
 
+    /// Starts the service and waits until a revision is in force.
+    fn ready(repo: &Path, work: &Path, extra: &[&str]) -> Service {
+        let service = Service::start(repo, work, extra);
+        eventually("a revision in force", || {
+            service.status()["revision"].as_str().map(|_| ())
+        });
+        service
+    }
+
     fn call(
         &self,
         method: &str,
@@ -236,6 +245,13 @@ fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Writes a fault plan for the sim driver; returns its path as `--faults` takes it.
+fn faults(work: &Path, plan: &str) -> String {
+    let path = work.join("faults.yaml");
+    std::fs::write(&path, plan).unwrap();
+    path.display().to_string()
 }
 
 fn script(name: &str) -> Value {
@@ -360,10 +376,7 @@ fn an_inference_burst_preempts_training_which_checkpoints_and_resumes() {
     let mut repo = PolicyRepo::new();
     repo.commit("two pools");
     let work = tempfile::tempdir().unwrap();
-    let service = Service::start(repo.path(), work.path(), &[]);
-    eventually("a revision in force", || {
-        service.status()["revision"].as_str().map(|_| ())
-    });
+    let service = Service::ready(repo.path(), work.path(), &[]);
 
     let training = json!({
         "tenant": "research",
@@ -459,10 +472,7 @@ fn tenants_cannot_see_or_touch_each_other_and_bad_requests_change_nothing() {
     let mut repo = PolicyRepo::new();
     repo.commit("two pools");
     let work = tempfile::tempdir().unwrap();
-    let service = Service::start(repo.path(), work.path(), &[]);
-    eventually("a revision in force", || {
-        service.status()["revision"].as_str().map(|_| ())
-    });
+    let service = Service::ready(repo.path(), work.path(), &[]);
     assert_eq!(
         service.submit(PRODUCT, "chat-small", small_inference()).0,
         201
@@ -554,17 +564,11 @@ fn killed_in_the_middle_of_a_reconfiguration_the_service_resumes_and_finishes_it
     repo.commit("two pools");
     let work = tempfile::tempdir().unwrap();
     // Each GPU instance takes a second to create, so the kill lands mid-way.
-    let faults = work.path().join("faults.yaml");
-    std::fs::write(
-        &faults,
+    let faults_arg = faults(
+        work.path(),
         "faults:\n  - slow: {call: create_gpu_instance, ms: 1000}\n",
-    )
-    .unwrap();
-    let faults_arg = faults.display().to_string();
-    let service = Service::start(repo.path(), work.path(), &["--faults", &faults_arg]);
-    eventually("a revision in force", || {
-        service.status()["revision"].as_str().map(|_| ())
-    });
+    );
+    let service = Service::ready(repo.path(), work.path(), &["--faults", &faults_arg]);
     assert_eq!(
         service.submit(PRODUCT, "chat-small", small_inference()).0,
         201
@@ -633,17 +637,11 @@ fn a_failed_nvml_call_degrades_the_service_and_is_retried_until_it_succeeds() {
     repo.write("policy/fleet.yaml", &with_all_1g(&repo));
     repo.commit("infer may be cut in sevenths");
     let work = tempfile::tempdir().unwrap();
-    let faults = work.path().join("faults.yaml");
-    std::fs::write(
-        &faults,
+    let faults_arg = faults(
+        work.path(),
         "faults:\n  - fail: {call: create_gpu_instance, node: i0, gpu: 0, code: insufficient_resources, times: 1}\n",
-    )
-    .unwrap();
-    let faults_arg = faults.display().to_string();
-    let service = Service::start(repo.path(), work.path(), &["--faults", &faults_arg]);
-    eventually("a revision in force", || {
-        service.status()["revision"].as_str().map(|_| ())
-    });
+    );
+    let service = Service::ready(repo.path(), work.path(), &["--faults", &faults_arg]);
     assert_eq!(
         service.submit(PRODUCT, "chat-small", small_inference()).0,
         201
@@ -702,10 +700,7 @@ fn submit_checks_the_file_first_and_cancel_goes_through_the_api() {
     let mut repo = PolicyRepo::new();
     repo.commit("two pools");
     let work = tempfile::tempdir().unwrap();
-    let service = Service::start(repo.path(), work.path(), &[]);
-    eventually("a revision in force", || {
-        service.status()["revision"].as_str().map(|_| ())
-    });
+    let service = Service::ready(repo.path(), work.path(), &[]);
     let cli = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(args)
@@ -759,10 +754,7 @@ fn a_suspended_service_applies_nothing_until_resumed() {
     let mut repo = PolicyRepo::new();
     repo.commit("two pools");
     let work = tempfile::tempdir().unwrap();
-    let service = Service::start(repo.path(), work.path(), &[]);
-    eventually("a revision in force", || {
-        service.status()["revision"].as_str().map(|_| ())
-    });
+    let service = Service::ready(repo.path(), work.path(), &[]);
     assert_eq!(
         service.call("POST", "/v1/suspend", Some(PRODUCT), None).0,
         403

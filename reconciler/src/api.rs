@@ -209,14 +209,20 @@ async fn reconcile_now(
 }
 
 async fn suspend(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    admin(&state, &headers)?;
-    state.handle.set_suspended(true);
-    Ok(Json(state.handle.status()).into_response())
+    set_suspended(&state, &headers, true)
 }
 
 async fn resume(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    admin(&state, &headers)?;
-    state.handle.set_suspended(false);
+    set_suspended(&state, &headers, false)
+}
+
+fn set_suspended(
+    state: &AppState,
+    headers: &HeaderMap,
+    suspended: bool,
+) -> Result<Response, ApiError> {
+    admin(state, headers)?;
+    state.handle.set_suspended(suspended);
     Ok(Json(state.handle.status()).into_response())
 }
 
