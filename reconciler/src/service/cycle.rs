@@ -443,7 +443,12 @@ impl Reconciler {
         let wanted = policy::committed(policy);
         let existing = self.store.committed()?;
         for (name, spec) in &wanted {
-            if !existing.iter().any(|r| &r.name == name) {
+            // A committed workload is a service that should run: one that ended (its process
+            // exited, its node was lost) is queued again, as a Deployment's pod is replaced.
+            if !existing
+                .iter()
+                .any(|r| &r.name == name && !r.phase.is_ended())
+            {
                 self.store.submit(name, spec, Origin::Committed, now)?;
             }
         }
