@@ -784,3 +784,53 @@ fn a_suspended_service_applies_nothing_until_resumed() {
     stop_workloads(&service);
     service.stop();
 }
+
+#[test]
+fn committed_workloads_follow_the_repository_like_a_deployment() {
+    let mut repo = PolicyRepo::new();
+    let doc = |model: &str| {
+        format!(
+            "apiVersion: tessera/v1alpha1\nkind: Workload\nmetadata: {{name: chat}}\nspec:\n  \
+             tenant: product\n  sloClass: serving\n  pool: infer\n  gpu: {{migProfile: 3g.40gb}}\n  \
+             command: [sh, {}]\n  env: {{MODEL: {model}}}\n",
+            data("serve.sh").display()
+        )
+    };
+    repo.write("policy/chat.yaml", &doc("small"));
+    repo.commit("a committed service");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let pid_of = |w: &Value| w["replicas"][0]["pid"].as_i64();
+    let first = eventually("the service running", || {
+        let w = service.workload(ADMIN, "chat");
+        (phase(&w) == "running").then(|| pid_of(&w)).flatten()
+    });
+    assert_eq!(service.workload(ADMIN, "chat")["origin"], "committed");
+    // Committed work is changed in Git, not through the API.
+    let (code, body) = service.call("DELETE", "/v1/workloads/chat", Some(PRODUCT), None);
+    assert_eq!(code, 422, "{body}");
+
+    // A changed spec replaces the running process.
+    repo.write("policy/chat.yaml", &doc("large"));
+    repo.commit("a larger model");
+    let second = eventually("the new spec running", || {
+        let w = service.workload(ADMIN, "chat");
+        (phase(&w) == "running" && w["spec"]["env"]["MODEL"] == "large")
+            .then(|| pid_of(&w))
+            .flatten()
+    });
+    assert_ne!(first, second);
+    eventually("the old process gone", || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(first as i32), None)
+            .is_err()
+            .then_some(())
+    });
+
+    // Removed from the repository: stopped and cancelled.
+    std::fs::remove_file(repo.path().join("policy/chat.yaml")).unwrap();
+    repo.commit("retire the service");
+    eventually("the service cancelled", || {
+        (phase(&service.workload(ADMIN, "chat")) == "cancelled").then_some(())
+    });
+    service.stop();
+}

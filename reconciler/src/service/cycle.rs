@@ -435,26 +435,32 @@ impl Reconciler {
 
     /// Committed workloads follow the revision in force: new ones are queued, removed ones are
     /// cancelled (and stopped).
+    /// Committed workloads follow the revision in force, as a Deployment follows its spec:
+    /// one removed from the repository is cancelled (and stopped); one whose spec changed is
+    /// replaced (the old one cancelled, the new one queued once the old one's processes are
+    /// gone); one that ended (its process exited, its node was lost) is queued again.
     fn sync_committed(
         &mut self,
         policy: &tessera_compiler::CompiledPolicy,
         now: i64,
     ) -> Result<(), crate::store::StoreError> {
         let wanted = policy::committed(policy);
-        let existing = self.store.committed()?;
-        for (name, spec) in &wanted {
-            // A committed workload is a service that should run: one that ended (its process
-            // exited, its node was lost) is queued again, as a Deployment's pod is replaced.
-            if !existing
-                .iter()
-                .any(|r| &r.name == name && !r.phase.is_ended())
-            {
-                self.store.submit(name, spec, Origin::Committed, now)?;
+        for r in self.store.committed()? {
+            let stale = wanted.get(&r.name).is_none_or(|spec| *spec != r.spec);
+            if !r.phase.is_ended() && r.cancel_requested_at.is_none() && stale {
+                self.store.cancel(&r.name, now)?;
             }
         }
-        for r in existing {
-            if !r.phase.is_ended() && !wanted.contains_key(&r.name) {
-                self.store.cancel(&r.name, now)?;
+        let live: BTreeSet<String> = self
+            .store
+            .committed()?
+            .into_iter()
+            .filter(|r| !r.phase.is_ended())
+            .map(|r| r.name)
+            .collect();
+        for (name, spec) in &wanted {
+            if !live.contains(name) {
+                self.store.submit(name, spec, Origin::Committed, now)?;
             }
         }
         Ok(())
