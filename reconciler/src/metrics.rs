@@ -266,12 +266,15 @@ impl Metrics {
         }
     }
 
-    pub fn record_cycle(&self, cycle_seconds: f64, solve_seconds: Option<f64>) {
+    /// One cycle ended, after `seconds` of wall time.
+    pub fn record_cycle(&self, seconds: f64) {
         self.cycles.inc();
-        self.cycle_seconds.observe(cycle_seconds);
-        if let Some(s) = solve_seconds {
-            self.solve_seconds.observe(s);
-        }
+        self.cycle_seconds.observe(seconds);
+    }
+
+    /// The solver ran for `seconds` within a cycle (not every cycle gets that far).
+    pub fn record_solve(&self, seconds: f64) {
+        self.solve_seconds.observe(seconds);
     }
 
     pub fn record_status(&self, sync: &str, health: &str) {
@@ -306,4 +309,30 @@ pub fn reason_kind(reason: &Reason) -> String {
         .ok()
         .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
         .unwrap_or_else(|| "unknown".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cycle_counts_once_and_its_solve_apart() {
+        let m = Metrics::new();
+        m.record_solve(0.25);
+        m.record_cycle(0.5);
+        let text = m.encode();
+        assert!(text.contains("tessera_cycles_total 1\n"), "{text}");
+        assert!(
+            text.contains("tessera_cycle_duration_seconds_count 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_cycle_duration_seconds_sum 0.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_solve_duration_seconds_count 1\n"),
+            "{text}"
+        );
+    }
 }

@@ -193,7 +193,8 @@ pub fn checkpoint_dir(state_dir: &Path, workload: &str) -> PathBuf {
     state_dir.join("checkpoints").join(workload)
 }
 
-fn dir_has_entries(dir: &Path) -> bool {
+/// Whether a checkpoint directory holds anything to resume from.
+pub fn dir_has_entries(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 

@@ -268,7 +268,7 @@ impl Reconciler {
         .map_err(|e| format!("solve: {e}"))?;
         let solve_seconds = solve_started.elapsed().as_secs_f64();
         self.shared.metrics.record_decision(&decision);
-        self.shared.metrics.record_cycle(0.0, Some(solve_seconds));
+        self.shared.metrics.record_solve(solve_seconds);
 
         let views: Vec<WorkloadView> = records.iter().map(|r| view(r, &applied.policy)).collect();
         let plan = actions::plan(&decision, &observation, &views, &self.throttle, now);
@@ -393,7 +393,7 @@ impl Reconciler {
             let how = match (record.phase, exit.status) {
                 (Phase::Checkpointing, _) => {
                     let dir = apply::checkpoint_dir(&self.config.state_dir, &record.name);
-                    if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
+                    if apply::dir_has_entries(&dir) {
                         // What it saved bounds the work a later preemption loses.
                         self.store.record_checkpoint(
                             &record.name,
@@ -568,7 +568,7 @@ impl Reconciler {
         let (sync, health) = (s.sync_label(), s.health_label());
         drop(s);
         self.shared.metrics.record_status(sync, health);
-        self.shared.metrics.record_cycle(seconds, None);
+        self.shared.metrics.record_cycle(seconds);
     }
 }
 
