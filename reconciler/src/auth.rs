@@ -102,12 +102,6 @@ impl Tokens {
         Ok(())
     }
 
-    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, Principal)>) -> Tokens {
-        Tokens {
-            entries: pairs.into_iter().map(|(t, p)| (digest(t), p)).collect(),
-        }
-    }
-
     /// The principal a bearer token belongs to. Every entry is compared, so the time taken does
     /// not depend on which one matched.
     pub fn authenticate(&self, token: &str) -> Option<Principal> {
@@ -119,10 +113,6 @@ impl Tokens {
             }
         }
         found
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }
 

@@ -39,7 +39,6 @@ pub enum RepoError {
 pub struct Mirror {
     repo: Repository,
     source: Source,
-    path: PathBuf,
 }
 
 impl Mirror {
@@ -61,19 +60,7 @@ impl Mirror {
                 repo.remote("origin", &url).map_err(mirror_err)?;
             }
         }
-        Ok(Mirror {
-            repo,
-            source,
-            path: dir.to_path_buf(),
-        })
-    }
-
-    pub fn source(&self) -> &Source {
-        &self.source
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(Mirror { repo, source })
     }
 
     /// Fetches the branch and returns the commit it points at.

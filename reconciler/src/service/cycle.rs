@@ -96,18 +96,6 @@ impl Reconciler {
         s.last_error = Some(message);
     }
 
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
-    pub fn driver_mut(&mut self) -> &mut dyn NodeDriver {
-        self.driver.as_mut()
-    }
-
     /// At start: close what a killed predecessor left open. Intents without an outcome are
     /// marked interrupted (the next cycle re-plans from what the nodes show, which is the only
     /// truth about a half-applied step), and the processes of running workloads are adopted.
