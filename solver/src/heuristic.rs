@@ -1015,7 +1015,11 @@ impl<'p> Solver<'p> {
                 protected.push((name, Blocked::NonPreemptible));
             } else if ran < class.min_runtime_seconds {
                 protected.push((name, Blocked::MinRuntime(class.min_runtime_seconds - ran)));
-            } else if self.within_guarantee[v] && !(requester_guaranteed && class.priority < prio) {
+            } else if self.within_guarantee[v]
+                && !(class.priority < prio && (requester_guaranteed || vl.tenant == wl.tenant))
+            {
+                // Guarantee protection guards against other tenants' borrowing; within one
+                // tenant, priority alone decides.
                 protected.push((name, Blocked::WithinGuarantee));
             } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
                 protected.push((name, Blocked::NotLowerPriority));

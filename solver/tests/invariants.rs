@@ -212,7 +212,8 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
     }
 
     // Within-guarantee work (its tenant's usage, descendants included, ordered by priority desc
-    // then start, has not reached the guarantee before it) is never preempted for a borrower.
+    // then start, has not reached the guarantee before it) is never preempted for another
+    // tenant's borrower.
     let mut order: Vec<&RunningWorkload> = state.running.iter().collect();
     order.sort_by_key(|r| {
         let c = policy.slo_class(&r.spec.slo_class).unwrap();
@@ -248,10 +249,24 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
                 | PreemptReason::Priority { for_workload, .. } => for_workload,
                 other => panic!("{} preempted: {other:?}", r.name),
             };
+            // Within one tenant, priority decides: the protection is against other tenants.
+            if spec_of[beneficiary.as_str()].tenant == r.spec.tenant {
+                let mine = policy.slo_class(&r.spec.slo_class).unwrap().priority;
+                let theirs = policy
+                    .slo_class(&spec_of[beneficiary.as_str()].slo_class)
+                    .unwrap()
+                    .priority;
+                assert!(
+                    mine < theirs,
+                    "{} preempted for its own tenant's {beneficiary} of no higher priority",
+                    r.name
+                );
+                continue;
+            }
             assert_eq!(
                 admitted_borrowed.get(beneficiary.as_str()),
                 Some(&Gpus::ZERO),
-                "{} (within guarantee) preempted for borrower {beneficiary}",
+                "{} (within guarantee) preempted for another tenant's borrower {beneficiary}",
                 r.name
             );
         }

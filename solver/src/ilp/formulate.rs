@@ -455,20 +455,20 @@ impl Builder<'_> {
     }
 
     /// The `i`-th victim is preempted only for a gang the cycle's rules allow: one of higher
-    /// priority (within its guarantee if the victim is), or one within its guarantee
-    /// reclaiming another tenant's borrowed work.
+    /// priority (within its guarantee if the victim is and the two tenants differ), or one
+    /// within its guarantee reclaiming another tenant's borrowed work.
     fn beneficiary(&mut self, i: usize, v: &Victim, within: bool) {
         let p = self.p;
         let vl = &p.workloads[v.workload];
         let vprio = p.classes[vl.class].priority;
         // A gang the incumbent admits in the pool outside the window, of higher priority,
-        // covers a borrowed victim whatever the window does.
-        let covered = !within
-            && self.states.iter().enumerate().any(|(w, st)| {
-                matches!(st, State::Admitted(pl, _) if pl.pool == self.pool)
-                    && !self.win.gangs.iter().any(|g| g.workload == w)
-                    && p.classes[p.workloads[w].class].priority > vprio
-            });
+        // covers a borrowed victim (or one of its own tenant's) whatever the window does.
+        let covered = self.states.iter().enumerate().any(|(w, st)| {
+            matches!(st, State::Admitted(pl, _) if pl.pool == self.pool)
+                && !self.win.gangs.iter().any(|g| g.workload == w)
+                && p.classes[p.workloads[w].class].priority > vprio
+                && (!within || p.workloads[w].tenant == vl.tenant)
+        });
         if covered {
             return;
         }
@@ -476,7 +476,7 @@ impl Builder<'_> {
         for gi in 0..self.gangs.len() {
             let wl = &p.workloads[self.gangs[gi].workload];
             let prio = p.classes[wl.class].priority;
-            if prio > vprio && !within {
+            if prio > vprio && (!within || wl.tenant == vl.tenant) {
                 by.add(self.gangs[gi].admit, 1.0);
             } else if prio > vprio || (!within && wl.tenant != vl.tenant) {
                 let flag = self.guaranteed_flag(gi);

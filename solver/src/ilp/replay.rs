@@ -202,7 +202,7 @@ fn beneficiary(p: &Problem, s: &Solver, d: &Directive, v: usize) -> Option<Preem
                 for_workload: wl.name.clone(),
                 owner: p.tenants[wl.tenant].name.clone(),
             })
-        } else if lower && (guaranteed || !within) {
+        } else if lower && (guaranteed || !within || wl.tenant == vl.tenant) {
             Some(PreemptReason::Priority {
                 for_workload: wl.name.clone(),
                 priority: prio,
