@@ -82,6 +82,9 @@ pub struct CompiledPool {
     pub reconfiguration: CompiledReconfiguration,
     /// For mig pools: the geometries a GPU may take, with explicit placements.
     pub layouts: Vec<CompiledLayout>,
+    /// At most this many GPUs held for waiting gangs; `None`: no reservations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_max_gpus: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -187,6 +190,29 @@ pub struct CompiledTenant {
     pub slo_classes: Vec<String>,
     /// Effective quota per pool, for every pool the tenant may use (limit above zero).
     pub quota: BTreeMap<String, PoolQuota>,
+    /// The fair-share setting in force for this tenant (its own or its nearest ancestor's);
+    /// `None`: past usage does not count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_share: Option<CompiledFairShare>,
+}
+
+/// Fair share over time, resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledFairShare {
+    pub usage_half_life_seconds: u64,
+    pub gpu: bool,
+    pub cpu: bool,
+    pub memory: bool,
+    /// Weight of one GPU-hour per model; models absent weigh 1.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_model_weights: BTreeMap<String, f64>,
+}
+
+impl CompiledFairShare {
+    /// What one GPU-hour of `model` counts.
+    pub fn gpu_weight(&self, model: &str) -> f64 {
+        self.gpu_model_weights.get(model).copied().unwrap_or(1.0)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -403,6 +403,8 @@ mod tests {
             geometry: Vec::new(),
             usage: Vec::new(),
             pools: Vec::new(),
+            fair_share: None,
+            reservations: Vec::new(),
         }
     }
 

@@ -64,6 +64,8 @@ pub fn cluster_state(observation: &Observation, tracked: &[Tracked], now: i64) -
         nodes: observation.nodes.clone(),
         running,
         pending: pending.into_iter().map(|(_, p)| p).collect(),
+        usage: None,
+        reservations: Vec::new(),
     }
 }
 

@@ -253,6 +253,8 @@ fn steady(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
         nodes,
         running,
         pending,
+        usage: None,
+        reservations: Vec::new(),
     }
 }
 

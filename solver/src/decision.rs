@@ -6,7 +6,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tessera_compiler::model::Sharing;
+use tessera_compiler::model::{ReservationRecord, Sharing, UsageRecord};
 use tessera_compiler::units::Gpus;
 
 /// Bumped on any change a consumer of the JSON could notice.
@@ -37,6 +37,68 @@ pub struct Decision {
     pub usage: Vec<TenantUsage>,
     /// Per pool, by name.
     pub pools: Vec<PoolReport>,
+    /// Fair share over time: each tenant's decayed usage brought to `now` (the next snapshot's
+    /// `usage`) and what it leads to. Absent when no tenant sets `fairShare`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_share: Option<FairShareReport>,
+    /// Capacity held for waiting gangs (the next snapshot's `reservations`), by workload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<ReservationReport>,
+}
+
+/// Fair share over time, as this decision weighed it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FairShareReport {
+    /// Decayed usage as of `now`, for the next snapshot.
+    pub record: UsageRecord,
+    /// Per tenant with a fair-share setting, pre-order.
+    pub tenants: Vec<TenantShare>,
+}
+
+/// One tenant's standing for idle capacity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantShare {
+    pub tenant: String,
+    pub weight: f64,
+    /// Decayed dominant borrowed share (see `fairshare::history_share`): 0.1 for a tenant that
+    /// borrowed a steady tenth of the fleet.
+    pub history: f64,
+    /// The share of borrowable capacity this tenant is entitled to among the tenants it
+    /// competes with, after history (0 to 1).
+    pub share: f64,
+}
+
+/// Capacity held for one waiting gang.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReservationReport {
+    pub workload: String,
+    pub pool: String,
+    /// The nodes it will land on.
+    pub nodes: Vec<String>,
+    /// When the reservation was first made (RFC 3339).
+    pub since: String,
+    /// GPUs the gang needs.
+    pub needed: u32,
+    /// Free GPUs held idle for it after this decision.
+    pub held_idle: u32,
+    /// GPUs of the reservation lent to preemptible backfill, which yields when it completes.
+    pub backfilled: u32,
+    /// When the running work in the way is declared to end (RFC 3339); `None` when some of it
+    /// declares no `maxDuration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+}
+
+impl ReservationReport {
+    /// What the next snapshot carries.
+    pub fn record(&self) -> ReservationRecord {
+        ReservationRecord {
+            workload: self.workload.clone(),
+            pool: self.pool.clone(),
+            nodes: self.nodes.clone(),
+            since: self.since.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

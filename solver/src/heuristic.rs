@@ -1518,6 +1518,8 @@ pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f6
         usage: usage(p, &s.ledger),
         pools: pool_reports(p, s),
         workloads,
+        fair_share: None,
+        reservations: Vec::new(),
     }
 }
 

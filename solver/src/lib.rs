@@ -23,6 +23,7 @@
 
 pub mod bound;
 pub mod decision;
+pub mod fairshare;
 pub mod heuristic;
 mod ilp;
 pub mod openb;

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_compiler::CompiledPolicy;
-use tessera_compiler::compiled::{Amounts, PoolQuota};
+use tessera_compiler::compiled::{Amounts, CompiledFairShare, PoolQuota};
 use tessera_compiler::mig::{self, Placement};
 use tessera_compiler::model::{
     Binding, ClusterStateSpec, Health, Sharing, TopologyMode, WorkloadSpec,
@@ -131,6 +131,8 @@ pub struct TenantInfo {
     pub weight: f64,
     /// Effective quota per pool index; absent: the tenant may not use the pool.
     pub quota: BTreeMap<usize, PoolQuota>,
+    /// Fair share over time in force for the tenant; `None`: past usage does not count.
+    pub fair_share: Option<CompiledFairShare>,
 }
 
 #[derive(Debug, Clone)]
@@ -392,6 +394,7 @@ impl Problem {
                     .iter()
                     .filter_map(|(p, q)| pool_index.get(p.as_str()).map(|&i| (i, q.clone())))
                     .collect(),
+                fair_share: t.fair_share.clone(),
             });
         }
 

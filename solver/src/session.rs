@@ -248,6 +248,8 @@ impl Session {
             nodes: Vec::new(),
             running: Vec::new(),
             pending: vec![arrival.clone()],
+            usage: None,
+            reservations: Vec::new(),
         };
         let mut alone = Problem::new(&self.policy, &alone, Some(self.problem.now))?;
         if let Some(i) = alone.orphans.iter().position(|o| o.name == arrival.name) {

@@ -287,6 +287,8 @@ fn case(seed: u64) {
         nodes: nodes(&mut rng, &f),
         running: Vec::new(),
         pending: pending(&mut rng, "w", first_queue, now - 4 * 3600),
+        usage: None,
+        reservations: Vec::new(),
     };
     let (policy, state0) = checked(&f.policy_yaml, &state0, "initial snapshot");
     let d1 = solve(&policy, &state0, &SolveOptions::default()).unwrap();

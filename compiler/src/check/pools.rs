@@ -217,6 +217,7 @@ pub(crate) fn resolve(
                 drain_timeout_seconds: spec.reconfiguration.drain_timeout.seconds(),
             },
             layouts: compiled_layouts,
+            reservation_max_gpus: spec.reservations.as_ref().map(|r| r.max_gpus),
         });
     }
     pools

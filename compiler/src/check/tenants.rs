@@ -3,10 +3,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Repo, Sink, unknown_reference};
-use crate::compiled::{Amounts, CompiledPool, CompiledSloClass, CompiledTenant, PoolQuota};
+use crate::compiled::{
+    Amounts, CompiledFairShare, CompiledPool, CompiledSloClass, CompiledTenant, PoolQuota,
+};
 use crate::diagnostic::{Code, Diagnostic, did_you_mean};
 use crate::load::LoadedDocument;
-use crate::model::{Document, Kind, Quota, TenantSpec};
+use crate::model::{Document, FairShare, Kind, Quota, TenantSpec, UsageResource};
 use crate::units::{Bytes, Millicores};
 use crate::yaml::escape;
 
@@ -205,6 +207,7 @@ pub(crate) fn resolve(
         trust_domain: root.to_owned(),
         classes: all_classes,
         limits: capacity.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        fair_share: None,
     };
     walk(
         root, None, &root_ctx, &nodes, &children, &refs_ok, pools, sink, &mut out,
@@ -219,6 +222,18 @@ struct Inherited {
     classes: Vec<String>,
     /// Effective limit per pool.
     limits: BTreeMap<String, Amounts>,
+    fair_share: Option<CompiledFairShare>,
+}
+
+/// The fair-share setting as the solver reads it.
+fn lower_fair_share(f: &FairShare) -> CompiledFairShare {
+    CompiledFairShare {
+        usage_half_life_seconds: f.usage_half_life.seconds(),
+        gpu: f.resources.contains(&UsageResource::Gpu),
+        cpu: f.resources.contains(&UsageResource::Cpu),
+        memory: f.resources.contains(&UsageResource::Memory),
+        gpu_model_weights: f.gpu_model_weights.clone(),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -402,6 +417,11 @@ fn walk(
         .unwrap_or_else(|| inherited.trust_domain.clone());
     let mut path = inherited.path.clone();
     path.push(name.to_owned());
+    let fair_share = spec
+        .fair_share
+        .as_ref()
+        .map(lower_fair_share)
+        .or_else(|| inherited.fair_share.clone());
     let kids: Vec<String> = children
         .get(name)
         .map(|k| k.iter().map(|s| s.to_string()).collect())
@@ -415,12 +435,14 @@ fn walk(
         weight: spec.weight.unwrap_or(1.0),
         slo_classes: classes.clone(),
         quota,
+        fair_share: fair_share.clone(),
     });
     let next = Inherited {
         path,
         trust_domain,
         classes,
         limits,
+        fair_share,
     };
     if let Some(kids) = children.get(name) {
         for k in kids {

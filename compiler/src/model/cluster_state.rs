@@ -24,6 +24,70 @@ pub struct ClusterStateSpec {
     /// Workloads waiting, in submission order.
     #[serde(default)]
     pub pending: Vec<PendingWorkload>,
+    /// Each tenant's decayed past usage, kept by the reconciler (fair share over time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageRecord>,
+    /// Capacity held for waiting gangs, as the last decision left it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<ReservationRecord>,
+}
+
+/// Decayed usage per tenant as of one instant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UsageRecord {
+    /// The instant the figures are decayed to, RFC 3339.
+    #[schemars(regex(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+    ))]
+    pub as_of: String,
+    /// By tenant name; a tenant's figures include its descendants', decayed with its own
+    /// half-life.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantUsageRecord>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantUsageRecord {
+    /// Everything the tenant ran.
+    #[serde(default)]
+    pub used: UsageHours,
+    /// The part above its guarantee, pool by pool: what fair share weighs.
+    #[serde(default)]
+    pub borrowed: UsageHours,
+}
+
+/// Decayed resource-hours.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UsageHours {
+    /// GPU-hours, weighted by model.
+    #[serde(default)]
+    #[schemars(range(min = 0.0))]
+    pub gpu_hours: f64,
+    /// CPU core-hours.
+    #[serde(default)]
+    #[schemars(range(min = 0.0))]
+    pub cpu_hours: f64,
+    /// Memory GiB-hours.
+    #[serde(default)]
+    #[schemars(range(min = 0.0))]
+    pub memory_gib_hours: f64,
+}
+
+/// Capacity a waiting gang holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReservationRecord {
+    /// The waiting workload (a pending one).
+    pub workload: String,
+    pub pool: String,
+    /// The nodes the gang will land on; their GPUs, as they free up, are held for it.
+    #[schemars(length(min = 1))]
+    pub nodes: Vec<String>,
+    /// When the reservation was first made, RFC 3339.
+    pub since: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -33,6 +33,20 @@ pub struct PoolSpec {
     /// `capacity.nodesPerNvlinkDomain` nodes (NVL72-style).
     #[serde(default)]
     pub nvlink_domain: NvlinkDomain,
+    /// Capacity held for whole-GPU gangs that cannot start, so that a stream of small jobs
+    /// cannot starve them (reservations with backfill, as Slurm does). Absent: none are held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservations: Option<Reservations>,
+}
+
+/// How much of a pool may be held for waiting gangs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Reservations {
+    /// At most this many of the pool's GPUs are held for waiting gangs at once, idle or lent to
+    /// backfill. Gangs reserve in queue order while their whole size fits under it.
+    #[schemars(range(min = 1))]
+    pub max_gpus: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

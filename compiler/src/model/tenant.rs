@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::units::{Bytes, Gpus, Millicores};
+use crate::units::{Bytes, Duration, Gpus, Millicores};
 
 /// One node of the quota tree: an organisation, a team or a project.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -37,6 +37,50 @@ pub struct TenantSpec {
     /// and never more than the parent's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_classes: Option<Vec<String>>,
+    /// Fair share over time: how past borrowing lowers this subtree's claim on idle capacity.
+    /// Set at the root for the whole tree; a tenant that sets it replaces its parent's setting
+    /// for its whole subtree. Absent everywhere: only current usage counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_share: Option<FairShare>,
+}
+
+/// Fair share over time (as Slurm's `PriorityDecayHalfLife`, Kueue's `usageHalfLifeTime`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FairShare {
+    /// Past usage counts half as much after this long (`24h`). Decay is continuous.
+    pub usage_half_life: Duration,
+    /// The resources that count toward usage; a tenant's usage is its dominant one, relative
+    /// to the fleet. Defaults to all three.
+    #[serde(default = "all_usage_resources")]
+    #[schemars(length(min = 1))]
+    pub resources: Vec<UsageResource>,
+    /// What one GPU-hour of a model counts, by model name (default 1): an H100-hour may count
+    /// more than an A100-hour.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_model_weights: BTreeMap<String, f64>,
+}
+
+fn all_usage_resources() -> Vec<UsageResource> {
+    vec![
+        UsageResource::Gpu,
+        UsageResource::Cpu,
+        UsageResource::Memory,
+    ]
+}
+
+/// A resource that counts toward fair-share usage.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum UsageResource {
+    /// GPU-hours, weighted by model.
+    Gpu,
+    /// CPU core-hours.
+    Cpu,
+    /// Memory GiB-hours.
+    Memory,
 }
 
 /// An amount of one pool: GPUs alone (`64`), or GPUs with CPU and memory.

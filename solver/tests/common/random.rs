@@ -404,5 +404,7 @@ pub fn apply(
         nodes,
         running,
         pending: Vec::new(),
+        usage: None,
+        reservations: Vec::new(),
     }
 }

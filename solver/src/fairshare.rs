@@ -1,0 +1,180 @@
+//! Fair share over time: each tenant's usage, decayed continuously with its half-life.
+//!
+//! The reconciler calls [`accrue`] once per cycle and keeps the result; it travels in
+//! `ClusterState.usage`, so a plan in CI weighs the same history as the service. A tenant's
+//! figures include its descendants', decayed with the tenant's own half-life (a subtree may
+//! set its own).
+//!
+//! Between two observations the running set is taken as constant (the one observed at the end
+//! of the interval), which makes the integral exact for that set:
+//! `U(t + Δ) = U(t)·2^(−Δ/h) + r·(h/ln 2)·(1 − 2^(−Δ/h))`, with `r` the rate in units per hour.
+//!
+//! What fair share weighs is the *borrowed* part of usage: in each pool, what a tenant used
+//! above its guarantee (GPUs always; CPU and memory where the guarantee names them, as the
+//! current-usage share does). Using one's guarantee costs nothing later.
+
+use std::collections::BTreeMap;
+
+use tessera_compiler::model::{TenantUsageRecord, UsageHours, UsageRecord};
+
+use crate::problem::{Phase, Problem, format_rfc3339, parse_rfc3339};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Usage rates of one tenant, per hour of wall clock: GPUs (weighted), cores, GiB.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rates {
+    used: [f64; 3],
+    borrowed: [f64; 3],
+}
+
+/// The usage record of `p.now`: `previous` decayed from its `asOf`, plus what the running
+/// workloads of `p` used since. Tenants without a fair-share setting are left out; a previous
+/// record that is missing, unreadable or later than `p.now` starts the clock at `p.now`.
+pub fn accrue(p: &Problem, previous: Option<&UsageRecord>) -> UsageRecord {
+    let since = previous
+        .and_then(|r| parse_rfc3339(&r.as_of))
+        .filter(|&t| t <= p.now);
+    let elapsed = since.map_or(0, |t| p.now - t) as f64;
+    let rates = rates(p);
+    let mut tenants = BTreeMap::new();
+    for (t, info) in p.tenants.iter().enumerate() {
+        let Some(fs) = &info.fair_share else {
+            continue;
+        };
+        let before = since
+            .and(previous)
+            .and_then(|r| r.tenants.get(&info.name))
+            .copied()
+            .unwrap_or_default();
+        let half_life = fs.usage_half_life_seconds.max(1) as f64;
+        let decay = (-elapsed / half_life).exp2();
+        // Hours of accrual per unit rate over the interval, decay included.
+        let gain = half_life / std::f64::consts::LN_2 * (1.0 - decay) / 3600.0;
+        let mask = [fs.gpu, fs.cpu, fs.memory];
+        let advance = |old: UsageHours, rate: [f64; 3]| {
+            let v = |i: usize, o: f64| {
+                if mask[i] {
+                    o * decay + rate[i] * gain
+                } else {
+                    0.0
+                }
+            };
+            UsageHours {
+                gpu_hours: v(0, old.gpu_hours),
+                cpu_hours: v(1, old.cpu_hours),
+                memory_gib_hours: v(2, old.memory_gib_hours),
+            }
+        };
+        let r = rates[t];
+        tenants.insert(
+            info.name.clone(),
+            TenantUsageRecord {
+                used: advance(before.used, r.used),
+                borrowed: advance(before.borrowed, r.borrowed),
+            },
+        );
+    }
+    UsageRecord {
+        as_of: format_rfc3339(p.now),
+        tenants,
+    }
+}
+
+/// Per tenant (descendants included): what its running work uses now, and the part above its
+/// guarantee, pool by pool. GPUs are weighted by each tenant's own model weights.
+fn rates(p: &Problem) -> Vec<Rates> {
+    // usage[t][pool] = (GPUs, cores, GiB), descendants included.
+    let mut usage: Vec<BTreeMap<usize, [f64; 3]>> = vec![BTreeMap::new(); p.tenants.len()];
+    for wl in &p.workloads {
+        let Phase::Running { .. } = wl.phase else {
+            continue;
+        };
+        let Some(&pool) = wl.pools.first() else {
+            continue;
+        };
+        let a = wl.amount(wl.replicas);
+        let amount = [
+            a.gpus.as_f64(),
+            a.cpu.unwrap_or_default().0 as f64 / 1000.0,
+            a.memory.unwrap_or_default().0 as f64 / GIB,
+        ];
+        for &t in &p.tenants[wl.tenant].lineage {
+            let u = usage[t].entry(pool).or_default();
+            for i in 0..3 {
+                u[i] += amount[i];
+            }
+        }
+    }
+    p.tenants
+        .iter()
+        .zip(&usage)
+        .map(|(info, pools)| {
+            let mut r = Rates::default();
+            let Some(fs) = &info.fair_share else {
+                return r;
+            };
+            for (&pool, u) in pools {
+                let weight = fs.gpu_weight(&p.pools[pool].gpu_model);
+                let q = info.quota.get(&pool);
+                let guarantee = [
+                    q.map_or(0.0, |q| q.guarantee.gpus.as_f64()),
+                    q.and_then(|q| q.guarantee.cpu)
+                        .map_or(f64::INFINITY, |c| c.0 as f64 / 1000.0),
+                    q.and_then(|q| q.guarantee.memory)
+                        .map_or(f64::INFINITY, |m| m.0 as f64 / GIB),
+                ];
+                for i in 0..3 {
+                    let w = if i == 0 { weight } else { 1.0 };
+                    r.used[i] += u[i] * w;
+                    r.borrowed[i] += (u[i] - guarantee[i]).max(0.0) * w;
+                }
+            }
+            r
+        })
+        .collect()
+}
+
+/// The fleet's capacity per hour in the units of `t`'s usage: weighted GPUs, cores and GiB of
+/// the nodes in the snapshot.
+pub fn fleet_capacity(p: &Problem, t: usize) -> [f64; 3] {
+    let weight = |model: &str| {
+        p.tenants[t]
+            .fair_share
+            .as_ref()
+            .map_or(1.0, |fs| fs.gpu_weight(model))
+    };
+    let mut c = [0.0; 3];
+    for n in &p.nodes {
+        let model = n
+            .pool
+            .map_or_else(String::new, |pool| p.pools[pool].gpu_model.clone());
+        c[0] += n.gpus.len() as f64 * weight(&model);
+        c[1] += n.cpu.0 as f64 / 1000.0;
+        c[2] += n.memory.0 as f64 / GIB;
+    }
+    c
+}
+
+/// `t`'s decayed dominant borrowed share: for each counted resource, its borrowed hours over
+/// what the whole fleet would have accrued under the same decay (capacity × h / ln 2), the
+/// largest of them. A tenant that borrowed a steady tenth of the fleet's GPUs converges to 0.1.
+pub fn history_share(p: &Problem, t: usize, usage: Option<&UsageRecord>) -> f64 {
+    let info = &p.tenants[t];
+    let (Some(fs), Some(rec)) = (&info.fair_share, usage.and_then(|u| u.tenants.get(&info.name)))
+    else {
+        return 0.0;
+    };
+    let horizon = fs.usage_half_life_seconds.max(1) as f64 / std::f64::consts::LN_2 / 3600.0;
+    let cap = fleet_capacity(p, t);
+    let b = rec.borrowed;
+    [
+        (fs.gpu, b.gpu_hours, cap[0]),
+        (fs.cpu, b.cpu_hours, cap[1]),
+        (fs.memory, b.memory_gib_hours, cap[2]),
+    ]
+    .into_iter()
+    .filter(|&(on, _, c)| on && c > 0.0)
+    .map(|(_, h, c)| h / (c * horizon))
+    .fold(0.0, f64::max)
+}
