@@ -10,12 +10,12 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use tessera_compiler::model::{
-    Binding, ClusterStateSpec, GpuRequest, MigInstance, PendingWorkload, RunningWorkload, Topology,
-    WorkloadSpec,
+    ClusterStateSpec, GpuRequest, PendingWorkload, Topology, WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Millicores};
 use tessera_compiler::{SourceFile, compile};
 use tessera_solver::Solver as _;
+use tessera_solver::carry::carry_out;
 use tessera_solver::decision::Decision;
 use tessera_solver::session::{Admission, Session};
 use tessera_solver::{Outcome, SolveOptions, solve};
@@ -187,75 +187,21 @@ fn peak_rss() -> String {
         .unwrap_or_else(|| "unavailable".to_owned())
 }
 
-/// The snapshot once `d` is carried out: admitted work runs on its bindings (started now),
-/// preempted work is gone, GPUs have their target geometry, waiting work still waits.
+/// The snapshot once `d` is carried out, preempted work gone rather than queued again (the
+/// benchmark's arrivals come into a fleet at rest).
 fn steady(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
-    let mut nodes = before.nodes.clone();
-    for g in &d.geometry {
-        if g.create.is_empty() && g.destroy.is_empty() {
-            continue;
-        }
-        let Some(node) = nodes.iter_mut().find(|n| n.name == g.node) else {
-            continue;
-        };
-        if let Some(gpu) = node.gpus.iter_mut().find(|x| x.index == g.gpu) {
-            gpu.instances = g
-                .target
-                .iter()
-                .map(|i| MigInstance {
-                    profile: i.profile.clone(),
-                    start: i.start,
-                    uuid: None,
-                })
-                .collect();
-            gpu.mig.enabled = true;
-        }
-    }
-    let outcome: BTreeMap<&str, &Outcome> = d
+    let mut after = carry_out(before, d);
+    let preempted: std::collections::BTreeSet<&str> = d
         .workloads
         .iter()
-        .map(|w| (w.name.as_str(), &w.outcome))
+        .filter(|w| matches!(w.outcome, Outcome::Preempt { .. }))
+        .map(|w| w.name.as_str())
         .collect();
-    let mut running: Vec<RunningWorkload> = before
-        .running
-        .iter()
-        .filter(|r| matches!(outcome.get(r.name.as_str()), Some(Outcome::Keep { .. })))
-        .cloned()
-        .collect();
-    let mut pending = Vec::new();
-    for p in &before.pending {
-        match outcome.get(p.name.as_str()) {
-            Some(Outcome::Admit { bindings, .. }) => {
-                let mut spec: WorkloadSpec = p.spec.clone();
-                spec.replicas = bindings.len() as u32;
-                spec.min_member = spec.min_member.map(|m| m.min(spec.replicas));
-                running.push(RunningWorkload {
-                    name: p.name.clone(),
-                    spec,
-                    bindings: bindings
-                        .iter()
-                        .map(|b| Binding {
-                            node: b.node.clone(),
-                            gpus: b.gpus.clone(),
-                            mig_start: b.mig_start,
-                            share: b.share,
-                        })
-                        .collect(),
-                    started_at: before.observed_at.clone(),
-                    last_checkpoint_at: None,
-                });
-            }
-            _ => pending.push(p.clone()),
-        }
-    }
-    ClusterStateSpec {
-        observed_at: before.observed_at.clone(),
-        nodes,
-        running,
-        pending,
-        usage: None,
-        reservations: Vec::new(),
-    }
+    after
+        .pending
+        .retain(|p| !preempted.contains(p.name.as_str()));
+    after.observed_at = before.observed_at.clone();
+    after
 }
 
 /// An arrival submitted at the snapshot's instant: `count` whole GPUs, or one 1g instance.

@@ -161,8 +161,10 @@ pub fn fleet_capacity(p: &Problem, t: usize) -> [f64; 3] {
 /// largest of them. A tenant that borrowed a steady tenth of the fleet's GPUs converges to 0.1.
 pub fn history_share(p: &Problem, t: usize, usage: Option<&UsageRecord>) -> f64 {
     let info = &p.tenants[t];
-    let (Some(fs), Some(rec)) = (&info.fair_share, usage.and_then(|u| u.tenants.get(&info.name)))
-    else {
+    let (Some(fs), Some(rec)) = (
+        &info.fair_share,
+        usage.and_then(|u| u.tenants.get(&info.name)),
+    ) else {
         return 0.0;
     };
     let horizon = fs.usage_half_life_seconds.max(1) as f64 / std::f64::consts::LN_2 / 3600.0;

@@ -22,6 +22,7 @@
 //! decision reports (`time_limit` in a pool's refinement).
 
 pub mod bound;
+pub mod carry;
 pub mod decision;
 pub mod fairshare;
 pub mod heuristic;

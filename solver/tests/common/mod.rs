@@ -1,6 +1,7 @@
 //! Shared helpers: a small fleet in YAML, snapshots written compactly, compile and solve.
 #![allow(dead_code)]
 
+pub mod cycles;
 pub mod random;
 
 use tessera_compiler::model::ClusterStateSpec;

@@ -1,0 +1,94 @@
+//! A decision carried out on paper: the snapshot the next cycle would observe if every action
+//! of `d` succeeded at once. Multi-cycle tests and benchmarks drive the solver with it; the
+//! reconciler does the same for real, through the node drivers.
+
+use std::collections::BTreeMap;
+
+use tessera_compiler::model::{
+    Binding, ClusterStateSpec, MigInstance, PendingWorkload, RunningWorkload,
+};
+
+use crate::decision::{Decision, Outcome};
+
+/// The snapshot after `d`: admitted work runs on its bindings (started at `d.now`), preempted
+/// work waits again (submitted at `d.now`), GPUs have their target geometry, waiting work
+/// still waits, and the decision's usage record and reservations are carried forward.
+pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
+    let mut nodes = before.nodes.clone();
+    for g in &d.geometry {
+        if g.create.is_empty() && g.destroy.is_empty() {
+            continue;
+        }
+        let Some(node) = nodes.iter_mut().find(|n| n.name == g.node) else {
+            continue;
+        };
+        if let Some(gpu) = node.gpus.iter_mut().find(|x| x.index == g.gpu) {
+            gpu.instances = g
+                .target
+                .iter()
+                .map(|i| MigInstance {
+                    profile: i.profile.clone(),
+                    start: i.start,
+                    uuid: None,
+                })
+                .collect();
+            gpu.mig.enabled = true;
+        }
+    }
+    let outcome: BTreeMap<&str, &Outcome> = d
+        .workloads
+        .iter()
+        .map(|w| (w.name.as_str(), &w.outcome))
+        .collect();
+    let mut running = Vec::new();
+    let mut pending = Vec::new();
+    for r in &before.running {
+        match outcome.get(r.name.as_str()) {
+            Some(Outcome::Keep { .. }) => running.push(r.clone()),
+            Some(Outcome::Preempt { .. }) => pending.push(PendingWorkload {
+                name: r.name.clone(),
+                spec: r.spec.clone(),
+                submitted_at: d.now.clone(),
+            }),
+            _ => {}
+        }
+    }
+    for p in &before.pending {
+        match outcome.get(p.name.as_str()) {
+            Some(Outcome::Admit { bindings, .. }) => {
+                let mut spec = p.spec.clone();
+                spec.replicas = bindings.len() as u32;
+                spec.min_member = spec.min_member.map(|m| m.min(spec.replicas));
+                running.push(RunningWorkload {
+                    name: p.name.clone(),
+                    spec,
+                    bindings: bindings
+                        .iter()
+                        .map(|b| Binding {
+                            node: b.node.clone(),
+                            gpus: b.gpus.clone(),
+                            mig_start: b.mig_start,
+                            share: b.share,
+                        })
+                        .collect(),
+                    started_at: d.now.clone(),
+                    last_checkpoint_at: None,
+                });
+            }
+            _ => pending.push(p.clone()),
+        }
+    }
+    running.sort_by(|a, b| a.name.cmp(&b.name));
+    ClusterStateSpec {
+        observed_at: d.now.clone(),
+        nodes,
+        running,
+        pending,
+        usage: d
+            .fair_share
+            .as_ref()
+            .map(|f| f.record.clone())
+            .or_else(|| before.usage.clone()),
+        reservations: d.reservations.iter().map(|r| r.record()).collect(),
+    }
+}
