@@ -834,3 +834,75 @@ fn committed_workloads_follow_the_repository_like_a_deployment() {
     });
     service.stop();
 }
+
+/// The decayed usage of fair share over time is accounted while work runs, shown in `/state`
+/// (what `tessera plan` reads) and `/metrics`, and survives a restart of the service.
+#[test]
+fn fair_share_usage_is_accounted_exported_and_survives_a_restart() {
+    let mut repo = PolicyRepo::new();
+    let tenants = repo.read("policy/tenants.yaml").replace(
+        "  sloClasses: [interactive, serving, training]\n",
+        "  sloClasses: [interactive, serving, training]\n  fairShare: {usageHalfLife: 1h}\n",
+    );
+    repo.write("policy/tenants.yaml", &tenants);
+    repo.commit("fair share over an hour");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let training = json!({
+        "tenant": "research",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 2},
+        "command": script("train.sh"),
+    });
+    assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
+    eventually("training running", || {
+        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
+    });
+    // research has no guarantee in `train`: its two GPUs are borrowed, and accrue as such.
+    let usage = |service: &Service| {
+        let state = service.call("GET", "/state", Some(ADMIN), None).1;
+        let research = &state["spec"]["usage"]["tenants"]["research"];
+        (
+            research["used"]["gpuHours"].as_f64().unwrap_or(0.0),
+            research["borrowed"]["gpuHours"].as_f64().unwrap_or(0.0),
+            state["spec"]["usage"]["asOf"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    let (used, borrowed, as_of) = eventually("usage accrued", || {
+        let u = usage(&service);
+        (u.0 > 0.0).then_some(u)
+    });
+    assert!((used - borrowed).abs() < 1e-9, "{used} {borrowed}");
+    let metrics = service.call("GET", "/metrics", None, None).1;
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics.contains(
+            "tessera_tenant_decayed_usage{tenant=\"research\",resource=\"gpu_hours\",kind=\"borrowed\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tessera_tenant_fair_share{tenant=\"research\"}"),
+        "{metrics}"
+    );
+    service.stop();
+
+    // A restart starts from the stored record: it decays, it is not forgotten.
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let (after, _, as_of_after) = eventually("usage after the restart", || {
+        let u = usage(&service);
+        (!u.2.is_empty()).then_some(u)
+    });
+    assert!(as_of_after >= as_of, "{as_of_after} < {as_of}");
+    // Seconds at most have passed: an hour's half-life keeps nearly all of it.
+    assert!(
+        after >= used * 0.99,
+        "{after} after the restart, {used} before"
+    );
+    stop_workloads(&service);
+    service.stop();
+}

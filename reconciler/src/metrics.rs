@@ -35,6 +35,20 @@ pub struct TenantLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UsageLabels {
+    pub tenant: String,
+    /// `gpu_hours`, `cpu_hours` or `memory_gib_hours`.
+    pub resource: String,
+    /// `used` or `borrowed`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShareLabels {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
 }
@@ -61,6 +75,12 @@ pub struct Metrics {
     stranded_gpus: Family<PoolLabels, FloatGauge>,
     free_nodes: Family<PoolLabels, Gauge>,
     tenant_gpus: Family<TenantLabels, FloatGauge>,
+    decayed_usage: Family<UsageLabels, FloatGauge>,
+    fair_share: Family<ShareLabels, FloatGauge>,
+    fair_share_history: Family<ShareLabels, FloatGauge>,
+    reservations: Family<PoolLabels, Gauge>,
+    reserved_idle_gpus: Family<PoolLabels, Gauge>,
+    reserved_idle_gpu_seconds: Family<PoolLabels, Counter<f64, AtomicU64>>,
     pending: Family<ReasonLabels, Gauge>,
     gap: FloatGauge,
     preemptions: Counter,
@@ -80,7 +100,13 @@ pub struct Metrics {
 struct Seen {
     pools: Vec<PoolLabels>,
     tenants: Vec<TenantLabels>,
+    usage: Vec<UsageLabels>,
+    shares: Vec<ShareLabels>,
     reasons: Vec<ReasonLabels>,
+    /// GPUs held idle per pool by the last decision, and its instant: held capacity is
+    /// integrated over the time until the next decision.
+    held: Vec<(PoolLabels, u32)>,
+    held_since: Option<i64>,
 }
 
 impl Default for Metrics {
@@ -99,6 +125,12 @@ impl Metrics {
             stranded_gpus: Family::default(),
             free_nodes: Family::default(),
             tenant_gpus: Family::default(),
+            decayed_usage: Family::default(),
+            fair_share: Family::default(),
+            fair_share_history: Family::default(),
+            reservations: Family::default(),
+            reserved_idle_gpus: Family::default(),
+            reserved_idle_gpu_seconds: Family::default(),
             pending: Family::default(),
             gap: FloatGauge::default(),
             preemptions: Counter::default(),
@@ -141,6 +173,37 @@ impl Metrics {
             "tenant_gpus",
             "GPUs a tenant (with its descendants) uses per pool, within its guarantee or borrowed",
             m.tenant_gpus.clone(),
+        );
+        registry.register(
+            "tenant_decayed_usage",
+            "A tenant's usage (with its descendants') decayed by its fair-share half-life, \
+             all of it or the part above its guarantee",
+            m.decayed_usage.clone(),
+        );
+        registry.register(
+            "tenant_fair_share",
+            "A tenant's entitled fraction of borrowable capacity among its siblings, after history",
+            m.fair_share.clone(),
+        );
+        registry.register(
+            "tenant_fair_share_history",
+            "A tenant's decayed dominant borrowed share of the fleet",
+            m.fair_share_history.clone(),
+        );
+        registry.register(
+            "pool_reservations",
+            "Waiting gangs holding capacity",
+            m.reservations.clone(),
+        );
+        registry.register(
+            "pool_reserved_idle_gpus",
+            "GPUs held idle for waiting gangs",
+            m.reserved_idle_gpus.clone(),
+        );
+        registry.register(
+            "pool_reserved_idle_gpu_seconds",
+            "GPU-seconds held idle for waiting gangs: the cost of not starving them",
+            m.reserved_idle_gpu_seconds.clone(),
         );
         registry.register(
             "pending_workloads",
@@ -191,9 +254,11 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Replaces the fleet gauges with the figures of `decision`.
-    pub fn record_decision(&self, decision: &Decision) {
+    /// Replaces the fleet gauges with the figures of `decision`, taken at `now` (unix seconds).
+    pub fn record_decision(&self, decision: &Decision, now: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        self.record_fair_share(decision, &mut seen);
+        self.record_reservations(decision, now, &mut seen);
         for labels in seen.pools.drain(..) {
             self.allocation.get_or_create(&labels).set(0.0);
             self.allocated_gpus.get_or_create(&labels).set(0.0);
@@ -249,6 +314,80 @@ impl Metrics {
             seen.reasons.push(labels);
         }
         self.gap.set(decision.gap.unwrap_or(0.0));
+    }
+
+    fn record_fair_share(&self, decision: &Decision, seen: &mut Seen) {
+        for labels in seen.usage.drain(..) {
+            self.decayed_usage.get_or_create(&labels).set(0.0);
+        }
+        for labels in seen.shares.drain(..) {
+            self.fair_share.get_or_create(&labels).set(0.0);
+            self.fair_share_history.get_or_create(&labels).set(0.0);
+        }
+        let Some(report) = &decision.fair_share else {
+            return;
+        };
+        for (tenant, record) in &report.record.tenants {
+            for (kind, hours) in [("used", record.used), ("borrowed", record.borrowed)] {
+                for (resource, value) in [
+                    ("gpu_hours", hours.gpu_hours),
+                    ("cpu_hours", hours.cpu_hours),
+                    ("memory_gib_hours", hours.memory_gib_hours),
+                ] {
+                    let labels = UsageLabels {
+                        tenant: tenant.clone(),
+                        resource: resource.to_string(),
+                        kind: kind.to_string(),
+                    };
+                    self.decayed_usage.get_or_create(&labels).set(value);
+                    seen.usage.push(labels);
+                }
+            }
+        }
+        for t in &report.tenants {
+            let labels = ShareLabels {
+                tenant: t.tenant.clone(),
+            };
+            self.fair_share.get_or_create(&labels).set(t.share);
+            self.fair_share_history
+                .get_or_create(&labels)
+                .set(t.history);
+            seen.shares.push(labels);
+        }
+    }
+
+    /// Gauges of what is held now, and the GPU-seconds held idle since the last decision
+    /// (what that decision held, for as long as it stood).
+    fn record_reservations(&self, decision: &Decision, now: i64, seen: &mut Seen) {
+        if let Some(since) = seen.held_since {
+            let seconds = (now - since).max(0) as f64;
+            for (labels, held) in &seen.held {
+                self.reserved_idle_gpu_seconds
+                    .get_or_create(labels)
+                    .inc_by(f64::from(*held) * seconds);
+            }
+        }
+        for (labels, _) in seen.held.drain(..) {
+            self.reservations.get_or_create(&labels).set(0);
+            self.reserved_idle_gpus.get_or_create(&labels).set(0);
+        }
+        let mut by_pool: BTreeMap<&str, (i64, u32)> = BTreeMap::new();
+        for r in &decision.reservations {
+            let e = by_pool.entry(r.pool.as_str()).or_default();
+            e.0 += 1;
+            e.1 += r.held_idle;
+        }
+        for (pool, (count, held)) in by_pool {
+            let labels = PoolLabels {
+                pool: pool.to_string(),
+            };
+            self.reservations.get_or_create(&labels).set(count);
+            self.reserved_idle_gpus
+                .get_or_create(&labels)
+                .set(i64::from(held));
+            seen.held.push((labels, held));
+        }
+        seen.held_since = Some(now);
     }
 
     pub fn record_action(&self, action: &str, ok: bool, geometry: bool) {
@@ -314,6 +453,89 @@ pub fn reason_kind(reason: &Reason) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn decision(extra: serde_json::Value) -> Decision {
+        let mut d = serde_json::json!({
+            "format_version": 1, "now": "2026-11-23T10:00:00Z", "method": "heuristic",
+            "objective": 0.0, "bound": null, "gap": null,
+            "workloads": [], "geometry": [], "usage": [], "pools": [],
+        });
+        d.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(d).unwrap()
+    }
+
+    fn reservation(pool: &str, held: u32) -> serde_json::Value {
+        serde_json::json!({
+            "workload": format!("gang-{pool}-{held}"), "pool": pool, "nodes": ["n1"],
+            "since": "2026-11-23T09:00:00Z", "needed": 16, "held_idle": held, "backfilled": 0,
+        })
+    }
+
+    #[test]
+    fn capacity_held_idle_is_integrated_over_the_time_each_decision_stood() {
+        let m = Metrics::new();
+        let held = |r: Vec<serde_json::Value>| decision(serde_json::json!({"reservations": r}));
+        m.record_decision(&held(vec![reservation("train", 6)]), 100);
+        m.record_decision(&held(vec![reservation("train", 2)]), 160);
+        let text = m.encode();
+        assert!(
+            text.contains("tessera_pool_reserved_idle_gpus{pool=\"train\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_pool_reserved_idle_gpu_seconds_total{pool=\"train\"} 360.0\n"),
+            "{text}"
+        );
+        m.record_decision(&held(Vec::new()), 220);
+        let text = m.encode();
+        assert!(
+            text.contains("tessera_pool_reserved_idle_gpus{pool=\"train\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_pool_reservations{pool=\"train\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_pool_reserved_idle_gpu_seconds_total{pool=\"train\"} 480.0\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn decayed_usage_and_shares_are_exported_and_cleared_when_gone() {
+        let m = Metrics::new();
+        let fair = decision(serde_json::json!({"fair_share": {
+            "record": {"asOf": "2026-11-23T10:00:00Z", "tenants": {"a": {
+                "used": {"gpuHours": 120.5, "cpuHours": 10.0, "memoryGibHours": 0.0},
+                "borrowed": {"gpuHours": 20.0, "cpuHours": 0.0, "memoryGibHours": 0.0}}}},
+            "tenants": [{"tenant": "a", "weight": 2.0, "history": 0.125, "share": 0.75}],
+        }}));
+        m.record_decision(&fair, 100);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "tessera_tenant_decayed_usage{tenant=\"a\",resource=\"gpu_hours\",kind=\"used\"} 120.5\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_tenant_fair_share{tenant=\"a\"} 0.75\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tessera_tenant_fair_share_history{tenant=\"a\"} 0.125\n"),
+            "{text}"
+        );
+        m.record_decision(&decision(serde_json::json!({})), 160);
+        let text = m.encode();
+        assert!(
+            text.contains("tessera_tenant_fair_share{tenant=\"a\"} 0.0\n"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_cycle_counts_once_and_its_solve_apart() {

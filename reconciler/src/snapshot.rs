@@ -9,6 +9,7 @@ use tessera_compiler::model::{
 };
 
 use crate::driver::Observation;
+use crate::store::carried::Carried;
 
 /// One workload the service tracks, as the snapshot needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,8 +29,13 @@ pub struct RunningFacts {
 }
 
 /// The snapshot at `now`. Running workloads by name, pending ones in submission order (then by
-/// name, so that equal instants still give one order).
-pub fn cluster_state(observation: &Observation, tracked: &[Tracked], now: i64) -> ClusterStateSpec {
+/// name, so that equal instants still give one order), with what the last decision carried.
+pub fn cluster_state(
+    observation: &Observation,
+    tracked: &[Tracked],
+    carried: &Carried,
+    now: i64,
+) -> ClusterStateSpec {
     let mut running: Vec<RunningWorkload> = tracked
         .iter()
         .filter_map(|t| {
@@ -64,8 +70,8 @@ pub fn cluster_state(observation: &Observation, tracked: &[Tracked], now: i64) -
         nodes: observation.nodes.clone(),
         running,
         pending: pending.into_iter().map(|(_, p)| p).collect(),
-        usage: None,
-        reservations: Vec::new(),
+        usage: carried.usage.clone(),
+        reservations: carried.reservations.clone(),
     }
 }
 

@@ -16,6 +16,7 @@ use crate::policy::{self, Offer, PolicyTracker};
 use crate::repo::Mirror;
 use crate::runtime::{ExitStatus, Exited, Runtime};
 use crate::snapshot::{self, RunningFacts, Tracked};
+use crate::store::carried::Carried;
 use crate::store::{EndReason, Origin, Phase, RevisionStatus, Store, WorkloadRecord};
 
 /// What one cycle did, for logs and tests.
@@ -241,7 +242,8 @@ impl Reconciler {
         let mut observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
         let records = self.store.live().map_err(|e| e.to_string())?;
         let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
-        let state = snapshot::cluster_state(&observation, &tracked, now);
+        let carried = self.store.carried().map_err(|e| e.to_string())?;
+        let state = snapshot::cluster_state(&observation, &tracked, &carried, now);
         *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
 
         let solve_started = Instant::now();
@@ -255,8 +257,18 @@ impl Reconciler {
         )
         .map_err(|e| format!("solve: {e}"))?;
         let solve_seconds = solve_started.elapsed().as_secs_f64();
-        self.shared.metrics.record_decision(&decision);
+        self.shared.metrics.record_decision(&decision, now);
         self.shared.metrics.record_solve(solve_seconds);
+        // Usage accrues and reservations hold whether or not the service is suspended.
+        let next = Carried {
+            usage: decision.fair_share.as_ref().map(|f| f.record.clone()),
+            reservations: decision.reservations.iter().map(|r| r.record()).collect(),
+        };
+        if next != carried {
+            self.store
+                .set_carried(&next, now)
+                .map_err(|e| e.to_string())?;
+        }
 
         let views: Vec<WorkloadView> = records.iter().map(|r| view(r, &applied.policy)).collect();
         let plan = actions::plan(&decision, &observation, &views, &self.throttle, now);
@@ -356,7 +368,7 @@ impl Reconciler {
             let records = self.store.live().map_err(|e| e.to_string())?;
             let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
             *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) =
-                Some(snapshot::cluster_state(&observation, &tracked, now));
+                Some(snapshot::cluster_state(&observation, &tracked, &next, now));
         }
         report.plan = plan;
         Ok(())

@@ -1,6 +1,6 @@
 //! The service's state in SQLite: workloads and their lifecycle ([`workloads`]), the policy
-//! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]) and the event
-//! log ([`events`]).
+//! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]), the event
+//! log ([`events`]) and what one decision hands to the next ([`carried`]).
 //!
 //! Every write is one `IMMEDIATE` transaction that checks what it changes (a workload's phase,
 //! a journal entry's state) and appends its event before committing, so a service killed at
@@ -11,6 +11,7 @@
 //! Methods take `&self`: a [`Store`] is one connection, `Send` but not `Sync`, so callers that
 //! share it across threads wrap it in a mutex, which already serialises the transactions.
 
+pub mod carried;
 pub mod events;
 pub mod journal;
 pub mod revisions;

@@ -83,6 +83,15 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX events_workload ON events (workload, id) WHERE workload IS NOT NULL;
     "#,
+    // 2: what one decision hands to the next: decayed fair-share usage and reservations.
+    r#"
+    CREATE TABLE carried (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        usage TEXT,
+        reservations TEXT NOT NULL DEFAULT '[]',
+        updated_at INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.
