@@ -139,6 +139,20 @@ fn warnings_fail_only_with_deny_warnings() {
 }
 
 #[test]
+fn a_snapshot_with_usage_and_reservations_is_valid_and_clean() {
+    // The fair-share and reservation sections of a ClusterState, as the reconciler writes them,
+    // read against the base fleet (which sets fairShare and Pool reservations).
+    let (code, stdout, stderr) = tessera(&[
+        "validate",
+        "--deny-warnings",
+        "tests/data/base",
+        "tests/data/state-with-history",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("no problems"), "{stdout}");
+}
+
+#[test]
 fn every_diagnostic_code_has_a_case_in_the_corpus() {
     let (_, stdout, _) = tessera(&["validate", "--output", "sarif", "tests/data/base"]);
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();

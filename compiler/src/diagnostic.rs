@@ -98,12 +98,14 @@ codes! {
     GuaranteeExceedsCapacity = "TSR123", "guarantee-exceeds-capacity", Error, "The root's guarantee does not fit the pool's declared capacity.";
     LimitExceedsParent = "TSR124", "limit-exceeds-parent", Error, "A tenant's limit is above its parent's.";
     SloClassNotInherited = "TSR125", "slo-class-not-inherited", Error, "A tenant allows an SLO class its parent does not.";
+    InvalidFairShare = "TSR126", "invalid-fair-share", Error, "A tenant's fair-share setting cannot work as written.";
     // Pools, models and MIG.
     MigLayoutNoPlacement = "TSR130", "mig-layout-no-placement", Error, "A MigLayout's instances cannot all be placed on one GPU.";
     MigNotSupported = "TSR131", "mig-not-supported", Error, "MIG is used on a GPU model without MIG.";
     LayoutModelMismatch = "TSR132", "layout-model-mismatch", Error, "A pool uses a MigLayout made for another GPU model.";
     SharingMismatch = "TSR133", "sharing-mismatch", Error, "A pool's sharing mode and its fields disagree.";
     InvalidGpuModel = "TSR134", "invalid-gpu-model", Error, "A GpuModel document is inconsistent.";
+    ReservationExceedsCapacity = "TSR135", "reservation-exceeds-capacity", Error, "A pool may hold more GPUs for waiting gangs than it has.";
     IsolationNotOffered = "TSR140", "isolation-not-offered", Error, "No pool that the class's tenants may use offers the class's isolation minimum.";
     DuplicatePriorityValue = "TSR150", "duplicate-priority-value", Error, "Two priority tiers share a value or a name.";
     MissingPriorityTiers = "TSR151", "missing-priority-tiers", Error, "SLO classes exist but no PriorityTiers document, or more than one.";
@@ -120,6 +122,8 @@ codes! {
     UnusedMigLayout = "TSR202", "unused-mig-layout", Warning, "A MigLayout no pool uses.";
     UnusedSloClass = "TSR203", "unused-slo-class", Warning, "An SloClass no tenant may use.";
     EmptyRepository = "TSR204", "empty-repository", Warning, "No policy document was found.";
+    DuplicateUsageResource = "TSR205", "duplicate-usage-resource", Warning, "A fair-share resource is listed more than once.";
+    IgnoredClusterState = "TSR206", "ignored-cluster-state", Warning, "Part of a cluster state is stale or names what the policy lacks, and is ignored.";
 }
 
 impl fmt::Display for Code {

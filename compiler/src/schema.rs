@@ -134,7 +134,26 @@ pub fn validate(file: &str, doc: &ParsedDocument, kind: Kind) -> Vec<Diagnostic>
         })
     };
     let mut out = Vec::new();
-    for err in validator.iter_errors(&doc.value) {
+    let mut queue: std::collections::VecDeque<_> = validator.iter_errors(&doc.value).collect();
+    while let Some(err) = queue.pop_front() {
+        // An optional mapping (`fairShare`, `usage`) is `anyOf: [its schema, null]`. When the
+        // value is not null, the mapping's own errors say what is wrong and where; the anyOf's
+        // would only show the whole value at its first key.
+        let one_real_branch = match err.kind() {
+            ValidationErrorKind::AnyOf { context } if !err.instance().is_null() => {
+                context.iter().filter(|b| !is_null_branch(b)).count() == 1
+            }
+            _ => false,
+        };
+        if one_real_branch {
+            if let ValidationErrorKind::AnyOf { context } = err.into_parts().kind {
+                let only = context.into_iter().find(|b| !is_null_branch(b));
+                for e in only.into_iter().flatten().rev() {
+                    queue.push_front(e);
+                }
+            }
+            continue;
+        }
         let ptr = err.instance_path().as_str().to_owned();
         let field = dotted(&ptr);
         let shown = if field.is_empty() {
@@ -262,6 +281,18 @@ pub fn validate(file: &str, doc: &ParsedDocument, kind: Kind) -> Vec<Diagnostic>
         out.push(d);
     }
     out
+}
+
+/// The failed `null` branch of an optional value's `anyOf`.
+fn is_null_branch(branch: &[jsonschema::ValidationError<'static>]) -> bool {
+    matches!(
+        branch,
+        [e] if matches!(
+            e.kind(),
+            ValidationErrorKind::Type { kind: TypeKind::Single(t) }
+                if *t == jsonschema::JsonType::Null
+        )
+    )
 }
 
 /// A value outside an enumeration, with the closest allowed value suggested.

@@ -98,7 +98,7 @@ pub fn check(docs: &[LoadedDocument]) -> (Option<CompiledPolicy>, Vec<Diagnostic
     let layouts = models::resolve_layouts(&repo, &models, &mut sink);
     let pools = pools::resolve(&repo, &models, &layouts, &mut sink);
     let (tiers, classes) = classes::resolve(&repo, &mut sink);
-    let tenants = tenants::resolve(&repo, &pools, &classes, &mut sink);
+    let tenants = tenants::resolve(&repo, &models, &pools, &classes, &mut sink);
     let workloads = workloads::resolve(&repo, &models, &pools, &classes, &tenants, &mut sink);
     state::check(
         &workloads::Ctx {

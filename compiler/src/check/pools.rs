@@ -138,6 +138,42 @@ pub(crate) fn resolve(
             );
             ok = false;
         }
+        // Not `ok = false`: reservations do not change the pool's shape, so the pool still
+        // resolves and nothing that refers to it is reported twice.
+        if let Some(r) = &spec.reservations {
+            if spec.sharing != Sharing::Exclusive {
+                sink.push(
+                    Diagnostic::new(
+                        Code::SharingMismatch,
+                        format!(
+                            "`reservations` applies to exclusive pools, not `{}`",
+                            spec.sharing.as_str()
+                        ),
+                    )
+                    .at(doc.loc("/spec/reservations"))
+                    .field("spec.reservations")
+                    .help("reservations hold whole GPUs for gangs: remove `reservations`, or set `sharing: exclusive`"),
+                );
+            }
+            let capacity = u64::from(spec.capacity.nodes) * u64::from(spec.capacity.gpus_per_node);
+            if u64::from(r.max_gpus) > capacity {
+                sink.push(
+                    Diagnostic::new(
+                        Code::ReservationExceedsCapacity,
+                        format!(
+                            "`reservations.maxGpus` is {}, more than the pool's {capacity} GPUs",
+                            r.max_gpus
+                        ),
+                    )
+                    .at(doc.value_loc("/spec/reservations/maxGpus"))
+                    .field("spec.reservations.maxGpus")
+                    .help(format!(
+                        "the pool declares {} nodes × {} GPUs; lower maxGpus to at most {capacity}",
+                        spec.capacity.nodes, spec.capacity.gpus_per_node
+                    )),
+                );
+            }
+        }
         let nodes_per_domain = match (spec.nvlink_domain, spec.capacity.nodes_per_nvlink_domain) {
             (NvlinkDomain::Node, None) => 1,
             (NvlinkDomain::Node, Some(_)) => {

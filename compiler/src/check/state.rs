@@ -8,10 +8,11 @@ use super::Sink;
 use super::models::{unknown_model, unknown_profile};
 use super::workloads::{Ctx, resolve_spec};
 use crate::compiled::GpuDemand;
-use crate::diagnostic::{Code, Diagnostic};
+use crate::diagnostic::{Code, Diagnostic, did_you_mean};
 use crate::load::LoadedDocument;
-use crate::model::{Binding, ClusterStateSpec, Document, Kind};
-use crate::units::Gpus;
+use crate::model::{Binding, ClusterStateSpec, Document, Kind, UsageRecord};
+use crate::units::{Gpus, parse_rfc3339};
+use crate::yaml::escape;
 
 pub(crate) fn check(ctx: &Ctx, sink: &mut Sink) {
     for doc in ctx.repo.of(Kind::ClusterState) {
@@ -239,6 +240,192 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
             false,
             sink,
         );
+    }
+
+    let observed_at = instant(doc, "/spec/observedAt", &spec.observed_at, sink);
+    if let Some(usage) = &spec.usage {
+        check_usage(ctx, doc, usage, observed_at, sink);
+    }
+    check_reservations(ctx, doc, spec, sink);
+}
+
+/// An RFC 3339 instant of the snapshot, or an error at it. The schema's pattern checks the
+/// form; this checks the calendar, so that instants compare.
+fn instant(doc: &LoadedDocument, pointer: &str, text: &str, sink: &mut Sink) -> Option<i64> {
+    let t = parse_rfc3339(text);
+    if t.is_none() {
+        sink.push(bad(
+            doc,
+            pointer,
+            format!(
+                "`{}` is `{text}`, which is not an RFC 3339 instant (no such date or time)",
+                crate::schema::dotted(pointer)
+            ),
+            "write a date and time with its offset, e.g. 2026-11-20T08:00:00Z",
+        ));
+    }
+    t
+}
+
+/// The usage record: an instant no later than the snapshot, and tenants of the policy. Amounts
+/// need no check here: the schema refuses negative ones and the YAML reader non-finite ones.
+fn check_usage(
+    ctx: &Ctx,
+    doc: &LoadedDocument,
+    usage: &UsageRecord,
+    observed_at: Option<i64>,
+    sink: &mut Sink,
+) {
+    let as_of = instant(doc, "/spec/usage/asOf", &usage.as_of, sink);
+    if let (Some(as_of), Some(observed_at)) = (as_of, observed_at)
+        && as_of > observed_at
+    {
+        sink.push(
+            Diagnostic::new(
+                Code::IgnoredClusterState,
+                format!(
+                    "the usage record is as of {}, after the snapshot was observed: it is ignored and usage is counted afresh",
+                    usage.as_of
+                ),
+            )
+            .at(doc.value_loc("/spec/usage/asOf"))
+            .field("spec.usage.asOf")
+            .help("a record cannot describe the future: set asOf at or before observedAt, as the reconciler writes it"),
+        );
+    }
+    for tenant in usage.tenants.keys() {
+        let tp = format!("/spec/usage/tenants/{}", escape(tenant));
+        if ctx.repo.get(Kind::Tenant, tenant).is_none() {
+            let help = match did_you_mean(tenant, ctx.repo.names(Kind::Tenant)) {
+                Some(s) => format!("did you mean `{s}`?"),
+                None => "remove the entry: a removed tenant's history no longer counts".to_owned(),
+            };
+            sink.push(
+                Diagnostic::new(
+                    Code::IgnoredClusterState,
+                    format!("usage of unknown tenant `{tenant}`: its history is ignored"),
+                )
+                .at(doc.loc(&tp))
+                .field(crate::schema::dotted(&tp))
+                .help(help),
+            );
+        }
+    }
+}
+
+/// Reservations: each for a pending gang of this snapshot, in a pool that holds reservations,
+/// on nodes of that pool.
+fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mut Sink) {
+    let mut node_pool: BTreeMap<&str, &str> = BTreeMap::new();
+    for node in &spec.nodes {
+        node_pool
+            .entry(node.name.as_str())
+            .or_insert(node.pool.as_str());
+    }
+    let pending: BTreeSet<&str> = spec.pending.iter().map(|p| p.name.as_str()).collect();
+    let running: BTreeSet<&str> = spec.running.iter().map(|r| r.name.as_str()).collect();
+    let mut reserved = BTreeSet::new();
+    for (r, res) in spec.reservations.iter().enumerate() {
+        let rp = format!("/spec/reservations/{r}");
+        if !reserved.insert(res.workload.as_str()) {
+            sink.push(bad(
+                doc,
+                &format!("{rp}/workload"),
+                format!("workload `{}` has more than one reservation", res.workload),
+                "a gang holds one reservation: merge its nodes into one entry",
+            ));
+            continue;
+        }
+        instant(doc, &format!("{rp}/since"), &res.since, sink);
+        if !pending.contains(res.workload.as_str()) {
+            let (message, help) = if running.contains(res.workload.as_str()) {
+                (
+                    format!(
+                        "reservation for `{}`, which is already running: it is stale and ignored",
+                        res.workload
+                    ),
+                    "a gang's reservation ends when it starts; remove the entry".to_owned(),
+                )
+            } else {
+                (
+                    format!(
+                        "reservation for `{}`, which is not pending in this snapshot: it is stale and ignored",
+                        res.workload
+                    ),
+                    match did_you_mean(&res.workload, pending.iter().copied()) {
+                        Some(s) => format!("did you mean `{s}`?"),
+                        None => {
+                            "a reservation holds capacity for a pending workload; remove the entry"
+                                .to_owned()
+                        }
+                    },
+                )
+            };
+            sink.push(
+                Diagnostic::new(Code::IgnoredClusterState, message)
+                    .at(doc.value_loc(&format!("{rp}/workload")))
+                    .field(format!("spec.reservations[{r}].workload"))
+                    .help(help),
+            );
+        }
+        let pool_exists = ctx.repo.get(Kind::Pool, &res.pool).is_some();
+        match ctx.pools.iter().find(|p| p.name == res.pool) {
+            Some(p) if p.reservation_max_gpus.is_none() => sink.push(
+                Diagnostic::new(
+                    Code::IgnoredClusterState,
+                    format!(
+                        "pool `{}` holds no reservations: this one is ignored",
+                        res.pool
+                    ),
+                )
+                .at(doc.value_loc(&format!("{rp}/pool")))
+                .field(format!("spec.reservations[{r}].pool"))
+                .help(format!(
+                    "set `reservations: {{maxGpus: N}}` on pool `{}`, or remove the entry",
+                    res.pool
+                )),
+            ),
+            Some(_) => {}
+            // A pool that exists but is broken is reported where it is defined.
+            None if pool_exists => {}
+            None => {
+                let help = match did_you_mean(&res.pool, ctx.repo.names(Kind::Pool)) {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None => "name a Pool of the policy, or remove the entry".to_owned(),
+                };
+                sink.push(
+                    Diagnostic::new(
+                        Code::IgnoredClusterState,
+                        format!("reservation in unknown pool `{}`: it is ignored", res.pool),
+                    )
+                    .at(doc.value_loc(&format!("{rp}/pool")))
+                    .field(format!("spec.reservations[{r}].pool"))
+                    .help(help),
+                );
+            }
+        }
+        for (n, node) in res.nodes.iter().enumerate() {
+            let np = format!("{rp}/nodes/{n}");
+            match node_pool.get(node.as_str()) {
+                None => sink.push(bad(
+                    doc,
+                    &np,
+                    format!("reserved node `{node}` is not in the snapshot"),
+                    "a reservation names nodes listed under `nodes`; remove it or fix the name",
+                )),
+                // Against an unknown pool every node would differ: that is one mistake, above.
+                Some(pool) if pool_exists && *pool != res.pool => sink.push(bad(
+                    doc,
+                    &np,
+                    format!(
+                        "reserved node `{node}` is in pool `{pool}`, not the reservation's pool `{}`",
+                        res.pool
+                    ),
+                    "a gang lands in one pool: reserve nodes of that pool only",
+                )),
+                Some(_) => {}
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::models::{Models, unknown_model};
 use super::{Repo, Sink, unknown_reference};
 use crate::compiled::{
     Amounts, CompiledFairShare, CompiledPool, CompiledSloClass, CompiledTenant, PoolQuota,
@@ -19,6 +20,7 @@ struct Node<'a> {
 
 pub(crate) fn resolve(
     repo: &Repo,
+    models: &Models,
     pools: &[CompiledPool],
     classes: &[CompiledSloClass],
     sink: &mut Sink,
@@ -182,6 +184,9 @@ pub(crate) fn resolve(
         if ok {
             refs_ok.insert(*name);
         }
+        if let Some(fs) = &n.spec.fair_share {
+            check_fair_share(n.doc, fs, models, sink);
+        }
     }
 
     // Walk the tree from the root, resolving inherited values and checking quotas nest.
@@ -223,6 +228,55 @@ struct Inherited {
     /// Effective limit per pool.
     limits: BTreeMap<String, Amounts>,
     fair_share: Option<CompiledFairShare>,
+}
+
+/// A fair-share setting on its own: a half-life that decays, each resource once, and weights
+/// of models that exist.
+fn check_fair_share(doc: &LoadedDocument, fs: &FairShare, models: &Models, sink: &mut Sink) {
+    if fs.usage_half_life.seconds() == 0 {
+        sink.push(
+            Diagnostic::new(
+                Code::InvalidFairShare,
+                "`usageHalfLife` is 0s: past usage would be forgotten the moment it is recorded",
+            )
+            .at(doc.value_loc("/spec/fairShare/usageHalfLife"))
+            .field("spec.fairShare.usageHalfLife")
+            .help("give a half-life such as `24h` or `7d`, or omit `fairShare` to count current usage only"),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, r) in fs.resources.iter().enumerate() {
+        if !seen.insert(*r) {
+            let name = r.as_str();
+            sink.push(
+                Diagnostic::new(
+                    Code::DuplicateUsageResource,
+                    format!("`{name}` is listed more than once in `fairShare.resources`"),
+                )
+                .at(doc.value_loc(&format!("/spec/fairShare/resources/{i}")))
+                .field(format!("spec.fairShare.resources[{i}]"))
+                .help("a resource counts once however often it is listed; remove the repetition"),
+            );
+        }
+    }
+    for (model, weight) in &fs.gpu_model_weights {
+        let pointer = format!("/spec/fairShare/gpuModelWeights/{}", escape(model));
+        if !models.contains_key(model) {
+            // At the key: the name is what is wrong, not the weight.
+            sink.push(unknown_model(models, doc, &pointer, model).at(doc.loc(&pointer)));
+        }
+        if !(weight.is_finite() && *weight > 0.0) {
+            sink.push(
+                Diagnostic::new(
+                    Code::InvalidFairShare,
+                    format!("the weight of `{model}` in `gpuModelWeights` is {weight}: it must be a finite number above 0"),
+                )
+                .at(doc.value_loc(&pointer))
+                .field(format!("spec.fairShare.gpuModelWeights.{model}"))
+                .help("a GPU-hour of the model counts this many GPU-hours; remove the entry to count it as 1"),
+            );
+        }
+    }
 }
 
 /// The fair-share setting as the solver reads it.

@@ -87,6 +87,9 @@ pub struct ReservationRecord {
     #[schemars(length(min = 1))]
     pub nodes: Vec<String>,
     /// When the reservation was first made, RFC 3339.
+    #[schemars(regex(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+    ))]
     pub since: String,
 }
 

@@ -83,6 +83,16 @@ pub enum UsageResource {
     Memory,
 }
 
+impl UsageResource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageResource::Gpu => "gpu",
+            UsageResource::Cpu => "cpu",
+            UsageResource::Memory => "memory",
+        }
+    }
+}
+
 /// An amount of one pool: GPUs alone (`64`), or GPUs with CPU and memory.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
