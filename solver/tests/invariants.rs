@@ -460,7 +460,12 @@ fn case(seed: u64) {
         let tenants = ["a", "a1", "b"];
         let small = |i: usize| WorkloadSpec {
             tenant: tenants[(seed as usize + i) % 3].into(),
-            slo_class: if i % 2 == 0 { "batch" } else { "critical" }.into(),
+            slo_class: if i.is_multiple_of(2) {
+                "batch"
+            } else {
+                "critical"
+            }
+            .into(),
             pool: Some("train".into()),
             replicas: 1,
             min_member: None,
@@ -480,7 +485,12 @@ fn case(seed: u64) {
         };
         let mut gang = small(0);
         gang.tenant = tenants[seed as usize % 3].into();
-        gang.slo_class = if seed % 2 == 0 { "batch" } else { "critical" }.into();
+        gang.slo_class = if seed.is_multiple_of(2) {
+            "batch"
+        } else {
+            "critical"
+        }
+        .into();
         gang.replicas = nodes.saturating_sub((seed / 3 % 2) as u32).max(1);
         gang.gpu.count = Some(per_node);
         gang.max_duration = None;
