@@ -250,10 +250,18 @@ pub struct PoolReport {
     pub free_nodes: u32,
     /// NVLink domains whose nodes are all free.
     pub free_domains: u32,
+    /// Free GPUs left idle because reservations hold them for waiting gangs: the measured cost
+    /// of not starving large work (absent when zero).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_idle: Gpus,
     /// What the integer program did with the heuristic's decision in this pool; absent when
     /// no refinement ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refinement: Option<PoolRefinement>,
+}
+
+fn is_zero(g: &Gpus) -> bool {
+    *g == Gpus::ZERO
 }
 
 /// Which resource a quota refused.
@@ -383,6 +391,27 @@ pub enum Reason {
     },
     /// The workload's tenant, class or pool left the policy.
     Orphaned { cause: String },
+    /// A gang blocked for capacity that holds capacity as it frees up (see `reserve.rs`).
+    Reserving {
+        pool: String,
+        /// GPUs of the reservation free or held by backfill that yields.
+        held: u32,
+        needed: u32,
+        /// The NVLink domains of the reservation's nodes, sorted.
+        domains: Vec<String>,
+        /// Its nodes, sorted.
+        nodes: Vec<String>,
+        /// When the work in the way is declared to end (RFC 3339); `None` when some of it
+        /// declares no `maxDuration`.
+        eta: Option<String>,
+    },
+    /// The room it would fit in is held for a waiting gang, and it is neither preemptible nor
+    /// declared to end before that gang can start.
+    ReservedFor {
+        pool: String,
+        gang: String,
+        capacity: Box<Reason>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -497,6 +526,49 @@ impl fmt::Display for Reason {
                 Ok(())
             }
             Reason::Orphaned { cause } => write!(f, "orphaned: {cause}"),
+            Reason::Reserving {
+                pool,
+                held,
+                needed,
+                domains,
+                nodes,
+                eta,
+            } => {
+                write!(f, "reserving {held}/{needed} GPUs in pool `{pool}` on ")?;
+                // A sentence names a few; the typed fields and the decision's reservations keep
+                // every node.
+                const SHOWN: usize = 4;
+                let (what, list) = if domains.len() < nodes.len() {
+                    ("domain", domains)
+                } else {
+                    ("node", nodes)
+                };
+                let plural = if list.len() == 1 { "" } else { "s" };
+                write!(f, "{what}{plural} ")?;
+                f.write_str(
+                    &list
+                        .iter()
+                        .take(SHOWN)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                )?;
+                if list.len() > SHOWN {
+                    write!(f, " and {} more", list.len() - SHOWN)?;
+                }
+                match eta {
+                    Some(eta) => write!(f, " (eta {eta})"),
+                    None => f.write_str(" (eta unknown: work in the way declares no maxDuration)"),
+                }
+            }
+            Reason::ReservedFor {
+                pool: _,
+                gang,
+                capacity,
+            } => write!(
+                f,
+                "{capacity}; the rest is reserved for gang `{gang}` (only preemptible work or work whose maxDuration ends before the gang can start may use it)"
+            ),
         }
     }
 }
@@ -523,6 +595,8 @@ pub enum PreemptReason {
     OverLimit { tenant: String, pool: String },
     /// Its tenant, class or pool left the policy.
     Orphaned { cause: String },
+    /// It ran as backfill on capacity reserved for a gang, which can now start.
+    Reservation { for_workload: String },
 }
 
 impl fmt::Display for PreemptReason {
@@ -547,6 +621,10 @@ impl fmt::Display for PreemptReason {
                 "tenant `{tenant}`'s limit in pool `{pool}` no longer allows it"
             ),
             PreemptReason::Orphaned { cause } => write!(f, "orphaned: {cause}"),
+            PreemptReason::Reservation { for_workload } => write!(
+                f,
+                "backfill on capacity reserved for gang `{for_workload}`, which starts now"
+            ),
         }
     }
 }

@@ -52,6 +52,11 @@ use crate::quota::Ledger;
 mod replay;
 pub(crate) use replay::{Admission, Directive, KeepPhase, keep_phase, solve_directed};
 
+// Reservations read and write the cycle's internals as its own steps do.
+#[path = "reserve.rs"]
+mod reserve;
+pub(crate) use reserve::Hold;
+
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default)]
 struct GpuState {
@@ -120,6 +125,9 @@ pub(crate) struct Fleet {
     memory: Vec<u64>,
     /// By workload index; a clone copies pointers (see `gpu`).
     pub(crate) placed: Vec<Option<Rc<Vec<Placed>>>>,
+    /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
+    /// set only while one workload is decided.
+    barred: Option<Rc<BTreeSet<usize>>>,
 }
 
 /// Why one replica does not fit on one node.
@@ -164,6 +172,7 @@ impl Fleet {
             cpu: vec![0; p.nodes.len()],
             memory: vec![0; p.nodes.len()],
             placed: vec![None; p.workloads.len()],
+            barred: None,
         }
     }
 
@@ -251,6 +260,9 @@ impl Fleet {
         let wl = &p.workloads[w];
         let node = &p.nodes[n];
         if !node.healthy || node.pool != Some(pool) {
+            return None;
+        }
+        if self.barred.as_ref().is_some_and(|b| b.contains(&n)) {
             return None;
         }
         if self.cpu[n] + wl.cpu.0 > node.cpu.0 {
@@ -714,6 +726,7 @@ pub(crate) struct Parts {
     pub(crate) within_guarantee: Vec<bool>,
     pub(crate) trace: Vec<Step>,
     pub(crate) running_by_pool: Vec<Vec<usize>>,
+    pub(crate) holds: Vec<Hold>,
 }
 
 pub(crate) struct Solver<'p> {
@@ -739,6 +752,8 @@ pub(crate) struct Solver<'p> {
     /// Workloads admitted only where they fit without preemption (an integer program found
     /// preempting for them not worth it; see `ilp/replay.rs`).
     pub(crate) hold: Vec<bool>,
+    /// Capacity held for waiting gangs so far in this cycle, in pick order (see `reserve.rs`).
+    pub(crate) holds: Vec<Hold>,
 }
 
 /// What a borrower's refusal depends on besides the statuses: (pool, scope, priority).
@@ -771,6 +786,7 @@ impl<'p> Solver<'p> {
             running_by_pool,
             refused: None,
             hold: vec![false; p.workloads.len()],
+            holds: Vec::new(),
         }
     }
 
@@ -786,6 +802,7 @@ impl<'p> Solver<'p> {
             running_by_pool: parts.running_by_pool,
             refused: None,
             hold: vec![false; p.workloads.len()],
+            holds: parts.holds,
         }
     }
 
@@ -797,6 +814,7 @@ impl<'p> Solver<'p> {
             within_guarantee: self.within_guarantee,
             trace: self.trace,
             running_by_pool: self.running_by_pool,
+            holds: self.holds,
         }
     }
 
@@ -873,7 +891,12 @@ impl<'p> Solver<'p> {
                 .expect("non-empty");
             let w = queue.remove(i);
             let (priority, borrows, share, submitted, _) = keys.remove(i);
-            let status = self.admit(w);
+            let mut status = self.admit(w);
+            if let Status::Pending(reason) = &status
+                && let Some(s) = self.reserve(w, reason)
+            {
+                status = s;
+            }
             let admitted = matches!(status, Status::Admit { .. });
             self.status[w] = Some(status);
             let (deltas, victims) = if admitted {
@@ -917,8 +940,24 @@ impl<'p> Solver<'p> {
         (deltas, victims)
     }
 
-    /// Tries each pool without preemption, then with; the status of `w`.
+    /// Tries each pool without preemption, then with, away from the capacity reservations
+    /// hold for gangs `w` may not backfill; the status of `w`.
     pub(crate) fn admit(&mut self, w: usize) -> Status {
+        let barring = reserve::barring(self, w);
+        if barring.is_empty() {
+            return self.admit_anywhere(w);
+        }
+        self.fleet.barred = Some(reserve::barred_nodes(self, &barring));
+        let status = self.admit_anywhere(w);
+        self.fleet.barred = None;
+        match status {
+            Status::Pending(reason) => Status::Pending(self.reserved_reason(w, &barring, reason)),
+            other => other,
+        }
+    }
+
+    /// [`Self::admit`] on the fleet as it is.
+    fn admit_anywhere(&mut self, w: usize) -> Status {
         let p = self.p;
         let wl = &p.workloads[w];
         if wl.pools.is_empty() {
@@ -1500,6 +1539,14 @@ pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f6
     }
     workloads.sort_by(|a, b| a.name.cmp(&b.name));
 
+    let (reservations, reserved_idle) = reserve::reports(s);
+    let mut pools = pool_reports(p, s);
+    for (r, idle) in pools
+        .iter_mut()
+        .zip(pool_order(p).into_iter().map(|pl| reserved_idle[pl]))
+    {
+        r.reserved_idle = idle;
+    }
     Decision {
         format_version: FORMAT_VERSION,
         now: p.now_text.clone(),
@@ -1516,10 +1563,10 @@ pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f6
         }),
         geometry: geometry(p, &s.fleet),
         usage: usage(p, &s.ledger),
-        pools: pool_reports(p, s),
+        pools,
         workloads,
         fair_share: None,
-        reservations: Vec::new(),
+        reservations,
     }
 }
 
@@ -1617,10 +1664,16 @@ fn usage(p: &Problem, ledger: &Ledger) -> Vec<TenantUsage> {
     out
 }
 
-fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
-    let fleet = &s.fleet;
+/// Pools by name: the order of the decision's pool reports.
+fn pool_order(p: &Problem) -> Vec<usize> {
     let mut order: Vec<usize> = (0..p.pools.len()).collect();
     order.sort_by(|&a, &b| p.pools[a].name.cmp(&p.pools[b].name));
+    order
+}
+
+fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
+    let fleet = &s.fleet;
+    let order = pool_order(p);
     // Shapes still pending per pool.
     let mut pending: BTreeMap<usize, Vec<Demand>> = BTreeMap::new();
     for (w, wl) in p.workloads.iter().enumerate() {
@@ -1710,6 +1763,7 @@ fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                 stranded,
                 free_nodes,
                 free_domains: free_domains.values().filter(|v| **v).count() as u32,
+                reserved_idle: Gpus::ZERO,
                 refinement: None,
             }
         })

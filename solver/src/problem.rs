@@ -96,6 +96,8 @@ pub struct PoolInfo {
     /// NVLink domain ids of those nodes, sorted.
     pub domains: Vec<String>,
     pub gpus_per_node: u32,
+    /// At most this many GPUs held for waiting gangs (see `reserve.rs`); `None`: none.
+    pub reservation_max_gpus: Option<u32>,
 }
 
 impl PoolInfo {
@@ -232,6 +234,8 @@ pub struct WorkloadInfo {
     /// Why each other pool was ruled out, for the pending explanation.
     pub excluded: Vec<(usize, Exclusion)>,
     pub phase: Phase,
+    /// Declared upper bound on its run time: what lets it backfill ahead of a reservation.
+    pub max_duration_seconds: Option<u64>,
 }
 
 impl WorkloadInfo {
@@ -288,6 +292,20 @@ pub struct Problem {
     /// the policy absent from the snapshot last, by name).
     pub workloads: Vec<WorkloadInfo>,
     pub orphans: Vec<Orphan>,
+    /// The previous decision's reservations still meaningful: their gang is pending here and
+    /// their pool and nodes exist (see `reserve.rs`).
+    pub reservations: Vec<PriorReservation>,
+}
+
+/// A reservation carried by the snapshot, resolved.
+#[derive(Debug, Clone)]
+pub struct PriorReservation {
+    pub workload: usize,
+    pub pool: usize,
+    /// By index, sorted.
+    pub nodes: Vec<usize>,
+    /// Unix seconds.
+    pub since: i64,
 }
 
 impl Problem {
@@ -339,6 +357,7 @@ impl Problem {
                 nodes: Vec::new(),
                 domains: Vec::new(),
                 gpus_per_node: p.gpus_per_node,
+                reservation_max_gpus: p.reservation_max_gpus,
             })
             .collect();
         let pool_index: BTreeMap<&str, usize> = policy
@@ -482,6 +501,7 @@ impl Problem {
             gpus,
             workloads: Vec::new(),
             orphans: Vec::new(),
+            reservations: Vec::new(),
         };
         let tables = Tables {
             pool_index: &pool_index,
@@ -526,6 +546,44 @@ impl Problem {
         for w in &policy.workloads {
             if names.insert(w.name.clone()) {
                 problem.add_committed(w, observed);
+            }
+        }
+        // A record that no longer fits the snapshot (the gang started or left, a node or the
+        // pool went away) is dropped: the solver chooses afresh if the gang still waits.
+        for r in &state.reservations {
+            let Some(workload) = problem
+                .workloads
+                .iter()
+                .position(|w| w.name == r.workload && !w.is_running())
+            else {
+                continue;
+            };
+            let Some(pool) = problem.pools.iter().position(|p| p.name == r.pool) else {
+                continue;
+            };
+            let nodes: Option<Vec<usize>> = r
+                .nodes
+                .iter()
+                .map(|n| {
+                    problem
+                        .nodes
+                        .binary_search_by(|x| x.name.as_str().cmp(n))
+                        .ok()
+                        .filter(|&i| problem.nodes[i].pool == Some(pool))
+                })
+                .collect();
+            let (Some(mut nodes), Some(since)) = (nodes, parse_rfc3339(&r.since)) else {
+                continue;
+            };
+            nodes.sort_unstable();
+            nodes.dedup();
+            if problem.workloads[workload].pools.contains(&pool) && !nodes.is_empty() {
+                problem.reservations.push(PriorReservation {
+                    workload,
+                    pool,
+                    nodes,
+                    since,
+                });
             }
         }
         Ok(problem)
@@ -719,6 +777,7 @@ impl Problem {
                 started_at,
                 last_checkpoint_at,
             },
+            max_duration_seconds: spec.max_duration.map(|d| d.seconds()),
         });
         Ok(())
     }
@@ -806,6 +865,7 @@ impl Problem {
             pools,
             excluded,
             phase: Phase::Pending { submitted_at },
+            max_duration_seconds: spec.max_duration.map(|d| d.seconds()),
         });
         Ok(())
     }
@@ -860,6 +920,7 @@ impl Problem {
             phase: Phase::Pending {
                 submitted_at: observed,
             },
+            max_duration_seconds: w.max_duration_seconds,
         });
     }
 

@@ -54,6 +54,9 @@ pub enum FullCycle {
     FreesCapacity { pool: String },
     /// The finished workload was admitted or preempted by the standing decision.
     Decided { name: String },
+    /// Pool `pool` of the event's component may hold capacity for waiting gangs: holds are
+    /// made, kept and released in queue order by the full cycle alone.
+    Reservations { pool: String },
 }
 
 /// The answer to an arrival.
@@ -210,6 +213,14 @@ impl Session {
         out
     }
 
+    /// A pool of the component of `pools` where reservations may be held, by name.
+    fn reserving(&self, pools: &[usize]) -> Option<String> {
+        self.component(pools)
+            .into_iter()
+            .find(|&pl| self.problem.pools[pl].reservation_max_gpus.is_some())
+            .map(|pl| self.problem.pools[pl].name.clone())
+    }
+
     /// Pools reachable from `start` through the pools of the queue's workloads.
     fn component(&self, start: &[usize]) -> BTreeSet<usize> {
         let p = &self.problem;
@@ -268,6 +279,9 @@ impl Session {
             .find(|w| w.name == arrival.name)
             .expect("a pending workload is resolved or orphaned");
 
+        if let Some(pool) = self.reserving(&info.pools) {
+            return Ok(Admission::NeedsFullCycle(FullCycle::Reservations { pool }));
+        }
         let w = self.problem.workloads.len();
         self.problem.workloads.push(info);
         let place = self.position(w);
@@ -480,6 +494,10 @@ impl Session {
             }
             return Err(SessionError::Unknown(name.to_owned()));
         };
+        let pools = self.problem.workloads[w].pools.clone();
+        if let Some(pool) = self.reserving(&pools) {
+            return Ok(Removal::NeedsFullCycle(FullCycle::Reservations { pool }));
+        }
         let p = &self.problem;
         let parts = self
             .parts

@@ -20,7 +20,13 @@
 //!   minimum (invariant 5);
 //! - `required` gangs sit in one NVLink domain (invariant 6);
 //! - solving twice, and solving the same snapshot with nodes and workloads listed in another
-//!   order, gives the same bytes (invariant 7).
+//!   order, gives the same bytes (invariant 7);
+//! - reservations (the exclusive pool allows them in two cases of three, and a third of the
+//!   waiting work declares a `maxDuration`): only in exclusive pools with the knob, at most
+//!   `maxGpus` needed per pool, on disjoint nodes of the pool, for a waiting gang that may use
+//!   the pool and says it reserves; no work picked after the gang lands on its nodes unless it
+//!   may backfill (preemptible, or declared to end before the eta); work that yields does so
+//!   for a gang that starts.
 
 mod common;
 
@@ -29,9 +35,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use tessera_compiler::compiled::CompiledPolicy;
 use tessera_compiler::mig::{self, Placement};
-use tessera_compiler::model::{ClusterStateSpec, RunningWorkload, TopologyMode, WorkloadSpec};
+use tessera_compiler::model::{
+    ClusterStateSpec, RunningWorkload, Sharing, TopologyMode, WorkloadSpec,
+};
+use tessera_compiler::units::Duration;
 use tessera_compiler::units::Gpus;
-use tessera_solver::decision::{Decision, Outcome, PreemptReason};
+use tessera_solver::decision::{Decision, Outcome, PreemptReason, Reason};
 use tessera_solver::problem::{format_rfc3339, parse_rfc3339};
 use tessera_solver::{SolveOptions, solve};
 
@@ -273,6 +282,133 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
     }
 }
 
+fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decision) {
+    let now = parse_rfc3339(&state.observed_at).unwrap();
+    let pending: BTreeMap<&str, _> = state.pending.iter().map(|p| (p.name.as_str(), p)).collect();
+    let spec_of = |name: &str| -> &WorkloadSpec {
+        pending.get(name).map(|p| &p.spec).unwrap_or_else(|| {
+            &state
+                .running
+                .iter()
+                .find(|r| r.name == name)
+                .expect("a workload of the snapshot")
+                .spec
+        })
+    };
+    let mut needed: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut held = BTreeSet::new();
+    for r in &d.reservations {
+        let pool = policy.pool(&r.pool).unwrap();
+        let max = pool
+            .reservation_max_gpus
+            .expect("reservations only where the pool allows them");
+        assert_eq!(
+            pool.sharing,
+            Sharing::Exclusive,
+            "{} reserves in {}",
+            r.workload,
+            r.pool
+        );
+        let total = needed.entry(&r.pool).or_default();
+        *total += r.needed;
+        assert!(
+            *total <= max,
+            "{} GPUs held in {}, maxGpus {max}",
+            total,
+            r.pool
+        );
+        assert!(r.held_idle + r.backfilled <= r.needed);
+        let w = d.workloads.iter().find(|w| w.name == r.workload).unwrap();
+        match &w.outcome {
+            Outcome::Pending {
+                reason: Reason::Reserving { pool, needed, .. },
+                ..
+            } => assert!(pool == &r.pool && *needed == r.needed),
+            other => panic!("{} holds capacity but {other:?}", r.workload),
+        }
+        let spec = &pending[r.workload.as_str()].spec;
+        assert!(spec.pool.as_ref().is_none_or(|p| p == &r.pool));
+        assert!(
+            policy
+                .tenant(&spec.tenant)
+                .unwrap()
+                .quota
+                .contains_key(&r.pool),
+            "{} reserves in a pool its tenant may not use",
+            r.workload
+        );
+        for n in &r.nodes {
+            let node = state.nodes.iter().find(|x| &x.name == n).unwrap();
+            assert_eq!(node.pool, r.pool, "{n} of another pool held");
+            assert!(held.insert(n.clone()), "{n} held twice");
+        }
+    }
+    for r in &d.reservations {
+        let gang = pending[r.workload.as_str()];
+        let gang_prio = policy.slo_class(&gang.spec.slo_class).unwrap().priority;
+        let gang_key = (
+            parse_rfc3339(&gang.submitted_at).unwrap(),
+            gang.name.as_str(),
+        );
+        let eta = r.eta.as_deref().map(|e| parse_rfc3339(e).unwrap());
+        for w in &d.workloads {
+            let Outcome::Admit {
+                bindings,
+                guaranteed,
+                borrowed,
+            } = &w.outcome
+            else {
+                continue;
+            };
+            if !bindings.iter().any(|b| r.nodes.contains(&b.node)) {
+                continue;
+            }
+            let spec = spec_of(&w.name);
+            let class = policy.slo_class(&spec.slo_class).unwrap();
+            let per_replica = spec
+                .gpu
+                .count
+                .map_or(Gpus::ZERO, |c| Gpus::whole(i64::from(c)));
+            let min = spec.min_member.unwrap_or(spec.replicas);
+            let p = pending[w.name.as_str()];
+            let before_gang = class.priority > gang_prio
+                || *borrowed == Gpus::ZERO
+                || *guaranteed >= per_replica * i64::from(min)
+                || spec.tenant != gang.spec.tenant
+                || (parse_rfc3339(&p.submitted_at).unwrap(), p.name.as_str()) < gang_key;
+            let backfill = class.preemptible
+                || spec
+                    .max_duration
+                    .zip(eta)
+                    .is_some_and(|(m, e)| now + m.seconds() as i64 <= e);
+            assert!(
+                before_gang || backfill,
+                "{} admitted on capacity held for {}",
+                w.name,
+                r.workload
+            );
+        }
+    }
+    for w in &d.workloads {
+        if let Outcome::Preempt {
+            reason: PreemptReason::Reservation { for_workload },
+            ..
+        } = &w.outcome
+        {
+            let gang = d
+                .workloads
+                .iter()
+                .find(|x| &x.name == for_workload)
+                .unwrap();
+            assert!(
+                matches!(gang.outcome, Outcome::Admit { .. }),
+                "{} yielded to {for_workload}, which does not start",
+                w.name
+            );
+        }
+    }
+}
+
 fn bytes(policy: &CompiledPolicy, state: &ClusterStateSpec) -> String {
     serde_json::to_string(&solve(policy, state, &SolveOptions::default()).unwrap()).unwrap()
 }
@@ -280,13 +416,34 @@ fn bytes(policy: &CompiledPolicy, state: &ClusterStateSpec) -> String {
 fn case(seed: u64) {
     let mut rng = Seeded(seed);
     let now = parse_rfc3339(NOW).unwrap();
-    let f = fleet(&mut rng);
+    let mut f = fleet(&mut rng);
+    // Reservations in two cases of three (drawing nothing from `rng`, so that the fleets and
+    // queues stay those of the other tests built on it).
+    let knob = [None, Some(8), Some(64)][(seed % 3) as usize];
+    let reserving = knob.is_some();
+    if let Some(max) = knob {
+        f.policy_yaml = f.policy_yaml.replace(
+            "metadata: {name: train}\nspec:\n",
+            &format!("metadata: {{name: train}}\nspec:\n  reservations: {{maxGpus: {max}}}\n"),
+        );
+    }
+    let declare = |pending: &mut Vec<tessera_compiler::model::PendingWorkload>| {
+        for (i, p) in pending.iter_mut().enumerate() {
+            if (seed as usize + i).is_multiple_of(3) {
+                p.spec.max_duration = Some(Duration(1800 + 600 * (i as u64 % 4)));
+            }
+        }
+    };
     let first_queue = rng.range(3, 10);
     let state0 = ClusterStateSpec {
         observed_at: format_rfc3339(now - 4 * 3600),
         nodes: nodes(&mut rng, &f),
         running: Vec::new(),
-        pending: pending(&mut rng, "w", first_queue, now - 4 * 3600),
+        pending: {
+            let mut q = pending(&mut rng, "w", first_queue, now - 4 * 3600);
+            declare(&mut q);
+            q
+        },
         usage: None,
         reservations: Vec::new(),
     };
@@ -295,10 +452,70 @@ fn case(seed: u64) {
     let mut state1 = apply(&state0, &d1, &mut rng, now);
     let second_queue = rng.range(2, 8);
     state1.pending = pending(&mut rng, "p", second_queue, now);
+    declare(&mut state1.pending);
+    if reserving {
+        // A gang of whole train nodes, older than the queue (so that it is picked before the
+        // small work behind it), and small work that may or may not backfill.
+        let (_, nodes, per_node) = f.pools[0];
+        let tenants = ["a", "a1", "b"];
+        let small = |i: usize| WorkloadSpec {
+            tenant: tenants[(seed as usize + i) % 3].into(),
+            slo_class: if i.is_multiple_of(2) {
+                "batch"
+            } else {
+                "critical"
+            }
+            .into(),
+            pool: Some("train".into()),
+            replicas: 1,
+            min_member: None,
+            gpu: tessera_compiler::model::GpuRequest {
+                count: Some(1),
+                mig_profile: None,
+                fraction: None,
+            },
+            cpu: tessera_compiler::units::Millicores(1000),
+            memory: tessera_compiler::units::Bytes(1 << 30),
+            topology: tessera_compiler::model::Topology {
+                same_nvlink_domain: TopologyMode::None,
+            },
+            max_duration: (i % 3 == 1).then_some(Duration(600)),
+            command: Vec::new(),
+            env: BTreeMap::new(),
+        };
+        let mut gang = small(0);
+        gang.tenant = tenants[seed as usize % 3].into();
+        gang.slo_class = if seed.is_multiple_of(2) {
+            "batch"
+        } else {
+            "critical"
+        }
+        .into();
+        gang.replicas = nodes.saturating_sub((seed / 3 % 2) as u32).max(1);
+        gang.gpu.count = Some(per_node);
+        gang.max_duration = None;
+        state1
+            .pending
+            .push(tessera_compiler::model::PendingWorkload {
+                name: "gang".into(),
+                spec: gang,
+                submitted_at: format_rfc3339(now - 3600),
+            });
+        for i in 0..6 {
+            state1
+                .pending
+                .push(tessera_compiler::model::PendingWorkload {
+                    name: format!("small-{i}"),
+                    spec: small(i),
+                    submitted_at: format_rfc3339(now),
+                });
+        }
+    }
     let (policy, state1) = checked(&f.policy_yaml, &state1, "state after the first decision");
 
     let d2 = solve(&policy, &state1, &SolveOptions::default()).unwrap();
     check_invariants(&policy, &state1, &d2);
+    check_reservations(&policy, &state1, &d2);
     let state2 = apply(&state1, &d2, &mut rng, now);
     checked(&f.policy_yaml, &state2, "state after the second decision");
 

@@ -76,6 +76,43 @@ pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision 
             reports.push((pool, report));
             continue;
         }
+        // The integer program does not model held capacity: a pool where a gang holds some,
+        // or where backfill yielded to one, keeps the heuristic's decision.
+        if let Some(r) = incumbent
+            .reservations
+            .iter()
+            .find(|r| r.pool == p.pools[pool].name)
+        {
+            report.status = RefineStatus::Skipped {
+                reason: format!(
+                    "capacity is reserved for gang `{}`, which the integer program does not model",
+                    r.workload
+                ),
+            };
+            reports.push((pool, report));
+            continue;
+        }
+        if let Some(w) = incumbent.workloads.iter().find(|w| {
+            matches!(
+                &w.outcome,
+                crate::decision::Outcome::Preempt {
+                    reason: crate::decision::PreemptReason::Reservation { .. },
+                    ..
+                }
+            ) && p
+                .workloads
+                .iter()
+                .any(|x| x.name == w.name && x.pools.first() == Some(&pool))
+        }) {
+            report.status = RefineStatus::Skipped {
+                reason: format!(
+                    "`{}` yields to a reservation, which the integer program does not model",
+                    w.name
+                ),
+            };
+            reports.push((pool, report));
+            continue;
+        }
         // The time left, shared evenly by the pools still to do.
         let share = left / (order.len() - i) as u32;
         let states = incumbent::read(p, &incumbent);
