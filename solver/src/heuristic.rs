@@ -1518,7 +1518,7 @@ pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f6
         usage: usage(p, &s.ledger),
         pools: pool_reports(p, s),
         workloads,
-        fair_share: None,
+        fair_share: crate::fairshare::report(p),
         reservations: Vec::new(),
     }
 }
