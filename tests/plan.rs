@@ -197,8 +197,8 @@ fn a_shorter_usage_half_life_moves_the_shares_of_idle_capacity() {
     );
     let c = f.commit("fair share forgets within hours");
     f.tag("hours", &c);
-    let state = format!("{}/state.yaml", f.path());
-    let report = every_format_with(&f, "day", "hours", &state);
+    let state = Path::new(f.path()).join("state.yaml");
+    let report = every_format_with(&f, "day", "hours", state.to_str().expect("utf-8 path"));
     // A shorter half-life weighs the recent past: platform, borrowing now, loses share of idle
     // capacity; product, borrowing nothing, gains. No workload moves in this snapshot.
     assert!(
@@ -206,7 +206,7 @@ fn a_shorter_usage_half_life_moves_the_shares_of_idle_capacity() {
         "{report}"
     );
     assert!(report.contains("no workload, GPU or tenant usage changes"));
-    insta::assert_snapshot!(report.replace(f.path(), "<repo>"));
+    insta::assert_snapshot!(report.replace(f.path().trim_end_matches('/'), "<repo>"));
 }
 
 #[test]
