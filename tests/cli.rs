@@ -199,3 +199,45 @@ fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown policy"), "{stderr}");
 }
+
+#[test]
+fn solve_prints_each_tenants_decayed_usage_and_share() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan");
+    let read = |p: &str| std::fs::read_to_string(data.join(p)).expect("fixture");
+    std::fs::create_dir(dir.path().join("policy")).unwrap();
+    std::fs::write(
+        dir.path().join("policy/fleet.yaml"),
+        read("policy/fleet.yaml"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("policy/tenants.yaml"),
+        common::with_fair_share(&read("policy/tenants.yaml"), "12h"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("state.yaml"),
+        common::with_usage(&read("state.yaml")),
+    )
+    .unwrap();
+    let path = |p: &str| dir.path().join(p).to_str().unwrap().to_owned();
+    let (policy, state) = (path("policy"), path("state.yaml"));
+    let args = ["solve", "--policy", &policy, "--state", &state];
+    let (code, human, stderr) = tessera(&[&args[..], &["--output", "human"]].concat());
+    assert_eq!(code, 0, "{stderr}");
+    let table = &human[human.find("Fair share").expect("a fair-share table")..];
+    insta::assert_snapshot!(table);
+    let (code, json, stderr) = tessera(&[&args[..], &["--output", "json"]].concat());
+    assert_eq!(code, 0, "{stderr}");
+    let d: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let fs = &d["fair_share"];
+    assert_eq!(fs["record"]["asOf"], "2026-11-20T08:00:00Z");
+    let names: Vec<&str> = fs["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["org", "platform", "product", "research"]);
+}

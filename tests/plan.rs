@@ -117,6 +117,10 @@ fn history() -> Fleet {
 /// Runs the plan in every format, with and without `--detailed-exitcode`; returns one report
 /// of exit codes and outputs for a snapshot.
 fn every_format(f: &Fleet, base: &str, head: &str) -> String {
+    every_format_with(f, base, head, STATE)
+}
+
+fn every_format_with(f: &Fleet, base: &str, head: &str, state: &str) -> String {
     let mut report = String::new();
     for format in ["human", "markdown", "json", "github"] {
         let mut codes = Vec::new();
@@ -133,7 +137,7 @@ fn every_format(f: &Fleet, base: &str, head: &str) -> String {
                 "--path",
                 "policy",
                 "--state",
-                STATE,
+                state,
                 "--output",
                 format,
             ];
@@ -171,6 +175,38 @@ fn commit_ids_are_deterministic() {
 fn a_raised_guarantee() {
     let f = history();
     insta::assert_snapshot!(every_format(&f, "v0", "v1"));
+}
+
+#[test]
+fn a_shorter_usage_half_life_moves_the_shares_of_idle_capacity() {
+    let mut f = Fleet::new();
+    let tenants = fixture("tenants.yaml");
+    f.write("policy/fleet.yaml", fixture("fleet.yaml").as_bytes());
+    f.write(
+        "policy/tenants.yaml",
+        common::with_fair_share(&tenants, "24h").as_bytes(),
+    );
+    let state = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(STATE))
+        .expect("state fixture");
+    f.write("state.yaml", common::with_usage(&state).as_bytes());
+    let c = f.commit("fair share over a day");
+    f.tag("day", &c);
+    f.write(
+        "policy/tenants.yaml",
+        common::with_fair_share(&tenants, "2h").as_bytes(),
+    );
+    let c = f.commit("fair share forgets within hours");
+    f.tag("hours", &c);
+    let state = Path::new(f.path()).join("state.yaml");
+    let report = every_format_with(&f, "day", "hours", state.to_str().expect("utf-8 path"));
+    // A shorter half-life weighs the recent past: platform, borrowing now, loses share of idle
+    // capacity; product, borrowing nothing, gains. No workload moves in this snapshot.
+    assert!(
+        report.contains("share of idle capacity 25.3 % -> 18.1 %"),
+        "{report}"
+    );
+    assert!(report.contains("no workload, GPU or tenant usage changes"));
+    insta::assert_snapshot!(report.replace(f.path().trim_end_matches('/'), "<repo>"));
 }
 
 #[test]

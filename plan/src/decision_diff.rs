@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tessera_compiler::units::Gpus;
-use tessera_solver::decision::{GeometryPlan, Instance};
+use tessera_solver::decision::{FairShareReport, GeometryPlan, Instance};
 use tessera_solver::{Decision, Outcome};
 
 /// The decision under the head compared with the decision under the base, for the same state.
@@ -19,6 +19,11 @@ pub struct DecisionDiff {
     pub usage: Vec<UsageChange>,
     /// Every pool, before and after (unchanged pools too: the fleet's figures are the context).
     pub pools: Vec<PoolChange>,
+    /// Fair share over time, per tenant with a setting under either revision, pre-order (head's
+    /// first): decayed usage, history and share of idle capacity, before and after. Context like
+    /// `pools`: a half-life or weight change moves shares without moving any workload yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fair_share: Vec<FairShareChange>,
 }
 
 impl DecisionDiff {
@@ -86,6 +91,79 @@ pub struct UsageChange {
     pub pool: String,
     pub guaranteed: (Gpus, Gpus),
     pub borrowed: (Gpus, Gpus),
+}
+
+/// One tenant's standing for idle capacity under each revision (`None`: no fair-share setting,
+/// or no "before" when the plan has no base).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FairShareChange {
+    pub tenant: String,
+    pub before: Option<Standing>,
+    pub after: Option<Standing>,
+}
+
+/// A tenant's fair-share figures in one decision.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Standing {
+    pub weight: f64,
+    /// Decayed GPU-hours, weighted by model: all it ran, and the part above its guarantee.
+    pub used_gpu_hours: f64,
+    pub borrowed_gpu_hours: f64,
+    /// Decayed dominant borrowed share of the fleet.
+    pub history: f64,
+    /// Its share of borrowable capacity among its siblings, after history.
+    pub share: f64,
+}
+
+fn standings(r: Option<&FairShareReport>) -> Vec<(String, Standing)> {
+    let Some(r) = r else {
+        return Vec::new();
+    };
+    r.tenants
+        .iter()
+        .map(|t| {
+            let rec = r.record.tenants.get(&t.tenant).copied().unwrap_or_default();
+            (
+                t.tenant.clone(),
+                Standing {
+                    weight: t.weight,
+                    used_gpu_hours: rec.used.gpu_hours,
+                    borrowed_gpu_hours: rec.borrowed.gpu_hours,
+                    history: t.history,
+                    share: t.share,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Per tenant of either report: the head's tenants in their order, then those only the base
+/// weighs.
+pub fn fair_share_diff(
+    before: Option<&FairShareReport>,
+    after: Option<&FairShareReport>,
+) -> Vec<FairShareChange> {
+    let (b, a) = (standings(before), standings(after));
+    let find =
+        |v: &[(String, Standing)], name: &str| v.iter().find(|(n, _)| n == name).map(|(_, s)| *s);
+    let mut out: Vec<FairShareChange> = a
+        .iter()
+        .map(|(name, s)| FairShareChange {
+            tenant: name.clone(),
+            before: find(&b, name),
+            after: Some(*s),
+        })
+        .collect();
+    for (name, s) in &b {
+        if find(&a, name).is_none() {
+            out.push(FairShareChange {
+                tenant: name.clone(),
+                before: Some(*s),
+                after: None,
+            });
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -297,13 +375,14 @@ pub fn decision_diff(before: &Decision, after: &Decision) -> DecisionDiff {
         geometry,
         usage,
         pools,
+        fair_share: fair_share_diff(before.fair_share.as_ref(), after.fair_share.as_ref()),
     }
 }
 
 /// What one decision changes in the fleet as observed, when there is no base policy to compare
 /// with (`tessera plan --policy DIR`): admissions, preemptions and re-partitions relative to the
 /// snapshot. Tenant usage and pool figures have no "before" here and are left empty; `tessera
-/// solve` prints the decision's own.
+/// solve` prints the decision's own. Fair-share standings are given with no "before".
 pub fn against_observed(decision: &Decision) -> DecisionDiff {
     let pending = |pool: &Option<String>| Fate {
         outcome: "pending".into(),
@@ -353,6 +432,8 @@ pub fn against_observed(decision: &Decision) -> DecisionDiff {
         geometry,
         usage: Vec::new(),
         pools: Vec::new(),
+        // No "before": the standing under this policy alone.
+        fair_share: fair_share_diff(None, decision.fair_share.as_ref()),
     }
 }
 

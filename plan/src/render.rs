@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use crate::decision_diff::{Change, DecisionDiff, Fate};
+use crate::decision_diff::{Change, DecisionDiff, FairShareChange, Fate, Standing};
 use crate::plan::{Plan, Revision, groups, plural};
 use crate::policy_diff::{FieldChange, ItemChange};
 
@@ -233,6 +233,9 @@ fn human_decisions(st: &Style, d: &DecisionDiff, two_sides: bool, out: &mut Stri
             "  usage {} in {}: guaranteed {} -> {}, borrowed {} -> {}",
             u.tenant, u.pool, u.guaranteed.0, u.guaranteed.1, u.borrowed.0, u.borrowed.1
         );
+    }
+    for f in &d.fair_share {
+        let _ = writeln!(out, "  fair share {}: {}", f.tenant, standing_text(f));
     }
     for p in &d.pools {
         let _ = writeln!(
@@ -551,6 +554,56 @@ fn markdown_decisions(d: &DecisionDiff, out: &mut String) {
         &["Tenant", "Pool", "Guaranteed", "Borrowed"],
         &usage,
     );
+    let fair: Vec<Vec<String>> = d
+        .fair_share
+        .iter()
+        .map(|f| {
+            let mut row = vec![code(&f.tenant)];
+            row.extend(standing_fields(f, "→"));
+            row
+        })
+        .collect();
+    details_table(
+        out,
+        "Fair share (decayed usage and share of idle capacity)",
+        &[
+            "Tenant",
+            "Weight",
+            "GPU-hours used",
+            "GPU-hours borrowed",
+            "History",
+            "Share",
+        ],
+        &fair,
+    );
+}
+
+/// Weight, decayed GPU-hours used and borrowed, history and share; each `before → after` where
+/// the revisions differ, the head's alone otherwise ("–" where a side has no setting).
+fn standing_fields(f: &FairShareChange, arrow: &str) -> [String; 5] {
+    let show: [fn(&Standing) -> String; 5] = [
+        |s| format!("{}", s.weight),
+        |s| format!("{:.1}", s.used_gpu_hours),
+        |s| format!("{:.1}", s.borrowed_gpu_hours),
+        |s| format!("{:.3}", s.history),
+        |s| format!("{:.1} %", s.share * 100.0),
+    ];
+    show.map(|what| {
+        let side = |s: &Option<Standing>| s.as_ref().map_or_else(|| "–".to_owned(), what);
+        let (b, a) = (side(&f.before), side(&f.after));
+        if f.before.is_none() || b == a {
+            a
+        } else {
+            format!("{b} {arrow} {a}")
+        }
+    })
+}
+
+fn standing_text(f: &FairShareChange) -> String {
+    let [weight, used, borrowed, history, share] = standing_fields(f, "->");
+    format!(
+        "weight {weight}, decayed GPU-hours used {used}, borrowed {borrowed}; history {history}, share of idle capacity {share}"
+    )
 }
 
 fn markdown_change(plan: &Plan, item: &str, c: &ItemChange, out: &mut String) {

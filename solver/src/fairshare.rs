@@ -12,11 +12,32 @@
 //! What fair share weighs is the *borrowed* part of usage: in each pool, what a tenant used
 //! above its guarantee (GPUs always; CPU and memory where the guarantee names them, as the
 //! current-usage share does). Using one's guarantee costs nothing later.
+//!
+//! The cycle weighs the record once, when the problem is built: each tenant's [`history_share`]
+//! `h` joins its current borrowed share `s` in the borrowers' order, `(s + h) / weight` (see
+//! `quota.rs`). The decision reports it ([`report`]) with the share of borrowable capacity that
+//! order leads to among siblings: the water-filling `s_i = max(0, w_i·K − h_i)` with `K` such that
+//! the shares of a family sum to 1. It is the point where every sibling that gets anything has
+//! the same `(s_i + h_i) / w_i`, which is what the order converges to when all of them want more
+//! than they get: a sibling whose history alone exceeds `w_i·K` gets nothing until it decays.
+//! Without history the shares are the weights' proportions. Roots are siblings of one another,
+//! so a single root gets 1.
+//!
+//! The history is a fraction of the whole fleet's capacity over the decay horizon (`h / ln 2`),
+//! while the current share is of the pool: the two agree for a one-pool fleet and keep their
+//! meaning (a steady tenth borrowed reads 0.1) elsewhere. It is computed at the tenant's own
+//! level only, as the current share is; siblings compare their subtrees' figures.
+//!
+//! The integer program's refinement (`ilp/`) values priority × GPUs placed and replaces the
+//! heuristic's decision only when strictly better: it may trade the fair order for more work
+//! placed, as it already could with the current share alone, and never on a tie; its replay
+//! leaves every gang it does not choose to the queue, which uses the same fair order.
 
 use std::collections::BTreeMap;
 
 use tessera_compiler::model::{TenantUsageRecord, UsageHours, UsageRecord};
 
+use crate::decision::{FairShareReport, TenantShare};
 use crate::problem::{Phase, Problem, format_rfc3339, parse_rfc3339};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -179,4 +200,98 @@ pub fn history_share(p: &Problem, t: usize, usage: Option<&UsageRecord>) -> f64 
     .filter(|&(on, _, c)| on && c > 0.0)
     .map(|(_, h, c)| h / (c * horizon))
     .fold(0.0, f64::max)
+}
+
+/// The decision's fair-share report: the record as of `now` and every tenant with a setting,
+/// pre-order. `None` when no tenant sets fair share.
+pub fn report(p: &Problem) -> Option<FairShareReport> {
+    let record = p.usage.as_ref()?;
+    let shares = sibling_shares(p);
+    let tenants = p
+        .tenants
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.fair_share.is_some())
+        .map(|(i, t)| TenantShare {
+            tenant: t.name.clone(),
+            weight: t.weight,
+            history: round(t.history),
+            share: round(shares[i]),
+        })
+        .collect();
+    let hours = |u: UsageHours| UsageHours {
+        gpu_hours: round(u.gpu_hours),
+        cpu_hours: round(u.cpu_hours),
+        memory_gib_hours: round(u.memory_gib_hours),
+    };
+    Some(FairShareReport {
+        record: UsageRecord {
+            as_of: record.as_of.clone(),
+            tenants: record
+                .tenants
+                .iter()
+                .map(|(name, r)| {
+                    (
+                        name.clone(),
+                        TenantUsageRecord {
+                            used: hours(r.used),
+                            borrowed: hours(r.borrowed),
+                        },
+                    )
+                })
+                .collect(),
+        },
+        tenants,
+    })
+}
+
+/// Six decimals, as the decision's other figures.
+fn round(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// Each tenant's share of borrowable capacity among its siblings, after history.
+fn sibling_shares(p: &Problem) -> Vec<f64> {
+    let mut families: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
+    for (i, t) in p.tenants.iter().enumerate() {
+        families.entry(t.parent).or_default().push(i);
+    }
+    let mut out = vec![0.0; p.tenants.len()];
+    for members in families.values() {
+        let wh: Vec<(f64, f64)> = members
+            .iter()
+            .map(|&i| (p.tenants[i].weight, p.tenants[i].history))
+            .collect();
+        for (&i, s) in members.iter().zip(water_fill(&wh)) {
+            out[i] = s;
+        }
+    }
+    out
+}
+
+/// `s_i = max(0, w_i·K − h_i)` with `Σ s_i = 1`, for `(w_i, h_i)` with `w_i > 0`.
+///
+/// Siblings enter in order of `h_i / w_i` (the level of `K` at which each starts to get
+/// something); with the first `k` in, `K = (1 + Σ h) / Σ w`, valid once it does not reach the
+/// next one's threshold.
+pub fn water_fill(wh: &[(f64, f64)]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..wh.len()).collect();
+    let threshold = |i: usize| wh[i].1 / wh[i].0;
+    order.sort_by(|&a, &b| threshold(a).total_cmp(&threshold(b)).then(a.cmp(&b)));
+    let (mut w, mut h) = (0.0, 0.0);
+    let mut level = 0.0;
+    for (k, &i) in order.iter().enumerate() {
+        w += wh[i].0;
+        h += wh[i].1;
+        level = (1.0 + h) / w;
+        if order
+            .get(k + 1)
+            .is_none_or(|&next| level <= threshold(next))
+        {
+            break;
+        }
+    }
+    wh.iter()
+        .map(|&(wi, hi)| (wi * level - hi).max(0.0))
+        .collect()
 }

@@ -1565,7 +1565,7 @@ pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f6
         usage: usage(p, &s.ledger),
         pools,
         workloads,
-        fair_share: None,
+        fair_share: crate::fairshare::report(p),
         reservations,
     }
 }

@@ -16,7 +16,7 @@ use tessera_compiler::CompiledPolicy;
 use tessera_compiler::compiled::{Amounts, CompiledFairShare, PoolQuota};
 use tessera_compiler::mig::{self, Placement};
 use tessera_compiler::model::{
-    Binding, ClusterStateSpec, Health, Sharing, TopologyMode, WorkloadSpec,
+    Binding, ClusterStateSpec, Health, Sharing, TopologyMode, UsageRecord, WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 
@@ -135,6 +135,9 @@ pub struct TenantInfo {
     pub quota: BTreeMap<usize, PoolQuota>,
     /// Fair share over time in force for the tenant; `None`: past usage does not count.
     pub fair_share: Option<CompiledFairShare>,
+    /// Decayed dominant borrowed share as of `now` ([`crate::fairshare::history_share`]); 0
+    /// without a fair-share setting.
+    pub history: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -292,6 +295,9 @@ pub struct Problem {
     /// the policy absent from the snapshot last, by name).
     pub workloads: Vec<WorkloadInfo>,
     pub orphans: Vec<Orphan>,
+    /// The snapshot's usage record brought to `now` ([`crate::fairshare::accrue`]); `None` when
+    /// no tenant sets fair share.
+    pub usage: Option<UsageRecord>,
     /// The previous decision's reservations still meaningful: their gang is pending here and
     /// their pool and nodes exist (see `reserve.rs`).
     pub reservations: Vec<PriorReservation>,
@@ -414,6 +420,7 @@ impl Problem {
                     .filter_map(|(p, q)| pool_index.get(p.as_str()).map(|&i| (i, q.clone())))
                     .collect(),
                 fair_share: t.fair_share.clone(),
+                history: 0.0,
             });
         }
 
@@ -502,6 +509,7 @@ impl Problem {
             workloads: Vec::new(),
             orphans: Vec::new(),
             reservations: Vec::new(),
+            usage: None,
         };
         let tables = Tables {
             pool_index: &pool_index,
@@ -585,6 +593,16 @@ impl Problem {
                     since,
                 });
             }
+        }
+        // Past usage is weighed once per cycle, from the running set as resolved above: the
+        // cycle itself must not change a tenant's history, or the order would depend on it.
+        if problem.tenants.iter().any(|t| t.fair_share.is_some()) {
+            let record = crate::fairshare::accrue(&problem, state.usage.as_ref());
+            for t in 0..problem.tenants.len() {
+                problem.tenants[t].history =
+                    crate::fairshare::history_share(&problem, t, Some(&record));
+            }
+            problem.usage = Some(record);
         }
         Ok(problem)
     }

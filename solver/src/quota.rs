@@ -9,7 +9,18 @@
 //!   reserved for it; borrowing may only use free capacity that no other tenant reserves. "Other
 //!   tenants" are the siblings of the borrower and of each of its ancestors: disjoint subtrees
 //!   that together cover everything outside the borrower's lineage.
-//! - **Fair share**: borrowers compete by borrowed dominant share divided by weight.
+//! - **Fair share**: borrowers compete by `(s + h) / w`: `s` the borrowed dominant share now (of
+//!   the pool), `h` the decayed dominant borrowed share of the past (of the fleet,
+//!   [`crate::fairshare::history_share`], 0 without a `fairShare` setting), `w` the weight. The
+//!   lowest key gets freed capacity first. When two tenants both want everything, capacity flows
+//!   to the lower key until the keys meet, so `(s_a + h_a) / w_a ≈ (s_b + h_b) / w_b`; `h` is a
+//!   decayed average of `s`, so in a steady state `h = s` and the shares settle at the weights'
+//!   ratio. After a burst, `h` is high and decays with the half-life: the tenant yields idle
+//!   capacity to the others until its past fades, as Slurm's `PriorityDecayHalfLife` and Kueue's
+//!   `usageHalfLifeTime` do. Adding (rather than, say, multiplying) keeps a tenant with no
+//!   history ordered by its current share alone, as before. Only borrowing is ordered this way:
+//!   admissions within a guarantee come first whatever the history (the queue key puts them
+//!   ahead), and the history counts borrowed usage only.
 
 use std::collections::BTreeMap;
 
@@ -266,7 +277,8 @@ impl Ledger {
         Ok(())
     }
 
-    /// Borrowed dominant share of the tenant in the pool, divided by its weight.
+    /// Borrowed dominant share of the tenant in the pool plus its history, divided by its
+    /// weight.
     pub fn fair_share(&self, problem: &Problem, tenant: usize, pool: usize) -> f64 {
         let info = &problem.tenants[tenant];
         let Some(q) = info.quota.get(&pool) else {
@@ -293,7 +305,7 @@ impl Ledger {
             let b = used.memory.unwrap_or_default().0.saturating_sub(g.0);
             share = share.max(ratio(b, cap.memory.unwrap_or_default().0));
         }
-        share / info.weight
+        (share + info.history) / info.weight
     }
 }
 

@@ -12,6 +12,9 @@
 //! - every workload's standing decision in the session is the full cycle's;
 //! - the `changed` list names exactly the other workloads whose decision differs from before.
 //!
+//! Odd seeds weigh fair share over time: every tenant gets a setting and a random usage record,
+//! so that history reorders borrowers in both.
+//!
 //! The full cycle's own invariants (no oversubscription, quota, gangs, isolation) are
 //! `invariants.rs`'s; equal decisions inherit them.
 
@@ -20,9 +23,10 @@ mod common;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use tessera_compiler::compiled::CompiledPolicy;
+use tessera_compiler::compiled::{CompiledFairShare, CompiledPolicy};
 use tessera_compiler::model::{
-    ClusterStateSpec, GpuRequest, PendingWorkload, Topology, WorkloadSpec,
+    ClusterStateSpec, GpuRequest, PendingWorkload, TenantUsageRecord, Topology, UsageHours,
+    UsageRecord, WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Millicores};
 use tessera_solver::SolveOptions;
@@ -57,6 +61,49 @@ struct Tally {
     removal_deferred: u32,
 }
 
+/// On odd seeds, fair share over time for every tenant and a random usage record an hour old,
+/// drawn from a stream of its own (the fleet's draws stay as they were).
+fn with_history(
+    seed: u64,
+    mut policy: CompiledPolicy,
+    state: &mut ClusterStateSpec,
+    now: i64,
+) -> CompiledPolicy {
+    if seed.is_multiple_of(2) {
+        return policy;
+    }
+    let mut rng = Seeded(seed ^ 0x5eed_fa1e);
+    let half_life = u64::from(rng.range(1, 48)) * 3600;
+    let mut tenants = BTreeMap::new();
+    for t in &mut policy.tenants {
+        t.fair_share = Some(CompiledFairShare {
+            usage_half_life_seconds: half_life,
+            gpu: true,
+            cpu: rng.chance(50),
+            memory: false,
+            gpu_model_weights: BTreeMap::new(),
+        });
+        let h = |x: u32| UsageHours {
+            gpu_hours: f64::from(x),
+            cpu_hours: f64::from(x) * 16.0,
+            memory_gib_hours: 0.0,
+        };
+        let borrowed = rng.range(0, 200);
+        tenants.insert(
+            t.name.clone(),
+            TenantUsageRecord {
+                used: h(borrowed + rng.range(0, 100)),
+                borrowed: h(borrowed),
+            },
+        );
+    }
+    state.usage = Some(UsageRecord {
+        as_of: format_rfc3339(now - 3600),
+        tenants,
+    });
+    policy
+}
+
 fn case(seed: u64, tally: &mut Tally) {
     let mut rng = Seeded(seed);
     let now = parse_rfc3339(NOW).unwrap();
@@ -76,6 +123,7 @@ fn case(seed: u64, tally: &mut Tally) {
     let queue = rng.range(0, 6);
     state.pending = pending(&mut rng, "p", queue, now);
     let (policy, mut state) = checked(&f.policy_yaml, &state, "state after the first decision");
+    let policy = with_history(seed, policy, &mut state, now);
 
     let options = SolveOptions::default();
     let (mut session, d) = Session::new(&policy, &state, &options).unwrap();

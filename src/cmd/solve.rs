@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use tessera_compiler::units::Duration;
-use tessera_solver::decision::{Method, PoolRefinement, RefineStatus};
+use tessera_solver::decision::{FairShareReport, Method, PoolRefinement, RefineStatus};
 use tessera_solver::{Decision, Outcome, SolveOptions};
 
 use crate::cli::TextOrJson;
@@ -166,6 +166,39 @@ fn human(d: &Decision) -> String {
         if let Some(r) = &p.refinement {
             let _ = writeln!(out, "  {:<16} refinement: {}", "", refinement(r));
         }
+    }
+    if let Some(f) = &d.fair_share {
+        out.push_str(&fair_share(f));
+    }
+    out
+}
+
+/// Each tenant's decayed usage and the share of idle capacity it leads to.
+fn fair_share(f: &FairShareReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nFair share (usage decayed to {}; share: of idle capacity among siblings):",
+        f.record.as_of
+    );
+    let _ = writeln!(
+        out,
+        "  {:<16} {:>6} {:>14} {:>18} {:>8} {:>8}",
+        "tenant", "weight", "GPU-hours used", "GPU-hours borrowed", "history", "share"
+    );
+    for t in &f.tenants {
+        let r = f.record.tenants.get(&t.tenant).copied().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>6} {:>14.1} {:>18.1} {:>8.3} {:>6.1} %",
+            t.tenant,
+            t.weight,
+            r.used.gpu_hours,
+            r.borrowed.gpu_hours,
+            t.history,
+            t.share * 100.0
+        );
     }
     out
 }

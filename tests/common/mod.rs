@@ -43,3 +43,33 @@ pub fn tessera(args: &[&str]) -> (i32, String, String) {
         String::from_utf8(out.stderr).expect("utf-8 stderr"),
     )
 }
+
+/// The plan fixture's tenants (`tests/data/plan/policy/tenants.yaml`) with fair share over time
+/// set at the root.
+pub fn with_fair_share(tenants: &str, half_life: &str) -> String {
+    let anchor = "  sloClasses: [serving, training]\n";
+    assert!(
+        tenants.contains(anchor),
+        "the fixture's root names its classes"
+    );
+    tenants.replacen(
+        anchor,
+        &format!("{anchor}  fairShare: {{usageHalfLife: {half_life}, resources: [gpu]}}\n"),
+        1,
+    )
+}
+
+/// The plan fixture's snapshot (`tests/data/plan/state.yaml`, which ends with its pending
+/// list) with a usage record six hours old: research borrowed heavily, platform a little.
+pub fn with_usage(state: &str) -> String {
+    let hours = |used: u32, borrowed: u32| {
+        format!("{{used: {{gpuHours: {used}}}, borrowed: {{gpuHours: {borrowed}}}}}")
+    };
+    format!(
+        "{state}  usage:\n    asOf: \"2026-11-20T02:00:00Z\"\n    tenants:\n      org: {}\n      research: {}\n      product: {}\n      platform: {}\n",
+        hours(900, 0),
+        hours(700, 300),
+        hours(20, 0),
+        hours(180, 40)
+    )
+}
