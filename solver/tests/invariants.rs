@@ -422,6 +422,13 @@ fn case(seed: u64) {
     let knob = [None, Some(8), Some(64)][(seed % 3) as usize];
     let reserving = knob.is_some();
     if let Some(max) = knob {
+        // At most the pool's declared GPUs, as the compiler requires (TSR135).
+        let declared = f
+            .pools
+            .iter()
+            .find(|p| p.0 == "train")
+            .map_or(max, |&(_, nodes, gpus)| nodes * gpus);
+        let max = max.min(declared);
         f.policy_yaml = f.policy_yaml.replace(
             "metadata: {name: train}\nspec:\n",
             &format!("metadata: {{name: train}}\nspec:\n  reservations: {{maxGpus: {max}}}\n"),
