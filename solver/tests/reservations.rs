@@ -222,9 +222,52 @@ fn start_cycle(c: &Cycles) -> Option<usize> {
     c.decisions.iter().position(started)
 }
 
+/// Prints the scenario's figures (BENCHMARKS.md records them: run with `--nocapture`): the
+/// cycle the gang started, the GPU-minutes held idle until then, the pool's mean allocation
+/// over those cycles and the backfill preempted for the gang.
+fn report(scenario: &str, c: &Cycles) {
+    let until = start_cycle(c).unwrap_or(c.decisions.len());
+    let waiting = &c.decisions[1..until.max(1)];
+    let idle: f64 = waiting
+        .iter()
+        .flat_map(|d| &d.pools)
+        .map(|p| p.reserved_idle.as_f64() * TICK as f64 / 60.0)
+        .sum();
+    let allocation = if waiting.is_empty() {
+        0.0
+    } else {
+        waiting
+            .iter()
+            .flat_map(|d| &d.pools)
+            .map(|p| p.allocation)
+            .sum::<f64>()
+            / waiting.len() as f64
+    };
+    let preempted = c
+        .decisions
+        .iter()
+        .flat_map(|d| &d.workloads)
+        .filter(|w| {
+            matches!(
+                &w.outcome,
+                Outcome::Preempt {
+                    reason: PreemptReason::Reservation { .. },
+                    ..
+                }
+            )
+        })
+        .count();
+    let start = start_cycle(c).map_or_else(|| "never".to_owned(), |k| format!("cycle {k}"));
+    eprintln!(
+        "| {scenario} | {start} | {idle:.0} | {:.1} % | {preempted} |",
+        allocation * 100.0
+    );
+}
+
 #[test]
 fn without_reservations_the_gang_starves() {
     let c = drive(None, PLAIN, 55);
+    report("no `reservations` knob (55 cycles)", &c);
     assert_eq!(start_cycle(&c), None, "a gang starts without reservations");
     for d in &c.decisions {
         assert!(d.reservations.is_empty());
@@ -242,6 +285,7 @@ fn without_reservations_the_gang_starves() {
 #[test]
 fn a_reservation_starts_the_gang_within_the_longest_run() {
     let c = drive(Some(256), PLAIN, 60);
+    report("`maxGpus: 256`, no run time declared", &c);
     let k = start_cycle(&c).expect("the gang starts");
     // Decision 0 is the fill, 1 the gang's first cycle. Once it holds its nodes no new work
     // lands there, so it starts as soon as the longest job it waits for ends.
@@ -324,6 +368,8 @@ fn backfill_never_delays_the_gang() {
         },
         60,
     );
+    report("same, every job declares `maxDuration`", &base);
+    report("same, plus 4 two-minute jobs per cycle", &with);
     let k = start_cycle(&base).expect("the gang starts");
     assert_eq!(
         start_cycle(&with),
@@ -378,6 +424,7 @@ fn preemptible_backfill_yields() {
         },
         60,
     );
+    report("`maxGpus: 256`, the stream preemptible", &c);
     let k = start_cycle(&c).expect("the gang starts");
     let arrived = parse_rfc3339(&c.decisions[1].now).unwrap();
     let start = parse_rfc3339(&c.decisions[k].now).unwrap();
