@@ -110,7 +110,7 @@ pub enum Command {
     Bench(BenchCommand),
     /// The service: follow a branch of the policy repository, observe the nodes, solve each
     /// cycle and drive the fleet toward the decision. Runs until SIGINT or SIGTERM.
-    Reconcile(ReconcileArgs),
+    Reconcile(Box<ReconcileArgs>),
     /// Submit a workload (a `kind: Workload` YAML document) to a running service.
     Submit {
         /// The workload document; checked here first, with errors at file:line:col.
@@ -186,6 +186,13 @@ pub struct ReconcileArgs {
     /// The solver's budget per cycle.
     #[arg(long, default_value = "2s")]
     pub time_limit: String,
+    /// A committed workload that keeps ending after short runs (under 10 minutes) is queued
+    /// again after this, doubled for each further short run (CrashLoopBackOff).
+    #[arg(long, default_value = "10s")]
+    pub restart_backoff: String,
+    /// The longest wait before a crash-looping committed workload is queued again.
+    #[arg(long, default_value = "5m")]
+    pub restart_backoff_max: String,
     /// `process`: start each workload's command; `none`: place workloads and make their
     /// devices but run nothing (a fleet simulation).
     #[arg(long, value_enum, default_value_t = RuntimeKind::Process)]

@@ -906,3 +906,42 @@ fn fair_share_usage_is_accounted_exported_and_survives_a_restart() {
     stop_workloads(&service);
     service.stop();
 }
+
+/// A committed service whose command keeps failing is queued again after a wait that doubles
+/// with each short run (CrashLoopBackOff), and the service says so while it waits.
+#[test]
+fn a_crash_looping_committed_service_backs_off() {
+    let mut repo = PolicyRepo::new();
+    repo.write(
+        "policy/crash.yaml",
+        "apiVersion: tessera/v1alpha1\nkind: Workload\nmetadata: {name: crash}\nspec:\n  \
+         tenant: product\n  sloClass: serving\n  pool: infer\n  gpu: {migProfile: 3g.40gb}\n  \
+         command: [sh, -c, 'exit 3']\n",
+    );
+    repo.commit("a service that cannot start");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &["--restart-backoff", "2s"]);
+    // (submittedAt, endedAt) of each run, in order, as the API shows the current record.
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    let mut backing_off = false;
+    eventually("three runs ended", || {
+        let w = service.workload(ADMIN, "crash");
+        if let (Some(s), Some(e)) = (w["submittedAt"].as_i64(), w["endedAt"].as_i64())
+            && runs.last() != Some(&(s, e))
+        {
+            assert_eq!(w["end"], json!({"kind": "exited", "code": 3}), "{w}");
+            runs.push((s, e));
+        }
+        let status = service.status();
+        backing_off |= status["health"] == "Degraded"
+            && status["lastError"].as_str().is_some_and(|e| {
+                e.contains("committed workload crash keeps ending after short runs")
+            });
+        (runs.len() >= 3).then_some(())
+    });
+    assert!(backing_off, "the status never told of the back-off");
+    // Queued again no sooner than 2 s, then 4 s, after the run before ended.
+    assert!(runs[1].0 - runs[0].1 >= 2, "{runs:?}");
+    assert!(runs[2].0 - runs[1].1 >= 4, "{runs:?}");
+    service.stop();
+}

@@ -78,7 +78,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             bound,
             output,
         }),
-        Command::Reconcile(args) => reconcile::run(args),
+        Command::Reconcile(args) => reconcile::run(*args),
         Command::Submit { file, server } => client::submit(&file, &server),
         Command::Cancel { name, server } => client::cancel(&name, &server),
         Command::Status { server, output } => client::status(&server, output),

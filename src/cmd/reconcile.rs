@@ -35,6 +35,8 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     config.cycle_period = duration("cycle-period", &args.cycle_period)?;
     config.fetch_interval = duration("fetch-interval", &args.fetch_interval)?;
     config.solve_time_limit = duration("time-limit", &args.time_limit)?;
+    config.restart_backoff_base = duration("restart-backoff", &args.restart_backoff)?;
+    config.restart_backoff_max = duration("restart-backoff-max", &args.restart_backoff_max)?;
     config.run_commands = args.runtime == RuntimeKind::Process;
     if config.cycle_period.is_zero() {
         bail!("--cycle-period must be at least 1s");

@@ -53,6 +53,9 @@ pub struct Reconciler {
     cycle: u64,
     /// Exits polled between cycles, reaped by the next one.
     exits: Vec<Exited>,
+    /// Committed workloads that keep ending after short runs, with when they are queued again
+    /// and how the last run ended.
+    restarts: BTreeMap<String, (i64, String)>,
 }
 
 impl Reconciler {
@@ -77,6 +80,7 @@ impl Reconciler {
             shared,
             cycle: 0,
             exits: Vec::new(),
+            restarts: BTreeMap::new(),
         }
     }
 
@@ -458,9 +462,29 @@ impl Reconciler {
             .filter(|r| !r.phase.is_ended())
             .map(|r| r.name)
             .collect();
+        self.restarts.clear();
         for (name, spec) in &wanted {
-            if !live.contains(name) {
-                self.store.submit(name, spec, Origin::Committed, now)?;
+            if live.contains(name) {
+                continue;
+            }
+            // Enough history to reach the cap: every doubling needs one record.
+            let history = self.store.ended(name, 24)?;
+            let at = super::restart::restart_at(
+                &history,
+                self.config.restart_backoff_base.as_secs(),
+                self.config.restart_backoff_max.as_secs(),
+            );
+            match at {
+                Some(at) if at > now => {
+                    let how = history[0]
+                        .end
+                        .as_ref()
+                        .map_or_else(|| "ended".to_string(), ToString::to_string);
+                    self.restarts.insert(name.clone(), (at, how));
+                }
+                _ => {
+                    self.store.submit(name, spec, Origin::Committed, now)?;
+                }
             }
         }
         Ok(())
@@ -543,6 +567,13 @@ impl Reconciler {
                 String::new()
             };
             errors.push(format!("{key}: {message}{times}"));
+        }
+        for (name, (at, how)) in &self.restarts {
+            errors.push(format!(
+                "committed workload {name} keeps ending after short runs (last: {how}): \
+                 back-off, queued again at {}",
+                snapshot::rfc3339(*at)
+            ));
         }
         if !stuck.is_empty() {
             errors.push(format!(

@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod cycle;
+pub mod restart;
 pub mod run;
 pub mod status;
 
@@ -41,6 +42,10 @@ pub struct Config {
     /// Failed actions are retried after `backoff_base × 2^(failures − 1)`, at most `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// A committed workload that keeps ending after short runs is queued again after
+    /// `restart_backoff_base × 2^(short runs − 1)`, at most `restart_backoff_max`.
+    pub restart_backoff_base: Duration,
+    pub restart_backoff_max: Duration,
     /// The solver's time budget per cycle.
     pub solve_time_limit: Duration,
     /// Start the workloads' commands; when false, workloads are placed and their devices made
@@ -57,6 +62,8 @@ impl Config {
             fetch_interval: Duration::from_secs(30),
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(300),
+            restart_backoff_base: Duration::from_secs(10),
+            restart_backoff_max: Duration::from_secs(300),
             solve_time_limit: Duration::from_secs(2),
             run_commands: true,
         }

@@ -328,6 +328,14 @@ impl Store {
         )
     }
 
+    /// The ended records of `name`, most recent first, at most `limit`.
+    pub fn ended(&self, name: &str, limit: u32) -> Result<Vec<WorkloadRecord>, StoreError> {
+        self.select(
+            "WHERE name = ?1 AND ended_at IS NOT NULL ORDER BY id DESC LIMIT ?2",
+            rusqlite::params![name, limit],
+        )
+    }
+
     /// Live workloads whose cancel waits for their processes to be stopped.
     pub fn cancel_requested(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
         self.select(
