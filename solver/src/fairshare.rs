@@ -51,12 +51,13 @@ struct Rates {
 
 /// The usage record of `p.now`: `previous` decayed from its `asOf`, plus what the running
 /// workloads of `p` used since. Tenants without a fair-share setting are left out; a previous
-/// record that is missing, unreadable or later than `p.now` starts the clock at `p.now`.
+/// record that is missing or unreadable starts the clock at `p.now`. A record later than
+/// `p.now` (a clock stepped back, a plan run for an earlier instant) is kept as it is, neither
+/// decayed nor added to, and keeps its `asOf`, so that no interval is counted twice.
 pub fn accrue(p: &Problem, previous: Option<&UsageRecord>) -> UsageRecord {
-    let since = previous
-        .and_then(|r| parse_rfc3339(&r.as_of))
-        .filter(|&t| t <= p.now);
-    let elapsed = since.map_or(0, |t| p.now - t) as f64;
+    let since = previous.and_then(|r| parse_rfc3339(&r.as_of));
+    let elapsed = since.map_or(0, |t| (p.now - t).max(0)) as f64;
+    let as_of = since.map_or(p.now, |t| t.max(p.now));
     let rates = rates(p);
     let mut tenants = BTreeMap::new();
     for (t, info) in p.tenants.iter().enumerate() {
@@ -97,7 +98,7 @@ pub fn accrue(p: &Problem, previous: Option<&UsageRecord>) -> UsageRecord {
         );
     }
     UsageRecord {
-        as_of: format_rfc3339(p.now),
+        as_of: format_rfc3339(as_of),
         tenants,
     }
 }

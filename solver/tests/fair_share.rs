@@ -309,12 +309,15 @@ fn one_half_life_halves_the_record() {
         stepped = accrue(&problem_at(&c, t0 + k * HOUR), Some(&stepped));
     }
     assert!((stepped.tenants["a"].used.gpu_hours - 5.0).abs() < 1e-9);
-    // A record from the future starts the clock afresh.
+    // A record from the future (a clock stepped back) is kept as it is, with its instant, so
+    // that history survives and no interval is counted twice.
     let r = accrue(
         &problem_at(&c, t0),
         Some(&record(t0 + HOUR, "a", 10.0, 6.0)),
     );
-    assert_eq!(r.tenants["a"].used.gpu_hours, 0.0);
+    assert_eq!(r.tenants["a"].used.gpu_hours, 10.0);
+    assert_eq!(r.tenants["a"].borrowed.gpu_hours, 6.0);
+    assert_eq!(r.as_of, format_rfc3339(t0 + HOUR));
 }
 
 #[test]
