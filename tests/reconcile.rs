@@ -945,3 +945,40 @@ fn a_crash_looping_committed_service_backs_off() {
     assert!(runs[2].0 - runs[1].1 >= 4, "{runs:?}");
     service.stop();
 }
+
+/// A workload that declares `maxDuration` is stopped when its run reaches it (the solver lets
+/// such work backfill ahead of a reservation on that promise).
+#[test]
+fn a_workload_is_stopped_at_its_max_duration() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let mut job = small_inference();
+    job["gpu"] = json!({"migProfile": "3g.40gb"});
+    job["maxDuration"] = json!("2s");
+    assert_eq!(service.submit(PRODUCT, "short", job).0, 201);
+    let pid = eventually("running", || {
+        let w = service.workload(PRODUCT, "short");
+        (phase(&w) == "running")
+            .then(|| w["replicas"][0]["pid"].as_i64())
+            .flatten()
+    });
+    let ended = eventually("stopped at its limit", || {
+        let w = service.workload(PRODUCT, "short");
+        (phase(&w) == "failed").then_some(w)
+    });
+    assert_eq!(
+        ended["end"],
+        json!({"kind": "timedOut", "limitSeconds": 2}),
+        "{ended}"
+    );
+    let ran = ended["endedAt"].as_i64().unwrap() - ended["startedAt"].as_i64().unwrap();
+    assert!(ran >= 2, "{ended}");
+    eventually("the process gone", || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None)
+            .is_err()
+            .then_some(())
+    });
+    service.stop();
+}

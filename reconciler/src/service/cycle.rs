@@ -230,6 +230,7 @@ impl Reconciler {
             .retain(|_, &mut until| until > now);
         self.throttle.backoff.retain(|_, &mut until| until > now);
         self.reap(now, report).map_err(|e| e.to_string())?;
+        self.stop_overdue(now, report).map_err(|e| e.to_string())?;
         let Some(applied) = self.tracker.applied().cloned() else {
             return Err(match self.tracker.rejected() {
                 Some(r) => format!(
@@ -425,6 +426,38 @@ impl Reconciler {
     }
 
     /// Workloads whose cancel waits on their processes: stopped, then ended as cancelled.
+    /// Stops the workloads whose current run has reached its `maxDuration`, as a cancel stops
+    /// (SIGKILL to each replica's process group): the solver lets work declared to end in time
+    /// run ahead of a reservation, so the declaration must hold.
+    fn stop_overdue(
+        &mut self,
+        now: i64,
+        report: &mut CycleReport,
+    ) -> Result<(), crate::store::StoreError> {
+        for record in self.store.live()? {
+            let (Some(started), Some(limit)) = (record.started_at, record.spec.max_duration) else {
+                continue;
+            };
+            let limit = limit.seconds();
+            if !record.phase.holds_placement()
+                || now.saturating_sub(started) < i64::try_from(limit).unwrap_or(i64::MAX)
+            {
+                continue;
+            }
+            for pid in apply::live_pids(&record) {
+                // A process already gone is what the limit wants.
+                let _ = self.runtime.kill(pid);
+                self.driver.process_ended(pid);
+            }
+            let end = EndReason::TimedOut {
+                limit_seconds: limit,
+            };
+            report.exits.push((record.name.clone(), end.to_string()));
+            self.store.finish(&record.name, end, now)?;
+        }
+        Ok(())
+    }
+
     fn stop_cancelled(&mut self, now: i64) -> Result<(), crate::store::StoreError> {
         for record in self.store.cancel_requested()? {
             for pid in apply::live_pids(&record) {

@@ -141,6 +141,9 @@ pub enum EndReason {
     StartFailed { error: String },
     /// The policy in force no longer admits it (its tenant or SLO class was removed).
     Rejected { reason: String },
+    /// It ran for its whole `maxDuration` and was stopped (Slurm's time limit): the promise
+    /// backfill ahead of a reservation is made on.
+    TimedOut { limit_seconds: u64 },
 }
 
 impl EndReason {
@@ -182,6 +185,9 @@ impl std::fmt::Display for EndReason {
             EndReason::Lost { node } => write!(f, "lost with node {node}"),
             EndReason::StartFailed { error } => write!(f, "could not start: {error}"),
             EndReason::Rejected { reason } => write!(f, "rejected: {reason}"),
+            EndReason::TimedOut { limit_seconds } => {
+                write!(f, "stopped at its maxDuration of {limit_seconds} s")
+            }
         }
     }
 }
