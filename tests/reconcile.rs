@@ -982,3 +982,81 @@ fn a_workload_is_stopped_at_its_max_duration() {
     });
     service.stop();
 }
+
+/// A gang that cannot start holds its node across cycles (the reservation the service carries
+/// from one decision to the next, shown in `/state` and `/metrics`), and starts when the work
+/// in the way ends.
+#[test]
+fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
+    let mut repo = PolicyRepo::new();
+    let fleet = repo.read("policy/fleet.yaml").replace(
+        "  capacity: {nodes: 1, gpusPerNode: 2, cpuPerNode: 64, memoryPerNode: 512Gi}\n  sharing: exclusive\n",
+        "  capacity: {nodes: 1, gpusPerNode: 2, cpuPerNode: 64, memoryPerNode: 512Gi}\n  sharing: exclusive\n  reservations: {maxGpus: 2}\n",
+    );
+    assert!(
+        fleet.contains("reservations"),
+        "the train pool changed shape"
+    );
+    repo.write("policy/fleet.yaml", &fleet);
+    repo.commit("reservations in train");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let one = json!({
+        "tenant": "product",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 1},
+        "command": script("serve.sh"),
+    });
+    assert_eq!(service.submit(PRODUCT, "finetune", one).0, 201);
+    eventually("the one-GPU job running", || {
+        (phase(&service.workload(PRODUCT, "finetune")) == "running").then_some(())
+    });
+    let gang = json!({
+        "tenant": "research",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 2},
+        "command": script("train.sh"),
+    });
+    assert_eq!(service.submit(RESEARCH, "pretrain", gang).0, 201);
+    let reservation = |service: &Service| {
+        let state = service.call("GET", "/state", Some(ADMIN), None).1;
+        state["spec"]["reservations"][0].clone()
+    };
+    let first = eventually("the gang reserving", || {
+        let r = reservation(&service);
+        r.is_object().then_some(r)
+    });
+    assert_eq!(first["workload"], "pretrain", "{first}");
+    assert_eq!(first["nodes"], json!(["t0"]), "{first}");
+    // Later cycles keep it, with its first instant.
+    let cycles = service.status()["cycles"].as_u64().unwrap();
+    eventually("two more cycles", || {
+        (service.status()["cycles"].as_u64().unwrap() >= cycles + 2).then_some(())
+    });
+    assert_eq!(reservation(&service), first);
+    let metrics = service.call("GET", "/metrics", None, None).1;
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics.contains("tessera_pool_reservations{pool=\"train\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tessera_pool_reserved_idle_gpus{pool=\"train\"} 1\n"),
+        "{metrics}"
+    );
+    let waiting = service.workload(RESEARCH, "pretrain");
+    assert_eq!(phase(&waiting), "pending", "{waiting}");
+
+    let (code, _) = service.call("DELETE", "/v1/workloads/finetune", Some(PRODUCT), None);
+    assert_eq!(code, 200);
+    eventually("the gang running", || {
+        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
+    });
+    eventually("the reservation released", || {
+        reservation(&service).is_null().then_some(())
+    });
+    stop_workloads(&service);
+    service.stop();
+}
