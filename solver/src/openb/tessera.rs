@@ -38,8 +38,14 @@
 //! a GPU) rather than to whichever arrived first. CPU-only tasks allocate no GPU: they are placed
 //! after the GPU tasks of their cycle (every one that fits still is).
 //!
-//! Speed: `H` and FGD's fragmentation are cached per node and the best placement per node and
-//! task shape, keyed by the node's version, as FGD does.
+//! Speed: FGD's fragmentation, the best FGD tier of each node and task shape (with the GPUs that
+//! reach it) and each node's instances by GPU per hosting shape are cached by node version, as
+//! FGD caches its scores; none depends on the weights. The losses do, and are cached by node
+//! version and weight generation. A scan first finds the best tier over all nodes and weighs
+//! only the nodes of that tier (the key compares the tier first, so the choice and its ties are
+//! those of a full scan), and a candidate's loss counts from the cached instances only what the
+//! placement changes. So re-measuring the weights recomputes only the losses of the best tier's
+//! nodes, as they are asked for.
 
 use super::cluster::{Choice, Cluster, ModelId, ModelMask, PlaceError, Task};
 use super::fgd::{TypicalConfig, TypicalShapes, fgd_score};
@@ -581,8 +587,8 @@ impl Tessera {
     /// FGD tiers and fragmentation are not).
     fn reweigh(&mut self, cluster: &Cluster) {
         let nodes = cluster.nodes().len() as u128;
-        let mut changed = false;
-        for s in &mut self.shapes {
+        let mut weights = Vec::with_capacity(self.shapes.len());
+        for s in &self.shapes {
             let hosts = cluster
                 .nodes()
                 .iter()
@@ -595,8 +601,17 @@ impl Tessera {
                 0 => 0,
                 h => u64::try_from(u128::from(s.demand) * nodes / h).unwrap_or(u64::MAX >> 16),
             };
-            changed |= weight != s.weight;
-            s.weight = weight;
+            weights.push(weight);
+        }
+        self.set_weights(&weights);
+    }
+
+    /// Sets `w_k`; the cached losses depend on the weights, so if one changed they are stale.
+    fn set_weights(&mut self, weights: &[u64]) {
+        let mut changed = false;
+        for (s, &w) in self.shapes.iter_mut().zip(weights) {
+            changed |= s.weight != w;
+            s.weight = w;
         }
         if changed {
             self.generation += 1;
@@ -681,5 +696,78 @@ impl Placer for Tessera {
             self.place_by_waste(cluster, tasks, &mut placed)?;
         }
         Ok(placed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openb::trace::{NodeSpec, TaskSpec};
+
+    fn spec(cpu_cores: u64, num_gpu: u32, gpu_milli: u32) -> TaskSpec {
+        TaskSpec {
+            name: String::new(),
+            cpu_milli: cpu_cores * 1000,
+            memory_mib: 1,
+            num_gpu,
+            gpu_milli,
+            gpu_spec: vec![],
+            creation_time: None,
+        }
+    }
+
+    /// A weight change keeps the FGD tiers and the instances by GPU cached and recomputes the
+    /// losses: every node's best placement of every shape must then be what a placer with no
+    /// cache at all (a fresh one, given the same weights) finds.
+    #[test]
+    fn a_weight_change_leaves_no_stale_loss() {
+        let nodes: Vec<NodeSpec> = (0..12)
+            .map(|i| NodeSpec {
+                name: format!("n{i}"),
+                cpu_milli: [16_000, 64_000, 96_000][i % 3],
+                memory_mib: 1 << 20,
+                num_gpu: [2, 4, 8][i % 3],
+                model: "G".into(),
+            })
+            .collect();
+        let shapes = [
+            (2, 1, 810),
+            (4, 1, 500),
+            (1, 1, 190),
+            (6, 1, 1000),
+            (12, 4, 1000),
+        ];
+        let tasks: Vec<TaskSpec> = shapes.iter().map(|&(c, n, m)| spec(c, n, m)).collect();
+        let w = Workload::new(&nodes, tasks, false).unwrap();
+        let mut cluster = w.cluster().clone();
+        let mut long = Tessera::for_workload(&w, PolicyOptions::default(), 42);
+        // Some placements, every cache warm.
+        for task in w.tasks().iter().cycle().take(14) {
+            let choice = long.choose(&cluster, task).unwrap();
+            cluster.place(task, &choice).unwrap();
+        }
+        let all = |t: &mut Tessera, cluster: &Cluster| -> Vec<Option<(Key, usize)>> {
+            let mut out = Vec::new();
+            for i in 0..cluster.nodes().len() {
+                for task in w.tasks() {
+                    if cluster.fits(i, task) {
+                        t.reset_if_needed(cluster);
+                        out.push(t.node_best(cluster, i, task));
+                    }
+                }
+            }
+            out
+        };
+        let before = all(&mut long, &cluster);
+        // New weights, far from the measured ones: many losses change.
+        let weights: Vec<u64> = (1..=long.shapes.len() as u64)
+            .map(|k| k * k * 1000)
+            .collect();
+        long.set_weights(&weights);
+        let mut fresh = Tessera::for_workload(&w, PolicyOptions::default(), 42);
+        fresh.set_weights(&weights);
+        let after = all(&mut long, &cluster);
+        assert_eq!(after, all(&mut fresh, &cluster));
+        assert_ne!(before, after, "the new weights changed some loss");
     }
 }
