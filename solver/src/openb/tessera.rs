@@ -38,8 +38,14 @@
 //! a GPU) rather than to whichever arrived first. CPU-only tasks allocate no GPU: they are placed
 //! after the GPU tasks of their cycle (every one that fits still is).
 //!
-//! Speed: `H` and FGD's fragmentation are cached per node and the best placement per node and
-//! task shape, keyed by the node's version, as FGD does.
+//! Speed: FGD's fragmentation, the best FGD tier of each node and task shape (with the GPUs that
+//! reach it) and each node's instances by GPU per hosting shape are cached by node version, as
+//! FGD caches its scores; none depends on the weights. The losses do, and are cached by node
+//! version and weight generation. A scan first finds the best tier over all nodes and weighs
+//! only the nodes of that tier (the key compares the tier first, so the choice and its ties are
+//! those of a full scan), and a candidate's loss counts from the cached instances only what the
+//! placement changes. So re-measuring the weights recomputes only the losses of the best tier's
+//! nodes, as they are asked for.
 
 use super::cluster::{Choice, Cluster, ModelId, ModelMask, PlaceError, Task};
 use super::fgd::{TypicalConfig, TypicalShapes, fgd_score};
@@ -77,31 +83,38 @@ struct Shape {
     weight: u64,
 }
 
-/// How many instances of `s` a node state can host.
-fn instances(s: &Shape, cpu_left: u64, gpu_left: &[u32], free: u64, model: ModelId) -> u64 {
-    if !s.models.allows(model) {
-        return 0;
-    }
-    let by_gpu = if s.num_gpu == 1 && s.gpu_milli < MILLI {
+/// Whether `s` shares a GPU (rather than taking whole ones).
+fn is_sharing(s: &Shape) -> bool {
+    s.num_gpu == 1 && s.gpu_milli < MILLI
+}
+
+/// How many instances of `s` the GPUs alone could host: `Σ_g ⌊gpu_left_g / milli⌋` for a sharing
+/// shape, `⌊free / num_gpu⌋` for a whole-GPU one.
+fn by_gpu(s: &Shape, gpu_left: &[u32], free: u64) -> u64 {
+    if is_sharing(s) {
         gpu_left
             .iter()
             .map(|&g| u64::from(g / s.gpu_milli.max(1)))
             .sum::<u64>()
     } else {
         free / u64::from(s.num_gpu.max(1))
-    };
+    }
+}
+
+/// Instances of `s` hosted, given those by GPU and the CPU left.
+fn by_gpu_and_cpu(s: &Shape, by_gpu: u64, cpu_left: u64) -> u64 {
     match cpu_left.checked_div(s.cpu_milli) {
         Some(by_cpu) => by_gpu.min(by_cpu),
         None => by_gpu,
     }
 }
 
-/// Hosting capacity `H` of a node state (see the module documentation).
-fn hosting(shapes: &[Shape], cpu_left: u64, gpu_left: &[u32], model: ModelId) -> u64 {
-    let free = gpu_left.iter().filter(|&&g| g == MILLI).count() as u64;
-    shapes.iter().fold(0u64, |h, s| {
-        h.saturating_add(instances(s, cpu_left, gpu_left, free, model).saturating_mul(s.weight))
-    })
+/// How many instances of `s` a node state can host.
+fn instances(s: &Shape, cpu_left: u64, gpu_left: &[u32], free: u64, model: ModelId) -> u64 {
+    if !s.models.allows(model) {
+        return 0;
+    }
+    by_gpu_and_cpu(s, by_gpu(s, gpu_left, free), cpu_left)
 }
 
 /// A candidate placement's key: lower is better, compared in order.
@@ -114,26 +127,52 @@ struct Key {
     gpu_room: u32,
 }
 
+/// Per node × task shape, independent of the weights: the best truncated FGD tier of placing
+/// the shape on the node and, for a sharing task, which GPUs reach it (bit `g` for GPU `g`; GPUs
+/// from 64 on are never marked and are checked again when needed).
+#[derive(Debug, Clone, Copy)]
+struct Tier {
+    version: u64,
+    /// `None`: the node cannot take the shape.
+    tier: Option<u32>,
+    gpus: u64,
+}
+
+const NO_TIER: Tier = Tier {
+    version: u64::MAX,
+    tier: None,
+    gpus: 0,
+};
+
+/// Per node × task shape, as of a node version and a weight generation: the best placement.
 #[derive(Debug, Clone, Copy)]
 struct Cached {
     version: u64,
+    generation: u64,
     key: Option<Key>,
     gpu: u32,
 }
 
 const INVALID: Cached = Cached {
     version: u64::MAX,
+    generation: u64::MAX,
     key: None,
     gpu: 0,
 };
 
-/// A node's measures as of a version: `H` and FGD's fragmentation.
+/// A node's `H` as of a version and a weight generation.
 #[derive(Debug, Clone, Copy)]
-struct Before {
+struct Hosting {
     version: u64,
+    generation: u64,
     hosting: u64,
-    fragmentation: f64,
 }
+
+const NO_HOSTING: Hosting = Hosting {
+    version: u64::MAX,
+    generation: u64::MAX,
+    hosting: 0,
+};
 
 /// The Tessera placer.
 #[derive(Debug)]
@@ -143,10 +182,23 @@ pub struct Tessera {
     shapes: Vec<Shape>,
     ties: Ties,
     num_shapes: usize,
-    before: Vec<Before>,
+    /// Per node: `(version, F)`, FGD's fragmentation, which no weight changes.
+    fragmentation: Vec<(u64, f64)>,
+    hosting: Vec<Hosting>,
+    /// Per node: the version its row of `by_gpu` is of.
+    by_gpu_version: Vec<u64>,
+    /// Per node × hosting shape: the instances the node's GPUs alone could host (see
+    /// [`by_gpu`]), so that a candidate's loss only counts what the placement changes.
+    by_gpu: Vec<u64>,
+    /// Per node × task shape: the best FGD tier (kept across weight changes).
+    tiers: Vec<Tier>,
     /// Per node × task shape: the best placement on the node.
     cache: Vec<Cached>,
+    /// Bumped whenever a weight changes: the losses cached under an older one are stale.
+    generation: u64,
     scratch: Vec<u32>,
+    /// The nodes of the best tier in a scan.
+    front: Vec<usize>,
     /// Placements on the cluster / [`REWEIGH_EVERY`] when the weights were last measured.
     epoch: u64,
 }
@@ -184,9 +236,15 @@ impl Tessera {
             shapes,
             ties: Ties::new(options.tie_break, seed),
             num_shapes,
-            before: Vec::new(),
+            fragmentation: Vec::new(),
+            hosting: Vec::new(),
+            by_gpu_version: Vec::new(),
+            by_gpu: Vec::new(),
+            tiers: Vec::new(),
             cache: Vec::new(),
+            generation: 0,
             scratch: Vec::new(),
+            front: Vec::new(),
             epoch: 0,
         };
         tessera.reweigh(cluster);
@@ -208,48 +266,149 @@ impl Tessera {
 
     /// `H` of node `i` as it is now (shape weights × instances).
     pub fn hosting_capacity(&mut self, cluster: &Cluster, i: usize) -> u64 {
-        self.before(cluster, i).hosting
+        self.reset_if_needed(cluster);
+        self.hosting_before(cluster, i)
     }
 
-    fn before(&mut self, cluster: &Cluster, i: usize) -> Before {
-        self.reset_if_needed(cluster);
+    fn hosting_before(&mut self, cluster: &Cluster, i: usize) -> u64 {
         let node = cluster.node(i);
-        if self.before[i].version == node.version() {
-            return self.before[i];
+        let h = self.hosting[i];
+        if h.version == node.version() && h.generation == self.generation {
+            return h.hosting;
         }
-        let b = Before {
+        let (cpu, free, model) = (node.cpu_left, node.free_gpus() as u64, node.model);
+        let row = self.by_gpu_row(cluster, i);
+        let hosting = self.hosting_after(&row, (0, 0, 0), free, cpu, model);
+        self.hosting[i] = Hosting {
             version: node.version(),
-            hosting: hosting(&self.shapes, node.cpu_left, &node.gpu_left, node.model),
-            fragmentation: self
-                .fgd
-                .node_fragmentation(node.cpu_left, &node.gpu_left, node.model),
+            generation: self.generation,
+            hosting,
         };
-        self.before[i] = b;
-        b
+        hosting
+    }
+
+    fn fragmentation_before(&mut self, cluster: &Cluster, i: usize) -> f64 {
+        let node = cluster.node(i);
+        let (v, f) = self.fragmentation[i];
+        if v == node.version() {
+            return f;
+        }
+        let f = self
+            .fgd
+            .node_fragmentation(node.cpu_left, &node.gpu_left, node.model);
+        self.fragmentation[i] = (node.version(), f);
+        f
     }
 
     fn reset_if_needed(&mut self, cluster: &Cluster) {
-        if self.before.len() != cluster.nodes().len() {
-            let stale = Before {
-                version: u64::MAX,
-                hosting: 0,
-                fragmentation: 0.0,
-            };
-            self.before = vec![stale; cluster.nodes().len()];
-            self.cache = vec![INVALID; cluster.nodes().len() * self.num_shapes];
+        let n = cluster.nodes().len();
+        if self.fragmentation.len() != n {
+            self.fragmentation = vec![(u64::MAX, 0.0); n];
+            self.hosting = vec![NO_HOSTING; n];
+            self.by_gpu_version = vec![u64::MAX; n];
+            self.by_gpu = vec![0; n * self.shapes.len()];
+            self.tiers = vec![NO_TIER; n * self.num_shapes];
+            self.cache = vec![INVALID; n * self.num_shapes];
         }
     }
 
+    /// `100 −` FGD's truncated score of moving node `i` to the state in `self.scratch` with
+    /// `cpu_after` cores left.
+    fn tier_after(&self, before: f64, cpu_after: u64, model: ModelId) -> u32 {
+        let after = self.fgd.node_fragmentation(cpu_after, &self.scratch, model);
+        let score = fgd_score(before, after, ScoreRounding::Integer);
+        100u32.saturating_sub(score.clamp(0.0, 100.0) as u32)
+    }
+
+    /// `self.scratch` := node `i`'s GPUs after a whole-GPU task takes its first free GPUs.
+    fn take_whole(&mut self, cluster: &Cluster, i: usize, task: &Task) {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&cluster.node(i).gpu_left);
+        let mut need = task.num_gpu;
+        for g in self.scratch.iter_mut() {
+            if need == 0 {
+                break;
+            }
+            if *g == MILLI {
+                *g = 0;
+                need -= 1;
+            }
+        }
+    }
+
+    /// The best FGD tier of `task` on node `i` (which must fit it) and the GPUs that reach it.
+    /// It depends on the node and the task only, so it survives a change of the weights.
+    fn node_tier(&mut self, cluster: &Cluster, i: usize, task: &Task) -> Option<Tier> {
+        let shape = task.shape as usize;
+        let slot = (shape < self.num_shapes).then(|| i * self.num_shapes + shape);
+        let version = cluster.node(i).version();
+        if let Some(s) = slot
+            && self.tiers[s].version == version
+        {
+            let t = self.tiers[s];
+            return t.tier.map(|_| t);
+        }
+        let t = self.score_tier(cluster, i, task);
+        if let Some(s) = slot {
+            self.tiers[s] = t.unwrap_or(Tier { version, ..NO_TIER });
+        }
+        t
+    }
+
+    fn score_tier(&mut self, cluster: &Cluster, i: usize, task: &Task) -> Option<Tier> {
+        let node = cluster.node(i);
+        let version = node.version();
+        let model = node.model;
+        let cpu_after = node.cpu_left.checked_sub(task.cpu_milli)?;
+        node.gpu_left_total().checked_sub(task.gpu_request())?;
+        let before = self.fragmentation_before(cluster, i);
+        if !task.is_fractional() {
+            self.take_whole(cluster, i, task);
+            return Some(Tier {
+                version,
+                tier: Some(self.tier_after(before, cpu_after, model)),
+                gpus: 0,
+            });
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&cluster.node(i).gpu_left);
+        let mut best: Option<u32> = None;
+        let mut gpus = 0u64;
+        for g in 0..self.scratch.len() {
+            let left = self.scratch[g];
+            // GPUs with equal room are equivalent; the first of them stands for all.
+            if left < task.gpu_milli || self.scratch[..g].contains(&left) {
+                continue;
+            }
+            self.scratch[g] = left - task.gpu_milli;
+            let tier = self.tier_after(before, cpu_after, model);
+            self.scratch[g] = left;
+            let bit = if g < 64 { 1u64 << g } else { 0 };
+            match best {
+                Some(b) if tier > b => {}
+                Some(b) if tier == b => gpus |= bit,
+                _ => {
+                    best = Some(tier);
+                    gpus = bit;
+                }
+            }
+        }
+        best.map(|tier| Tier {
+            version,
+            tier: Some(tier),
+            gpus,
+        })
+    }
+
     /// The best placement of `task` on node `i` (which must fit it): its key and, for a sharing
-    /// task, the GPU.
+    /// task, the GPU. Of the GPUs, only those of the node's best FGD tier are weighed.
     fn node_best(&mut self, cluster: &Cluster, i: usize, task: &Task) -> Option<(Key, usize)> {
-        self.reset_if_needed(cluster);
         let shape = task.shape as usize;
         let slot = (shape < self.num_shapes).then(|| i * self.num_shapes + shape);
         let version = cluster.node(i).version();
         if let Some(s) = slot {
             let c = self.cache[s];
-            if c.version == version {
+            if c.version == version && c.generation == self.generation {
                 return c.key.map(|k| (k, c.gpu as usize));
             }
         }
@@ -257,6 +416,7 @@ impl Tessera {
         if let Some(s) = slot {
             self.cache[s] = Cached {
                 version,
+                generation: self.generation,
                 key: best.map(|(k, _)| k),
                 gpu: best.map_or(0, |(_, g)| g as u32),
             };
@@ -264,53 +424,92 @@ impl Tessera {
         best
     }
 
-    /// The key of the node state in `self.scratch` (the GPUs after placing) against `before`.
-    fn key_after(&self, before: Before, cpu_after: u64, model: ModelId, idle_after: u64) -> Key {
-        let after = hosting(&self.shapes, cpu_after, &self.scratch, model);
-        let fragmentation = self.fgd.node_fragmentation(cpu_after, &self.scratch, model);
-        let score = fgd_score(before.fragmentation, fragmentation, ScoreRounding::Integer);
-        Key {
-            fgd_tier: 100u32.saturating_sub(score.clamp(0.0, 100.0) as u32),
-            loss: before.hosting.saturating_sub(after),
-            idle_after,
-            gpu_room: 0,
+    /// Node `i`'s row of `by_gpu`, as of its version.
+    fn by_gpu_row(&mut self, cluster: &Cluster, i: usize) -> std::ops::Range<usize> {
+        let node = cluster.node(i);
+        let row = i * self.shapes.len()..(i + 1) * self.shapes.len();
+        if self.by_gpu_version[i] != node.version() {
+            let free = node.free_gpus() as u64;
+            for (k, s) in self.shapes.iter().enumerate() {
+                self.by_gpu[row.start + k] = by_gpu(s, &node.gpu_left, free);
+            }
+            self.by_gpu_version[i] = node.version();
         }
+        row
+    }
+
+    /// `H` of node `i` after `taken` GPUs of room `from` each are left with `to`, `free_after`
+    /// free GPUs and `cpu_after` cores: equal to [`hosting`] of that state, but counting from
+    /// the node's cached instances by GPU, only what the change adds or removes.
+    fn hosting_after(
+        &self,
+        row: &std::ops::Range<usize>,
+        (taken, from, to): (u64, u32, u32),
+        free_after: u64,
+        cpu_after: u64,
+        model: ModelId,
+    ) -> u64 {
+        let base = &self.by_gpu[row.clone()];
+        self.shapes.iter().zip(base).fold(0u64, |h, (s, &b)| {
+            if !s.models.allows(model) {
+                return h;
+            }
+            let by_gpu = if is_sharing(s) {
+                let m = s.gpu_milli.max(1);
+                b + taken * u64::from(to / m) - taken * u64::from(from / m)
+            } else {
+                free_after / u64::from(s.num_gpu.max(1))
+            };
+            let n = by_gpu_and_cpu(s, by_gpu, cpu_after);
+            h.saturating_add(n.saturating_mul(s.weight))
+        })
     }
 
     fn score_node(&mut self, cluster: &Cluster, i: usize, task: &Task) -> Option<(Key, usize)> {
-        let cpu_after = cluster.node(i).cpu_left.checked_sub(task.cpu_milli)?;
-        let before = self.before(cluster, i);
+        let tier = self.node_tier(cluster, i, task)?;
+        let fgd_tier = tier.tier?;
         let node = cluster.node(i);
+        let model = node.model;
+        let cpu_after = node.cpu_left.checked_sub(task.cpu_milli)?;
         let idle_after = node.gpu_left_total().checked_sub(task.gpu_request())?;
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&node.gpu_left);
+        let free = node.free_gpus() as u64;
+        let before = self.hosting_before(cluster, i);
+        let row = self.by_gpu_row(cluster, i);
+        let key = |after: u64, gpu_room: u32| Key {
+            fgd_tier,
+            loss: before.saturating_sub(after),
+            idle_after,
+            gpu_room,
+        };
         if !task.is_fractional() {
-            let mut need = task.num_gpu;
-            for g in self.scratch.iter_mut() {
-                if need == 0 {
-                    break;
-                }
-                if *g == MILLI {
-                    *g = 0;
-                    need -= 1;
-                }
-            }
-            return Some((self.key_after(before, cpu_after, node.model, idle_after), 0));
+            let taken = u64::from(task.num_gpu);
+            let after = self.hosting_after(&row, (taken, MILLI, 0), free - taken, cpu_after, model);
+            return Some((key(after, 0), 0));
         }
+        let fragmentation = self.fragmentation_before(cluster, i);
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&cluster.node(i).gpu_left);
         let mut best: Option<(Key, usize)> = None;
-        for (g, &left) in node.gpu_left.iter().enumerate() {
-            // GPUs with equal room are equivalent; the first of them stands for all.
-            if left < task.gpu_milli || node.gpu_left[..g].contains(&left) {
+        for g in 0..self.scratch.len() {
+            let left = self.scratch[g];
+            let marked = g < 64 && tier.gpus & (1u64 << g) != 0;
+            if !marked && (g < 64 || left < task.gpu_milli || self.scratch[..g].contains(&left)) {
                 continue;
             }
-            self.scratch[g] = left - task.gpu_milli;
-            let key = Key {
-                gpu_room: left,
-                ..self.key_after(before, cpu_after, node.model, idle_after)
-            };
-            self.scratch[g] = left;
-            if best.is_none_or(|(b, _)| key < b) {
-                best = Some((key, g));
+            if !marked {
+                self.scratch[g] = left - task.gpu_milli;
+                let of_best_tier = self.tier_after(fragmentation, cpu_after, model) == fgd_tier;
+                self.scratch[g] = left;
+                if !of_best_tier {
+                    continue;
+                }
+            }
+            let free_after = free - u64::from(left == MILLI);
+            let change = (1, left, left - task.gpu_milli);
+            let after = self.hosting_after(&row, change, free_after, cpu_after, model);
+            let k = key(after, left);
+            if best.is_none_or(|(b, _)| k < b) {
+                best = Some((k, g));
             }
         }
         best
@@ -319,13 +518,31 @@ impl Tessera {
     /// The best node for `task` and its key, ties as configured.
     fn best_choice(&mut self, cluster: &Cluster, task: &Task) -> Option<(Key, Choice)> {
         self.refresh(cluster);
+        self.reset_if_needed(cluster);
         self.ties.prepare(cluster.nodes().len());
-        let mut best: Option<(Key, usize, usize)> = None;
-        let mut tied = 0u32;
+        // The key compares the FGD tier first: only the nodes of the best tier need their
+        // losses, and visiting them in node order keeps the ties exactly as one full scan would.
+        let mut front = std::mem::take(&mut self.front);
+        front.clear();
+        let mut best_tier = u32::MAX;
         for i in 0..cluster.nodes().len() {
             if !cluster.fits(i, task) {
                 continue;
             }
+            let Some(Tier { tier: Some(t), .. }) = self.node_tier(cluster, i, task) else {
+                continue;
+            };
+            if t < best_tier {
+                best_tier = t;
+                front.clear();
+            }
+            if t == best_tier {
+                front.push(i);
+            }
+        }
+        let mut best: Option<(Key, usize, usize)> = None;
+        let mut tied = 0u32;
+        for &i in &front {
             let Some((key, gpu)) = self.node_best(cluster, i, task) else {
                 continue;
             };
@@ -343,6 +560,7 @@ impl Tessera {
                 }
             }
         }
+        self.front = front;
         let (key, node, gpu) = best?;
         let gpus = if task.is_fractional() {
             vec![gpu]
@@ -365,10 +583,12 @@ impl Tessera {
     }
 
     /// `w_k = demand_k × nodes / hosts_k`, `hosts_k` the nodes that can host an instance of the
-    /// shape now; the cached measures depend on the weights, so they are dropped.
+    /// shape now. The cached losses depend on the weights: if one changed, they are stale (the
+    /// FGD tiers and fragmentation are not).
     fn reweigh(&mut self, cluster: &Cluster) {
         let nodes = cluster.nodes().len() as u128;
-        for s in &mut self.shapes {
+        let mut weights = Vec::with_capacity(self.shapes.len());
+        for s in &self.shapes {
             let hosts = cluster
                 .nodes()
                 .iter()
@@ -377,13 +597,25 @@ impl Tessera {
                 })
                 .count() as u128;
             // A shape no node can host any more weighs nothing: no placement can take it away.
-            s.weight = match hosts {
+            let weight = match hosts {
                 0 => 0,
                 h => u64::try_from(u128::from(s.demand) * nodes / h).unwrap_or(u64::MAX >> 16),
             };
+            weights.push(weight);
         }
-        self.before.clear();
-        self.reset_if_needed(cluster);
+        self.set_weights(&weights);
+    }
+
+    /// Sets `w_k`; the cached losses depend on the weights, so if one changed they are stale.
+    fn set_weights(&mut self, weights: &[u64]) {
+        let mut changed = false;
+        for (s, &w) in self.shapes.iter_mut().zip(weights) {
+            changed |= s.weight != w;
+            s.weight = w;
+        }
+        if changed {
+            self.generation += 1;
+        }
     }
 
     /// The waste-first greedy of a contested cycle (see the module documentation).
@@ -464,5 +696,78 @@ impl Placer for Tessera {
             self.place_by_waste(cluster, tasks, &mut placed)?;
         }
         Ok(placed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openb::trace::{NodeSpec, TaskSpec};
+
+    fn spec(cpu_cores: u64, num_gpu: u32, gpu_milli: u32) -> TaskSpec {
+        TaskSpec {
+            name: String::new(),
+            cpu_milli: cpu_cores * 1000,
+            memory_mib: 1,
+            num_gpu,
+            gpu_milli,
+            gpu_spec: vec![],
+            creation_time: None,
+        }
+    }
+
+    /// A weight change keeps the FGD tiers and the instances by GPU cached and recomputes the
+    /// losses: every node's best placement of every shape must then be what a placer with no
+    /// cache at all (a fresh one, given the same weights) finds.
+    #[test]
+    fn a_weight_change_leaves_no_stale_loss() {
+        let nodes: Vec<NodeSpec> = (0..12)
+            .map(|i| NodeSpec {
+                name: format!("n{i}"),
+                cpu_milli: [16_000, 64_000, 96_000][i % 3],
+                memory_mib: 1 << 20,
+                num_gpu: [2, 4, 8][i % 3],
+                model: "G".into(),
+            })
+            .collect();
+        let shapes = [
+            (2, 1, 810),
+            (4, 1, 500),
+            (1, 1, 190),
+            (6, 1, 1000),
+            (12, 4, 1000),
+        ];
+        let tasks: Vec<TaskSpec> = shapes.iter().map(|&(c, n, m)| spec(c, n, m)).collect();
+        let w = Workload::new(&nodes, tasks, false).unwrap();
+        let mut cluster = w.cluster().clone();
+        let mut long = Tessera::for_workload(&w, PolicyOptions::default(), 42);
+        // Some placements, every cache warm.
+        for task in w.tasks().iter().cycle().take(14) {
+            let choice = long.choose(&cluster, task).unwrap();
+            cluster.place(task, &choice).unwrap();
+        }
+        let all = |t: &mut Tessera, cluster: &Cluster| -> Vec<Option<(Key, usize)>> {
+            let mut out = Vec::new();
+            for i in 0..cluster.nodes().len() {
+                for task in w.tasks() {
+                    if cluster.fits(i, task) {
+                        t.reset_if_needed(cluster);
+                        out.push(t.node_best(cluster, i, task));
+                    }
+                }
+            }
+            out
+        };
+        let before = all(&mut long, &cluster);
+        // New weights, far from the measured ones: many losses change.
+        let weights: Vec<u64> = (1..=long.shapes.len() as u64)
+            .map(|k| k * k * 1000)
+            .collect();
+        long.set_weights(&weights);
+        let mut fresh = Tessera::for_workload(&w, PolicyOptions::default(), 42);
+        fresh.set_weights(&weights);
+        let after = all(&mut long, &cluster);
+        assert_eq!(after, all(&mut fresh, &cluster));
+        assert_ne!(before, after, "the new weights changed some loss");
     }
 }
