@@ -1014,6 +1014,20 @@ impl<'p> Solver<'p> {
         })
     }
 
+    /// A what-if: the fleet and ledger with `victims`, running in `pool`, released (drains
+    /// recorded on the fleet returned). Clones are copy-on-write, so this costs pointers.
+    pub(crate) fn without(&self, pool: usize, victims: &[usize]) -> (Fleet, Ledger) {
+        let p = self.p;
+        let mut fleet = self.fleet.clone();
+        let mut ledger = self.ledger.clone();
+        for &v in victims {
+            let vl = &p.workloads[v];
+            fleet.release(p, v, true);
+            ledger.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
+        }
+        (fleet, ledger)
+    }
+
     /// (d) Finds the cheapest sufficient set of allowed victims in `pool` and admits `w`; the
     /// protected workloads otherwise.
     fn preempt_for(
@@ -1098,13 +1112,7 @@ impl<'p> Solver<'p> {
             wl.replicas
         };
         let attempt = |victims: &[usize]| {
-            let mut fleet = self.fleet.clone();
-            let mut ledger = self.ledger.clone();
-            for &v in victims {
-                let vl = &p.workloads[v];
-                fleet.release(p, v, true);
-                ledger.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
-            }
+            let (fleet, ledger) = self.without(pool, victims);
             try_pool(p, &fleet, &ledger, w, pool, cap)
         };
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of

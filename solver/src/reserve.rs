@@ -421,13 +421,7 @@ impl<'p> Solver<'p> {
             return None;
         }
         let attempt = |victims: &[usize]| {
-            let mut fleet = self.fleet.clone();
-            let mut ledger = self.ledger.clone();
-            for &v in victims {
-                let vl = &p.workloads[v];
-                fleet.release(p, v, true);
-                ledger.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
-            }
+            let (fleet, ledger) = self.without(pool, victims);
             try_pool(p, &fleet, &ledger, w, pool, p.workloads[w].replicas).ok()
         };
         let (fleet, _, _, _) = attempt(victims)?;
