@@ -744,10 +744,11 @@ pub(crate) struct Solver<'p> {
     /// preemption search scans them instead of every workload (a fifth of them on the
     /// reference fleet's training pool).
     running_by_pool: Vec<Vec<usize>>,
-    /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority). A
-    /// borrower's candidates depend on nothing else but the running workloads' statuses, which
-    /// only a preemption changes (it clears this): a queue of borrowers blocked behind the same
-    /// protected work scans it once.
+    /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority,
+    /// tenant). A borrower's candidates depend on nothing else but the running workloads'
+    /// statuses, which only a preemption changes (it clears this): a queue of borrowers blocked
+    /// behind the same protected work scans it once. The tenant is part of the key because a
+    /// borrower may displace its own tenant's lower-priority work within guarantee.
     refused: Option<(RefusalKey, (Vec<Protected>, usize))>,
     /// Workloads admitted only where they fit without preemption (an integer program found
     /// preempting for them not worth it; see `ilp/replay.rs`).
@@ -756,8 +757,8 @@ pub(crate) struct Solver<'p> {
     pub(crate) holds: Vec<Hold>,
 }
 
-/// What a borrower's refusal depends on besides the statuses: (pool, scope, priority).
-type RefusalKey = (usize, Option<usize>, i64);
+/// What a borrower's refusal depends on besides the statuses: (pool, scope, priority, tenant).
+type RefusalKey = (usize, Option<usize>, i64, usize);
 
 pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
     p.workloads[w].pools[0]
@@ -1041,7 +1042,7 @@ impl<'p> Solver<'p> {
         let prio = p.classes[wl.class].priority;
         let amount = wl.demand.gpus() * i64::from(wl.min_member);
         let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
-        let refusal_key = (!requester_guaranteed).then_some((pool, scope, prio));
+        let refusal_key = (!requester_guaranteed).then_some((pool, scope, prio, wl.tenant));
         if let (Some(key), Some((k, refusal))) = (refusal_key, &self.refused)
             && key == *k
         {

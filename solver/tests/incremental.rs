@@ -395,3 +395,14 @@ fn a_finished_workload_moves_the_guarantee_line() {
     state.pending.push(arrival);
     assert_eq!(session.decisions(), full(&policy, &state).workloads);
 }
+
+/// Draws that once failed: a borrower refused preemption was taken as refused for another
+/// tenant's borrower of the same priority, which may displace its own tenant's work within
+/// guarantee (17021553835626278915).
+#[test]
+fn draws_that_once_failed() {
+    let mut tally = Tally::default();
+    for seed in [17_021_553_835_626_278_915u64] {
+        case(seed, &mut tally);
+    }
+}
