@@ -406,3 +406,14 @@ fn draws_that_once_failed() {
         case(seed, &mut tally);
     }
 }
+
+/// A known disagreement, found by a random draw and present before this session's changes
+/// (checked at 98efdb8): at arrival 2 the session's decision is right but the pending reason of
+/// `x-1` (a 12-GPU gang over its tenant's limit, picked before the arrival in the full cycle)
+/// reads the usage after the arrival's admission (1 GPU) where the full cycle reads it before
+/// (0). Outcomes agree; the message does not. Not yet diagnosed.
+#[test]
+#[ignore = "known: a pending reason's usage figure differs between the session and the full cycle"]
+fn a_known_disagreement_in_a_pending_reason() {
+    case(13_781_950_178_701_176_388, &mut Tally::default());
+}
