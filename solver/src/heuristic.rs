@@ -744,12 +744,12 @@ pub(crate) struct Solver<'p> {
     /// preemption search scans them instead of every workload (a fifth of them on the
     /// reference fleet's training pool).
     running_by_pool: Vec<Vec<usize>>,
-    /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority,
-    /// tenant). A borrower's candidates depend on nothing else but the running workloads'
-    /// statuses, which only a preemption changes (it clears this): a queue of borrowers blocked
-    /// behind the same protected work scans it once. The tenant is part of the key because a
-    /// borrower may displace its own tenant's lower-priority work within guarantee.
-    refused: Option<(RefusalKey, (Vec<Protected>, usize))>,
+    /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority), with
+    /// the tenants it does not hold for. A borrower's candidates depend on nothing else but the
+    /// running workloads' statuses, which only a preemption changes (it clears this), and on
+    /// its tenant only through that tenant's own lower-priority work within guarantee, which it
+    /// may displace: a queue of borrowers blocked behind the same protected work scans it once.
+    refused: Option<(RefusalKey, BTreeSet<usize>, Refusal)>,
     /// Workloads admitted only where they fit without preemption (an integer program found
     /// preempting for them not worth it; see `ilp/replay.rs`).
     pub(crate) hold: Vec<bool>,
@@ -757,8 +757,12 @@ pub(crate) struct Solver<'p> {
     pub(crate) holds: Vec<Hold>,
 }
 
-/// What a borrower's refusal depends on besides the statuses: (pool, scope, priority, tenant).
-type RefusalKey = (usize, Option<usize>, i64, usize);
+/// What a borrower's refusal depends on besides the statuses and its tenant: (pool, scope,
+/// priority).
+type RefusalKey = (usize, Option<usize>, i64);
+
+/// A refused preemption: the protected workloads listed, and how many there were.
+type Refusal = (Vec<Protected>, usize);
 
 pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
     p.workloads[w].pools[0]
@@ -1042,14 +1046,18 @@ impl<'p> Solver<'p> {
         let prio = p.classes[wl.class].priority;
         let amount = wl.demand.gpus() * i64::from(wl.min_member);
         let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
-        let refusal_key = (!requester_guaranteed).then_some((pool, scope, prio, wl.tenant));
-        if let (Some(key), Some((k, refusal))) = (refusal_key, &self.refused)
+        let refusal_key = (!requester_guaranteed).then_some((pool, scope, prio));
+        if let (Some(key), Some((k, owners, refusal))) = (refusal_key, &self.refused)
             && key == *k
+            && !owners.contains(&wl.tenant)
         {
             return Err(refusal.clone());
         }
         let mut protected = Vec::new();
         let mut eligible = Vec::new();
+        // Tenants whose borrower could displace protected work here (their own, within
+        // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
+        let mut owners = BTreeSet::new();
         for &v in &self.running_by_pool[pool] {
             if !matches!(self.status[v], Some(Status::Keep)) {
                 continue;
@@ -1074,6 +1082,9 @@ impl<'p> Solver<'p> {
             {
                 // Guarantee protection guards against other tenants' borrowing; within one
                 // tenant, priority alone decides.
+                if class.priority < prio {
+                    owners.insert(vl.tenant);
+                }
                 protected.push((name, Blocked::WithinGuarantee));
             } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
                 protected.push((name, Blocked::NotLowerPriority));
@@ -1121,7 +1132,7 @@ impl<'p> Solver<'p> {
         if eligible.is_empty() {
             let refusal = listed(p, protected);
             if let Some(key) = refusal_key {
-                self.refused = Some((key, refusal.clone()));
+                self.refused = Some((key, owners, refusal.clone()));
             }
             return Err(refusal);
         }
