@@ -2,17 +2,18 @@
 //! exclusive, a MIG and an MPS pool with a tenant tree, nodes with random geometry, random
 //! workloads, and a decision applied to get the next running state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_compiler::compiled::CompiledPolicy;
 use tessera_compiler::mig;
 use tessera_compiler::model::{
-    Binding, ClusterStateSpec, Gpu, GpuRequest, Health, MigInstance, MigState, Node,
-    PendingWorkload, RunningWorkload, Topology, TopologyMode, WorkloadSpec,
+    ClusterStateSpec, Gpu, GpuRequest, Health, MigInstance, MigState, Node, PendingWorkload,
+    Topology, TopologyMode, WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Millicores};
 use tessera_compiler::{SourceFile, compile};
-use tessera_solver::decision::{Decision, Outcome};
+use tessera_solver::carry::carry_out;
+use tessera_solver::decision::Decision;
 use tessera_solver::problem::format_rfc3339;
 
 pub const NOW: &str = "2026-11-20T08:00:00Z";
@@ -333,78 +334,31 @@ pub fn checked(
     )
 }
 
-/// The snapshot after applying a decision: admitted and kept workloads run on their bindings,
-/// GPUs take their target geometry.
+/// The snapshot after applying a decision ([`carry_out`]), with the waiting work dropped and
+/// the admitted work given random start and checkpoint times within the last four hours.
 pub fn apply(
     before: &ClusterStateSpec,
     d: &Decision,
     rng: &mut Seeded,
     now: i64,
 ) -> ClusterStateSpec {
-    let mut nodes = before.nodes.clone();
-    for g in &d.geometry {
-        let node = nodes.iter_mut().find(|n| n.name == g.node).unwrap();
-        let gpu = node.gpus.iter_mut().find(|x| x.index == g.gpu).unwrap();
-        gpu.instances = g
-            .target
-            .iter()
-            .map(|i| MigInstance {
-                profile: i.profile.clone(),
-                start: i.start,
-                uuid: None,
-            })
-            .collect();
-        gpu.mig.enabled = true;
-    }
-    let specs: BTreeMap<&str, &WorkloadSpec> = before
+    let mut after = carry_out(before, d);
+    let old: BTreeSet<&str> = before.running.iter().map(|r| r.name.as_str()).collect();
+    // By name, as the decision lists them, so the draws keep their order.
+    for r in after
         .running
-        .iter()
-        .map(|r| (r.name.as_str(), &r.spec))
-        .chain(before.pending.iter().map(|p| (p.name.as_str(), &p.spec)))
-        .collect();
-    let old: BTreeMap<&str, &RunningWorkload> = before
-        .running
-        .iter()
-        .map(|r| (r.name.as_str(), r))
-        .collect();
-    let mut running = Vec::new();
-    for w in &d.workloads {
-        let bindings = match &w.outcome {
-            Outcome::Keep { bindings } | Outcome::Admit { bindings, .. } => bindings,
-            _ => continue,
-        };
-        if let Some(r) = old.get(w.name.as_str()) {
-            running.push((*r).clone());
-            continue;
-        }
-        let mut spec = specs[w.name.as_str()].clone();
-        spec.replicas = bindings.len() as u32;
-        spec.min_member = spec.min_member.map(|m| m.min(spec.replicas));
+        .iter_mut()
+        .filter(|r| !old.contains(r.name.as_str()))
+    {
         let started = now - i64::from(rng.range(0, 240)) * 60;
-        running.push(RunningWorkload {
-            name: w.name.clone(),
-            spec,
-            bindings: bindings
-                .iter()
-                .map(|b| Binding {
-                    node: b.node.clone(),
-                    gpus: b.gpus.clone(),
-                    mig_start: b.mig_start,
-                    share: b.share,
-                })
-                .collect(),
-            started_at: format_rfc3339(started),
-            last_checkpoint_at: rng
-                .chance(50)
-                .then(|| format_rfc3339(started + (now - started) / 2)),
-        });
+        r.started_at = format_rfc3339(started);
+        r.last_checkpoint_at = rng
+            .chance(50)
+            .then(|| format_rfc3339(started + (now - started) / 2));
     }
-    ClusterStateSpec {
-        observed_at: format_rfc3339(now),
-        nodes,
-        running,
-        pending: Vec::new(),
-        usage: None,
-        reservations: Vec::new(),
-    }
+    after.observed_at = format_rfc3339(now);
+    after.pending.clear();
+    after.usage = None;
+    after.reservations.clear();
+    after
 }
