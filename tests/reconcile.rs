@@ -183,6 +183,13 @@ impl Service {
         )
     }
 
+    /// Waits until workload `name` is in phase `wanted`.
+    fn await_phase(&self, token: &str, name: &str, wanted: &str) {
+        eventually(&format!("{name} {wanted}"), || {
+            (phase(&self.workload(token, name)) == wanted).then_some(())
+        });
+    }
+
     fn status(&self) -> Value {
         self.call("GET", "/status", None, None).1
     }
@@ -386,9 +393,7 @@ fn an_inference_burst_preempts_training_which_checkpoints_and_resumes() {
         "command": script("train.sh"),
     });
     assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
-    eventually("training running", || {
-        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
-    });
+    service.await_phase(RESEARCH, "pretrain", "running");
     let checkpoints = work.path().join("state/checkpoints/pretrain");
     eventually("training has started work", || {
         std::fs::read_to_string(checkpoints.join("devices-0")).ok()
@@ -402,9 +407,7 @@ fn an_inference_burst_preempts_training_which_checkpoints_and_resumes() {
         "command": script("serve.sh"),
     });
     assert_eq!(service.submit(PRODUCT, "burst", burst).0, 201);
-    eventually("the burst running", || {
-        (phase(&service.workload(PRODUCT, "burst")) == "running").then_some(())
-    });
+    service.await_phase(PRODUCT, "burst", "running");
     let requeued = service.workload(RESEARCH, "pretrain");
     assert_eq!(phase(&requeued), "pending", "{requeued}");
     assert_eq!(requeued["attempts"], 1, "{requeued}");
@@ -412,9 +415,7 @@ fn an_inference_burst_preempts_training_which_checkpoints_and_resumes() {
 
     let (code, _) = service.call("DELETE", "/v1/workloads/burst", Some(PRODUCT), None);
     assert_eq!(code, 200);
-    eventually("training running again", || {
-        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
-    });
+    service.await_phase(RESEARCH, "pretrain", "running");
     let resumed = eventually("training resumed from its checkpoint", || {
         std::fs::read_to_string(checkpoints.join("resumed")).ok()
     });
@@ -581,9 +582,7 @@ fn killed_in_the_middle_of_a_reconfiguration_the_service_resumes_and_finishes_it
         "command": script("train.sh"),
     });
     assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
-    eventually("training running", || {
-        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
-    });
+    service.await_phase(RESEARCH, "pretrain", "running");
     repo.write("policy/fleet.yaml", &with_all_1g(&repo));
     repo.commit("infer may also be cut in sevenths");
 
@@ -598,10 +597,7 @@ fn killed_in_the_middle_of_a_reconfiguration_the_service_resumes_and_finishes_it
     service.kill();
 
     let service = Service::start(repo.path(), work.path(), &[]);
-    eventually(
-        "the reconfiguration finished and the workload running",
-        || (phase(&service.workload(PRODUCT, "chat-small")) == "running").then_some(()),
-    );
+    service.await_phase(PRODUCT, "chat-small", "running");
     let state = service.call("GET", "/state", Some(ADMIN), None).1;
     let layout = instances(&state, "i0", 0);
     let placements: Vec<tessera_compiler::mig::Placement> = layout
@@ -655,9 +651,7 @@ fn a_failed_nvml_call_degrades_the_service_and_is_retried_until_it_succeeds() {
         error.contains("NVML_ERROR_INSUFFICIENT_RESOURCES"),
         "{error}"
     );
-    eventually("the workload running after the retry", || {
-        (phase(&service.workload(PRODUCT, "chat-small")) == "running").then_some(())
-    });
+    service.await_phase(PRODUCT, "chat-small", "running");
     let healthy = eventually("healthy again", || {
         let s = service.status();
         (s["health"] == "Healthy" && s["sync"] == "Synced").then_some(s)
@@ -735,14 +729,10 @@ fn submit_checks_the_file_first_and_cancel_goes_through_the_api() {
     .unwrap();
     let (code, text) = cli(&["submit", good.to_str().unwrap()]);
     assert_eq!(code, 0, "{text}");
-    eventually("running", || {
-        (phase(&service.workload(PRODUCT, "w")) == "running").then_some(())
-    });
+    service.await_phase(PRODUCT, "w", "running");
     let (code, text) = cli(&["cancel", "w"]);
     assert_eq!(code, 0, "{text}");
-    eventually("cancelled once its process is stopped", || {
-        (phase(&service.workload(PRODUCT, "w")) == "cancelled").then_some(())
-    });
+    service.await_phase(PRODUCT, "w", "cancelled");
     let (code, text) = cli(&["cancel", "nope"]);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("no workload"), "{text}");
@@ -778,9 +768,7 @@ fn a_suspended_service_applies_nothing_until_resumed() {
         service.call("POST", "/v1/reconcile", Some(ADMIN), None).0,
         202
     );
-    eventually("running once resumed", || {
-        (phase(&service.workload(PRODUCT, "chat-small")) == "running").then_some(())
-    });
+    service.await_phase(PRODUCT, "chat-small", "running");
     stop_workloads(&service);
     service.stop();
 }
@@ -829,9 +817,7 @@ fn committed_workloads_follow_the_repository_like_a_deployment() {
     // Removed from the repository: stopped and cancelled.
     std::fs::remove_file(repo.path().join("policy/chat.yaml")).unwrap();
     repo.commit("retire the service");
-    eventually("the service cancelled", || {
-        (phase(&service.workload(ADMIN, "chat")) == "cancelled").then_some(())
-    });
+    service.await_phase(ADMIN, "chat", "cancelled");
     service.stop();
 }
 
@@ -856,9 +842,7 @@ fn fair_share_usage_is_accounted_exported_and_survives_a_restart() {
         "command": script("train.sh"),
     });
     assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
-    eventually("training running", || {
-        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
-    });
+    service.await_phase(RESEARCH, "pretrain", "running");
     // research has no guarantee in `train`: its two GPUs are borrowed, and accrue as such.
     let usage = |service: &Service| {
         let state = service.call("GET", "/state", Some(ADMIN), None).1;
@@ -1009,9 +993,7 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
         "command": script("serve.sh"),
     });
     assert_eq!(service.submit(PRODUCT, "finetune", one).0, 201);
-    eventually("the one-GPU job running", || {
-        (phase(&service.workload(PRODUCT, "finetune")) == "running").then_some(())
-    });
+    service.await_phase(PRODUCT, "finetune", "running");
     let gang = json!({
         "tenant": "research",
         "sloClass": "training",
@@ -1051,9 +1033,7 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
 
     let (code, _) = service.call("DELETE", "/v1/workloads/finetune", Some(PRODUCT), None);
     assert_eq!(code, 200);
-    eventually("the gang running", || {
-        (phase(&service.workload(RESEARCH, "pretrain")) == "running").then_some(())
-    });
+    service.await_phase(RESEARCH, "pretrain", "running");
     eventually("the reservation released", || {
         reservation(&service).is_null().then_some(())
     });
