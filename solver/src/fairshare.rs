@@ -35,6 +35,7 @@
 
 use std::collections::BTreeMap;
 
+use tessera_compiler::compiled::CompiledFairShare;
 use tessera_compiler::model::{TenantUsageRecord, UsageHours, UsageRecord};
 
 use crate::decision::{FairShareReport, TenantShare};
@@ -157,31 +158,62 @@ fn rates(p: &Problem) -> Vec<Rates> {
         .collect()
 }
 
-/// The fleet's capacity per hour in the units of `t`'s usage: weighted GPUs, cores and GiB of
-/// the nodes in the snapshot.
-pub fn fleet_capacity(p: &Problem, t: usize) -> [f64; 3] {
-    let weight = |model: &str| {
-        p.tenants[t]
-            .fair_share
-            .as_ref()
-            .map_or(1.0, |fs| fs.gpu_weight(model))
-    };
-    let mut c = [0.0; 3];
-    for n in &p.nodes {
-        let model = n
-            .pool
-            .map_or_else(String::new, |pool| p.pools[pool].gpu_model.clone());
-        c[0] += n.gpus.len() as f64 * weight(&model);
-        c[1] += n.cpu.0 as f64 / 1000.0;
-        c[2] += n.memory.0 as f64 / GIB;
+/// The snapshot's nodes: GPUs per pool (the last entry for nodes outside any pool), cores and
+/// GiB. Counted once per cycle; each tenant weighs the GPUs with its own model weights.
+struct Fleet {
+    gpus: Vec<f64>,
+    cores: f64,
+    gib: f64,
+}
+
+impl Fleet {
+    fn of(p: &Problem) -> Fleet {
+        let mut f = Fleet {
+            gpus: vec![0.0; p.pools.len() + 1],
+            cores: 0.0,
+            gib: 0.0,
+        };
+        for n in &p.nodes {
+            f.gpus[n.pool.unwrap_or(p.pools.len())] += n.gpus.len() as f64;
+            f.cores += n.cpu.0 as f64 / 1000.0;
+            f.gib += n.memory.0 as f64 / GIB;
+        }
+        f
     }
-    c
+
+    /// Capacity per hour in the units of usage under `fs`: weighted GPUs, cores, GiB.
+    fn capacity(&self, p: &Problem, fs: &CompiledFairShare) -> [f64; 3] {
+        let gpus = self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(pool, &n)| {
+                n * p
+                    .pools
+                    .get(pool)
+                    .map_or(1.0, |x| fs.gpu_weight(&x.gpu_model))
+            })
+            .sum();
+        [gpus, self.cores, self.gib]
+    }
+}
+
+/// Every tenant's [`history_share`], pre-order, counting the fleet once.
+pub fn history_shares(p: &Problem, usage: Option<&UsageRecord>) -> Vec<f64> {
+    let fleet = Fleet::of(p);
+    (0..p.tenants.len())
+        .map(|t| share_of_history(p, t, usage, &fleet))
+        .collect()
 }
 
 /// `t`'s decayed dominant borrowed share: for each counted resource, its borrowed hours over
 /// what the whole fleet would have accrued under the same decay (capacity × h / ln 2), the
 /// largest of them. A tenant that borrowed a steady tenth of the fleet's GPUs converges to 0.1.
 pub fn history_share(p: &Problem, t: usize, usage: Option<&UsageRecord>) -> f64 {
+    share_of_history(p, t, usage, &Fleet::of(p))
+}
+
+fn share_of_history(p: &Problem, t: usize, usage: Option<&UsageRecord>, fleet: &Fleet) -> f64 {
     let info = &p.tenants[t];
     let (Some(fs), Some(rec)) = (
         &info.fair_share,
@@ -190,7 +222,7 @@ pub fn history_share(p: &Problem, t: usize, usage: Option<&UsageRecord>) -> f64 
         return 0.0;
     };
     let horizon = fs.usage_half_life_seconds.max(1) as f64 / std::f64::consts::LN_2 / 3600.0;
-    let cap = fleet_capacity(p, t);
+    let cap = fleet.capacity(p, fs);
     let b = rec.borrowed;
     [
         (fs.gpu, b.gpu_hours, cap[0]),

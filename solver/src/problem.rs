@@ -598,9 +598,9 @@ impl Problem {
         // cycle itself must not change a tenant's history, or the order would depend on it.
         if problem.tenants.iter().any(|t| t.fair_share.is_some()) {
             let record = crate::fairshare::accrue(&problem, state.usage.as_ref());
-            for t in 0..problem.tenants.len() {
-                problem.tenants[t].history =
-                    crate::fairshare::history_share(&problem, t, Some(&record));
+            let shares = crate::fairshare::history_shares(&problem, Some(&record));
+            for (t, h) in problem.tenants.iter_mut().zip(shares) {
+                t.history = h;
             }
             problem.usage = Some(record);
         }
