@@ -416,6 +416,7 @@ impl Session {
                         victims: Vec::new(),
                     },
                 );
+                in_pick_order(p, &mut s.trace);
             }
             self.parts = Some(s.into_parts());
             return (Vec::new(), Vec::new());
@@ -479,6 +480,7 @@ impl Session {
             .collect();
         changed.sort_by(|a, b| a.name.cmp(&b.name));
         let geometry = heuristic::geometry_changes(p, &before, &s.fleet);
+        in_pick_order(p, &mut s.trace);
         self.parts = Some(s.into_parts());
         (changed, geometry)
     }
@@ -505,8 +507,10 @@ impl Session {
             .expect("parts are put back after each call");
         match parts.status[w] {
             Some(Status::Pending(_)) => {
-                // A waiting workload changed nothing: its picks go, nothing else moves.
+                // A waiting workload changed nothing: its picks go, nothing else moves. Its
+                // component may split, and each part's picks take their own place.
                 parts.trace.retain(|s| s.w != w);
+                in_pick_order(p, &mut parts.trace);
                 parts.status[w] = None;
                 self.names.remove(name);
                 return Ok(Removal::Removed);
@@ -604,4 +608,79 @@ fn key_with(
         blank.remove(p, tenant, q, u.amounts());
     }
     (a, b, c, d)
+}
+
+/// Puts `trace` in the order the full cycle picks, given each component's picks in order.
+///
+/// The cycle picks the least key of the whole queue. A key reads only its component's ledger,
+/// so the least key of a component is the key of that component's next pick whatever the
+/// others do, and the cycle's order is the merge of the components' sequences, at each step
+/// taking the component whose next pick has the least key. The session needs that order kept
+/// across components, not only within each: when an arrival joins two components, the
+/// position it takes in the joint sequence, and the picks decided again after it, are only
+/// right if the two sequences were merged as the cycle would have (an arrival placed by one
+/// component's keys alone was once decided before a pick of the other with a smaller key).
+/// Removing a waiting pick can likewise split a component and change the merge.
+fn in_pick_order(p: &Problem, trace: &mut Vec<Step>) {
+    let mut root: Vec<usize> = (0..p.pools.len()).collect();
+    fn find(root: &mut [usize], mut x: usize) -> usize {
+        while root[x] != x {
+            root[x] = root[root[x]];
+            x = root[x];
+        }
+        x
+    }
+    for step in trace.iter() {
+        let pools = &p.workloads[step.w].pools;
+        if let Some((&first, rest)) = pools.split_first() {
+            let a = find(&mut root, first);
+            for &q in rest {
+                let b = find(&mut root, q);
+                root[b] = a;
+            }
+        }
+    }
+    // Each component's picks, in trace order; a pick without a pool is a component alone.
+    let mut groups: Vec<std::collections::VecDeque<usize>> = Vec::new();
+    let mut group_of_root: BTreeMap<usize, usize> = BTreeMap::new();
+    for (i, step) in trace.iter().enumerate() {
+        let g = match p.workloads[step.w].pools.first() {
+            Some(&q) => {
+                let r = find(&mut root, q);
+                *group_of_root.entry(r).or_insert_with(|| {
+                    groups.push(Default::default());
+                    groups.len() - 1
+                })
+            }
+            None => {
+                groups.push(Default::default());
+                groups.len() - 1
+            }
+        };
+        groups[g].push_back(i);
+    }
+    if groups.len() < 2 {
+        return;
+    }
+    let head = |i: usize| (trace[i].key, p.workloads[trace[i].w].name.as_str());
+    let mut heads: std::collections::BinaryHeap<_> = groups
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(g, q)| q.pop_front().map(|i| std::cmp::Reverse((head(i), i, g))))
+        .collect();
+    let mut order = Vec::with_capacity(trace.len());
+    while let Some(std::cmp::Reverse((_, i, g))) = heads.pop() {
+        order.push(i);
+        if let Some(next) = groups[g].pop_front() {
+            heads.push(std::cmp::Reverse((head(next), next, g)));
+        }
+    }
+    if order.iter().enumerate().all(|(k, &i)| k == i) {
+        return;
+    }
+    let mut steps: Vec<Option<Step>> = std::mem::take(trace).into_iter().map(Some).collect();
+    *trace = order
+        .into_iter()
+        .map(|i| steps[i].take().expect("each pick once"))
+        .collect();
 }
