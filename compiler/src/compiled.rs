@@ -85,6 +85,10 @@ pub struct CompiledPool {
     /// At most this many GPUs held for waiting gangs; `None`: no reservations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_max_gpus: Option<u32>,
+    /// Borrowers may preempt other tenants' borrowed work of their priority to even out the
+    /// weighted borrowed shares (`preemption.borrowers: FairShare`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fair_share_preemption: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -231,7 +231,15 @@ fn arrival(name: &str, tenant: &str, class: &str, count: Option<u32>, cpu: u64) 
 }
 
 fn main() {
-    let policy_text = policy();
+    // `-- --fair-preemption`: the training pool lets borrowers preempt each other by fair share.
+    let fair = std::env::args().any(|a| a == "--fair-preemption");
+    let mut policy_text = policy();
+    if fair {
+        policy_text = policy_text.replace(
+            "sharing: exclusive,",
+            "sharing: exclusive, preemption: {borrowers: FairShare},",
+        );
+    }
     let (state_text, running, pending) = state(None);
     let sources = [
         SourceFile::new("policy.yaml", policy_text.clone()),

@@ -303,6 +303,11 @@ pub enum Protected {
     NotLowerPriority {
         workload: String,
     },
+    /// Borrowed work of the requester's priority that its side keeps: after the swap it would
+    /// borrow less, per unit of weight, than the requester's side.
+    FairShare {
+        workload: String,
+    },
 }
 
 impl fmt::Display for Protected {
@@ -323,6 +328,10 @@ impl fmt::Display for Protected {
             Protected::NotLowerPriority { workload } => {
                 write!(f, "`{workload}` is not of lower priority")
             }
+            Protected::FairShare { workload } => write!(
+                f,
+                "`{workload}` is not of lower priority, and its side of the tenant tree would borrow less than yours after the swap"
+            ),
         }
     }
 }
@@ -597,6 +606,14 @@ pub enum PreemptReason {
     Orphaned { cause: String },
     /// It ran as backfill on capacity reserved for a gang, which can now start.
     Reservation { for_workload: String },
+    /// Its side of the tenant tree (`from`) borrows more of the pool, per unit of weight, than
+    /// `to`, the side of a waiting borrower of the same priority: it yields, and `from` still
+    /// holds at least what `to` holds afterwards (`preemption.borrowers: FairShare`).
+    FairShare {
+        for_workload: String,
+        from: String,
+        to: String,
+    },
 }
 
 impl fmt::Display for PreemptReason {
@@ -624,6 +641,14 @@ impl fmt::Display for PreemptReason {
             PreemptReason::Reservation { for_workload } => write!(
                 f,
                 "backfill on capacity reserved for gang `{for_workload}`, which starts now"
+            ),
+            PreemptReason::FairShare {
+                for_workload,
+                from,
+                to,
+            } => write!(
+                f,
+                "fair share: `{from}` borrows more of this pool per unit of weight than `{to}`, whose `{for_workload}` takes the room"
             ),
         }
     }

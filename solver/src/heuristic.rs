@@ -44,7 +44,7 @@ use crate::decision::{
     PreemptReason, Protected, Reason, ReplicaBinding, Resource, TenantUsage, WorkloadDecision,
 };
 use crate::problem::{Demand, Exclusion, OrphanCause, Phase, Problem, Slot};
-use crate::quota::Ledger;
+use crate::quota::{self, Ledger};
 
 // The integer program's replay builds its decision with this cycle's own steps, so it lives
 // beside the ILP but is a child of this module, which keeps the cycle's internals private.
@@ -1033,6 +1033,44 @@ impl<'p> Solver<'p> {
         (fleet, ledger)
     }
 
+    /// Whether borrowed work `v`, of the requester's priority, may yield to borrower `w` by fair
+    /// share: `v` is another tenant's, its side borrows, and with `w`'s smallest gang admitted
+    /// and `v` gone the requester's side holds no more per unit of weight than `v`'s. `Ok` with
+    /// a rank: from `v`'s side down to its tenant, each level's share, highest first when
+    /// sorted (so that work is taken from the most over-served side, and within it from the
+    /// most over-served subtree); `Err` when the shares forbid it; `None` when the rule does
+    /// not apply (same tenant, or one tenant's ancestor).
+    fn fairly_yields(&self, w: usize, v: usize, pool: usize) -> Option<Result<Vec<u64>, ()>> {
+        let p = self.p;
+        let (wl, vl) = (&p.workloads[w], &p.workloads[v]);
+        let (a, b) = quota::sides(p, wl.tenant, vl.tenant)?;
+        let none = Amounts::default();
+        let theirs_before = self.ledger.borrowed_share(p, b, pool, none, none)?;
+        let mine = self
+            .ledger
+            .borrowed_share(p, a, pool, wl.amount(wl.min_member), none)?;
+        let theirs = self
+            .ledger
+            .borrowed_share(p, b, pool, none, vl.amount(vl.replicas))?;
+        Some(if theirs_before > 0.0 && at_most(mine, theirs) {
+            let lineage = &p.tenants[vl.tenant].lineage;
+            let down = lineage
+                .iter()
+                .position(|&t| t == b)
+                .expect("b is on v's path");
+            Ok(lineage[..=down]
+                .iter()
+                .rev()
+                .map(|&t| {
+                    let s = self.ledger.borrowed_share(p, t, pool, none, none);
+                    u64::MAX - (s.unwrap_or(0.0) * 1e9).round() as u64
+                })
+                .collect())
+        } else {
+            Err(())
+        })
+    }
+
     /// (d) Finds the cheapest sufficient set of allowed victims in `pool` and admits `w`; the
     /// protected workloads otherwise.
     fn preempt_for(
@@ -1046,7 +1084,10 @@ impl<'p> Solver<'p> {
         let prio = p.classes[wl.class].priority;
         let amount = wl.demand.gpus() * i64::from(wl.min_member);
         let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
-        let refusal_key = (!requester_guaranteed).then_some((pool, scope, prio));
+        // Borrowers compete for borrowed work of their own priority here: whether one may take
+        // another's depends on both tenants' shares, so a refusal holds for no one else.
+        let fair = p.pools[pool].fair_share_preemption && !requester_guaranteed;
+        let refusal_key = (!requester_guaranteed && !fair).then_some((pool, scope, prio));
         if let (Some(key), Some((k, owners, refusal))) = (refusal_key, &self.refused)
             && key == *k
             && !owners.contains(&wl.tenant)
@@ -1055,6 +1096,9 @@ impl<'p> Solver<'p> {
         }
         let mut protected = Vec::new();
         let mut eligible = Vec::new();
+        // Eligible by fair share alone, with how far above its share each level of its side
+        // is (see `fairly_yields`).
+        let mut fair_victims: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         // Tenants whose borrower could displace protected work here (their own, within
         // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
         let mut owners = BTreeSet::new();
@@ -1087,7 +1131,17 @@ impl<'p> Solver<'p> {
                 }
                 protected.push((name, Blocked::WithinGuarantee));
             } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
-                protected.push((name, Blocked::NotLowerPriority));
+                match (fair && class.priority == prio)
+                    .then(|| self.fairly_yields(w, v, pool))
+                    .flatten()
+                {
+                    Some(Ok(rank)) => {
+                        fair_victims.insert(v, rank);
+                        eligible.push(v);
+                    }
+                    Some(Err(())) => protected.push((name, Blocked::FairShare)),
+                    None => protected.push((name, Blocked::NotLowerPriority)),
+                }
             } else if !self.within_guarantee[v]
                 && requester_guaranteed
                 && class.priority >= prio
@@ -1125,7 +1179,25 @@ impl<'p> Solver<'p> {
         };
         let attempt = |victims: &[usize]| {
             let (fleet, ledger) = self.without(pool, victims);
-            try_pool(p, &fleet, &ledger, w, pool, cap)
+            let admitted = try_pool(p, &fleet, &ledger, w, pool, cap).map_err(|_| ())?;
+            // Taken together, each side that gives up work by fair share still holds at least
+            // what the requester's side holds with the gang admitted.
+            let fair_ok = victims
+                .iter()
+                .filter(|v| fair_victims.contains_key(v))
+                .all(|&v| {
+                    let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
+                        .expect("a fair victim has a side");
+                    let none = Amounts::default();
+                    match (
+                        admitted.1.borrowed_share(p, a, pool, none, none),
+                        admitted.1.borrowed_share(p, b, pool, none, none),
+                    ) {
+                        (Some(mine), Some(theirs)) => at_most(mine, theirs),
+                        _ => false,
+                    }
+                });
+            if fair_ok { Ok(admitted) } else { Err(()) }
         };
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
         // its GPUs) is not needed.
@@ -1150,9 +1222,10 @@ impl<'p> Solver<'p> {
             let vl = &p.workloads[v];
             vl.amount(vl.replicas).gpus.units()
         };
-        // One victim, the cheapest that suffices.
+        // One victim, the cheapest that suffices; borrowed work of the requester's priority
+        // last, from the side furthest above its share first.
         let mut singles: Vec<usize> = eligible.clone();
-        singles.sort_by_cached_key(|&v| cost(v));
+        singles.sort_by_cached_key(|&v| (fair_victims.get(&v).cloned(), cost(v)));
         let mut chosen: Option<Vec<usize>> = None;
         for &v in &singles {
             if pool_free + holds(v) < needed {
@@ -1166,9 +1239,18 @@ impl<'p> Solver<'p> {
         // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
         if chosen.is_none() {
             let mut order = eligible.clone();
+            // Among borrowed work of the requester's priority, the side furthest above its
+            // share gives first.
             order.sort_by_cached_key(|&v| {
                 let c = cost(v);
-                (self.within_guarantee[v], c.2, c.0, c.1, c.3)
+                (
+                    self.within_guarantee[v],
+                    c.2,
+                    fair_victims.get(&v).cloned(),
+                    c.0,
+                    c.1,
+                    c.3,
+                )
             });
             let mut set = Vec::new();
             let mut freed = 0;
@@ -1202,7 +1284,15 @@ impl<'p> Solver<'p> {
         };
         for &v in &victims {
             // Drains are recorded on the fleet that admits `w`.
-            let reason = if requester_guaranteed && !self.within_guarantee[v] {
+            let reason = if fair_victims.contains_key(&v) {
+                let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
+                    .expect("a fair victim has a side");
+                PreemptReason::FairShare {
+                    for_workload: wl.name.clone(),
+                    from: p.tenants[b].name.clone(),
+                    to: p.tenants[a].name.clone(),
+                }
+            } else if requester_guaranteed && !self.within_guarantee[v] {
                 PreemptReason::Reclaim {
                     for_workload: wl.name.clone(),
                     owner: p.tenants[wl.tenant].name.clone(),
@@ -1224,6 +1314,12 @@ impl<'p> Solver<'p> {
             borrowed,
         })
     }
+}
+
+/// `a ≤ b` up to rounding: shares are ratios of integers divided by weights, and an exact tie
+/// (an even split) must count as a tie.
+fn at_most(a: f64, b: f64) -> bool {
+    a <= b + 1e-9 * b.abs().max(1.0)
 }
 
 /// Sort key of a pending workload under `ledger`: priority desc, guaranteed first, fair share,
@@ -1265,6 +1361,9 @@ enum Blocked {
     MinRuntime(u64),
     WithinGuarantee,
     NotLowerPriority,
+    /// Borrowed work of the requester's priority whose side would hold less than the
+    /// requester's after the swap.
+    FairShare,
 }
 
 /// The protected candidates a reason lists (the first [`crate::decision::PROTECTED_LISTED`] by name) and how many
@@ -1294,6 +1393,7 @@ fn listed(p: &Problem, mut blocked: Vec<(usize, Blocked)>) -> (Vec<Protected>, u
                 },
                 Blocked::WithinGuarantee => Protected::WithinGuarantee { workload },
                 Blocked::NotLowerPriority => Protected::NotLowerPriority { workload },
+                Blocked::FairShare => Protected::FairShare { workload },
             }
         })
         .collect();

@@ -98,6 +98,9 @@ pub struct PoolInfo {
     pub gpus_per_node: u32,
     /// At most this many GPUs held for waiting gangs (see `reserve.rs`); `None`: none.
     pub reservation_max_gpus: Option<u32>,
+    /// Borrowers may preempt other tenants' borrowed work of their priority to even out the
+    /// weighted borrowed shares (see [`crate::quota::Ledger::borrowed_share`]).
+    pub fair_share_preemption: bool,
 }
 
 impl PoolInfo {
@@ -364,6 +367,7 @@ impl Problem {
                 domains: Vec::new(),
                 gpus_per_node: p.gpus_per_node,
                 reservation_max_gpus: p.reservation_max_gpus,
+                fair_share_preemption: p.fair_share_preemption,
             })
             .collect();
         let pool_index: BTreeMap<&str, usize> = policy

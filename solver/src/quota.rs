@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use tessera_compiler::compiled::Amounts;
+use tessera_compiler::compiled::{Amounts, PoolQuota};
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 
 use crate::decision::{Reason, Resource};
@@ -284,29 +284,70 @@ impl Ledger {
         let Some(q) = info.quota.get(&pool) else {
             return 0.0;
         };
-        let used = self.usage(tenant, pool);
-        let cap = self.capacity[pool];
-        let ratio = |num: u64, den: u64| {
-            if den == 0 {
-                0.0
-            } else {
-                num as f64 / den as f64
-            }
-        };
-        let mut share = ratio(
-            used.gpus.saturating_sub(q.guarantee.gpus).units().max(0) as u64,
-            cap.gpus.units().max(0) as u64,
-        );
-        if let Some(g) = q.guarantee.cpu {
-            let b = used.cpu.unwrap_or_default().0.saturating_sub(g.0);
-            share = share.max(ratio(b, cap.cpu.unwrap_or_default().0));
-        }
-        if let Some(g) = q.guarantee.memory {
-            let b = used.memory.unwrap_or_default().0.saturating_sub(g.0);
-            share = share.max(ratio(b, cap.memory.unwrap_or_default().0));
-        }
-        (share + info.history) / info.weight
+        (dominant_borrowed(q, self.usage(tenant, pool), self.capacity[pool]) + info.history)
+            / info.weight
     }
+
+    /// What fair-share preemption compares: the tenant's borrowed dominant share of the pool
+    /// now (descendants included), divided by its weight, were `add` more and `remove` less in
+    /// use. No history: a preemption must not be undone by time passing, only by new work.
+    /// `None` where the tenant has no quota in the pool.
+    pub fn borrowed_share(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        add: Amounts,
+        remove: Amounts,
+    ) -> Option<f64> {
+        let info = &problem.tenants[tenant];
+        let q = info.quota.get(&pool)?;
+        let used = sub(self::add(self.usage(tenant, pool), add), remove);
+        Some(dominant_borrowed(q, used, self.capacity[pool]) / info.weight)
+    }
+}
+
+/// The two sides on which tenants `a` and `b` meet in the tree: the children of their lowest
+/// common ancestor on `a`'s path and on `b`'s (the roots, for tenants of different trees).
+/// `None` when one is the other or its ancestor: they are not competitors.
+pub fn sides(problem: &Problem, a: usize, b: usize) -> Option<(usize, usize)> {
+    let la = &problem.tenants[a].lineage;
+    let lb = &problem.tenants[b].lineage;
+    if la.contains(&b) || lb.contains(&a) {
+        return None;
+    }
+    // Walk down from the roots while the paths agree.
+    let (mut i, mut j) = (la.len(), lb.len());
+    while i > 0 && j > 0 && la[i - 1] == lb[j - 1] {
+        i -= 1;
+        j -= 1;
+    }
+    Some((la[i - 1], lb[j - 1]))
+}
+
+/// The borrowed dominant share of `used` under quota `q` in a pool of capacity `cap`: GPUs, and
+/// CPU and memory where the guarantee sets them.
+fn dominant_borrowed(q: &PoolQuota, used: Amounts, cap: Amounts) -> f64 {
+    let ratio = |num: u64, den: u64| {
+        if den == 0 {
+            0.0
+        } else {
+            num as f64 / den as f64
+        }
+    };
+    let mut share = ratio(
+        used.gpus.saturating_sub(q.guarantee.gpus).units().max(0) as u64,
+        cap.gpus.units().max(0) as u64,
+    );
+    if let Some(g) = q.guarantee.cpu {
+        let b = used.cpu.unwrap_or_default().0.saturating_sub(g.0);
+        share = share.max(ratio(b, cap.cpu.unwrap_or_default().0));
+    }
+    if let Some(g) = q.guarantee.memory {
+        let b = used.memory.unwrap_or_default().0.saturating_sub(g.0);
+        share = share.max(ratio(b, cap.memory.unwrap_or_default().0));
+    }
+    share
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@
 //! - every workload's standing decision in the session is the full cycle's;
 //! - the `changed` list names exactly the other workloads whose decision differs from before.
 //!
+//! A quarter of the seeds let borrowers preempt each other by fair share in every pool.
+//!
 //! Odd seeds weigh fair share over time: every tenant gets a setting and a random usage record,
 //! so that history reorders borrowers in both.
 //!
@@ -107,7 +109,10 @@ fn with_history(
 fn case(seed: u64, tally: &mut Tally) {
     let mut rng = Seeded(seed);
     let now = parse_rfc3339(NOW).unwrap();
-    let f = fleet(&mut rng);
+    let mut f = fleet(&mut rng);
+    if (seed >> 7) % 4 == 1 {
+        f.with_fair_preemption();
+    }
     let first_queue = rng.range(3, 10);
     let state0 = ClusterStateSpec {
         observed_at: format_rfc3339(now - 4 * 3600),

@@ -6,7 +6,7 @@ use super::models::{Layout, Models, not_mig_capable, unknown_model};
 use super::{Repo, Sink};
 use crate::compiled::{Amounts, CompiledNvlinkDomain, CompiledPool, CompiledReconfiguration};
 use crate::diagnostic::{Code, Diagnostic, did_you_mean};
-use crate::model::{Document, Kind, NvlinkDomain, Sharing};
+use crate::model::{BorrowerPreemption, Document, Kind, NvlinkDomain, Sharing};
 use crate::units::{Bytes, Gpus, Millicores};
 
 /// MPS and time-slicing without an explicit client count: four, as NVIDIA's device plugin
@@ -254,6 +254,10 @@ pub(crate) fn resolve(
             },
             layouts: compiled_layouts,
             reservation_max_gpus: spec.reservations.as_ref().map(|r| r.max_gpus),
+            fair_share_preemption: spec
+                .preemption
+                .as_ref()
+                .is_some_and(|p| p.borrowers == BorrowerPreemption::FairShare),
         });
     }
     pools

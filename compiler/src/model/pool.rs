@@ -37,6 +37,31 @@ pub struct PoolSpec {
     /// cannot starve them (reservations with backfill, as Slurm does). Absent: none are held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservations: Option<Reservations>,
+    /// Who may preempt whom beyond priority and guarantees. Absent: borrowed work yields only to
+    /// higher priority and to its owner's guarantee.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PoolPreemption>,
+}
+
+/// Preemption rules of a pool beyond priority and guarantees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolPreemption {
+    /// How borrowers compete for capacity that is already borrowed. `FairShare`: a borrower
+    /// may preempt another tenant's borrowed work of the same priority when, after the swap,
+    /// its side of the tenant tree still holds no more of the pool's borrowed capacity, per
+    /// unit of weight, than the other side (Kueue's fair-sharing preemption). `Never` (the
+    /// default): whoever borrowed first keeps it until it ends.
+    #[serde(default)]
+    pub borrowers: BorrowerPreemption,
+}
+
+/// See [`PoolPreemption::borrowers`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum BorrowerPreemption {
+    #[default]
+    Never,
+    FairShare,
 }
 
 /// How much of a pool may be held for waiting gangs.

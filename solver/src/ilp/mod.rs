@@ -76,6 +76,14 @@ pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision 
             reports.push((pool, report));
             continue;
         }
+        // Nor does it model borrowers preempting each other by fair share.
+        if p.pools[pool].fair_share_preemption {
+            report.status = RefineStatus::Skipped {
+                reason: "borrowers preempt each other by fair share here, which the integer program does not model".to_string(),
+            };
+            reports.push((pool, report));
+            continue;
+        }
         // The integer program does not model held capacity: a pool where a gang holds some,
         // or where backfill yielded to one, keeps the heuristic's decision.
         if let Some(r) = incumbent

@@ -170,6 +170,20 @@ pub fn fleet(rng: &mut Seeded) -> Fleet {
     }
 }
 
+impl Fleet {
+    /// Every pool lets borrowers preempt each other by fair share (nothing drawn).
+    pub fn with_fair_preemption(&mut self) {
+        for (name, _, _) in &self.pools {
+            self.policy_yaml = self.policy_yaml.replace(
+                &format!("metadata: {{name: {name}}}\nspec:\n"),
+                &format!(
+                    "metadata: {{name: {name}}}\nspec:\n  preemption: {{borrowers: FairShare}}\n"
+                ),
+            );
+        }
+    }
+}
+
 pub fn nodes(rng: &mut Seeded, f: &Fleet) -> Vec<Node> {
     let mut out = Vec::new();
     let mut uuid = 0u32;
