@@ -209,6 +209,54 @@ fn a_shorter_usage_half_life_moves_the_shares_of_idle_capacity() {
     insta::assert_snapshot!(report.replace(f.path().trim_end_matches('/'), "<repo>"));
 }
 
+/// A pull request that lets borrowers preempt each other by fair share in `train` shows who
+/// would yield: platform borrows 24 of the 40 training GPUs observed, product waits for 8 more
+/// above its guarantee; after the swap product borrows 8 and platform 16, so one platform job
+/// yields (the one that loses the least work), and product's second request still waits.
+#[test]
+fn fair_share_preemption_shows_who_yields() {
+    let mut f = Fleet::new();
+    let fleet = fixture("fleet.yaml");
+    f.write("policy/fleet.yaml", fleet.as_bytes());
+    f.write("policy/tenants.yaml", fixture("tenants.yaml").as_bytes());
+    let observed = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(STATE))
+        .expect("state fixture");
+    let nodes = &observed[..observed.find("  running:").expect("a running list")];
+    let mut state = nodes.to_owned() + "  running:\n";
+    let job = |name: &str, tenant: &str, node: &str, started: &str| {
+        format!(
+            "    - name: {name}\n      spec: {{tenant: {tenant}, sloClass: training, gpu: {{count: 8}}}}\n      bindings: [{{node: {node}, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}}]\n      startedAt: \"{started}\"\n"
+        )
+    };
+    state += &job("platform-1", "platform", "n1", "2026-11-20T01:00:00Z");
+    state += &job("platform-2", "platform", "n2", "2026-11-20T02:00:00Z");
+    state += &job("platform-3", "platform", "n3", "2026-11-20T03:00:00Z");
+    state += &job("platform-4", "platform", "n4", "2026-11-20T04:00:00Z");
+    state += &job("product-1", "product", "n5", "2026-11-20T04:00:00Z");
+    state += "  pending:\n";
+    for (name, at) in [("product-2", "07:30"), ("product-3", "07:31")] {
+        state += &format!(
+            "    - name: {name}\n      spec: {{tenant: product, sloClass: training, gpu: {{count: 8}}}}\n      submittedAt: \"2026-11-20T{at}:00Z\"\n"
+        );
+    }
+    f.write("state.yaml", state.as_bytes());
+    let c = f.commit("base fleet");
+    f.tag("base", &c);
+    let fair = fleet.replace(
+        "  sharing: exclusive\n",
+        "  sharing: exclusive\n  preemption: {borrowers: FairShare}\n",
+    );
+    assert_ne!(fair, fleet);
+    f.write("policy/fleet.yaml", fair.as_bytes());
+    let c = f.commit("train: borrowers preempt each other by fair share");
+    f.tag("fair", &c);
+    let state = Path::new(f.path()).join("state.yaml");
+    let report = every_format_with(&f, "base", "fair", state.to_str().expect("utf-8 path"));
+    assert!(report.contains("product-2"), "{report}");
+    assert!(report.contains("fair share"), "{report}");
+    insta::assert_snapshot!(report.replace(f.path().trim_end_matches('/'), "<repo>"));
+}
+
 #[test]
 fn a_pool_offers_another_mig_layout() {
     let f = history();

@@ -87,7 +87,7 @@ pub struct CompiledPool {
     pub reservation_max_gpus: Option<u32>,
     /// Borrowers may preempt other tenants' borrowed work of their priority to even out the
     /// weighted borrowed shares (`preemption.borrowers: FairShare`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub fair_share_preemption: bool,
 }
 
