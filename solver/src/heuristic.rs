@@ -725,7 +725,7 @@ pub(crate) struct Parts {
     pub(crate) status: Vec<Option<Status>>,
     pub(crate) within_guarantee: Vec<bool>,
     pub(crate) trace: Vec<Step>,
-    pub(crate) running_by_pool: Vec<Vec<usize>>,
+    pub(crate) running_by_pool: Vec<Vec<Running>>,
     pub(crate) holds: Vec<Hold>,
 }
 
@@ -742,8 +742,8 @@ pub(crate) struct Solver<'p> {
     victims: Vec<usize>,
     /// Running workloads of the snapshot per pool, by index: the only possible victims. The
     /// preemption search scans them instead of every workload (a fifth of them on the
-    /// reference fleet's training pool).
-    running_by_pool: Vec<Vec<usize>>,
+    /// reference fleet's training pool). By index, so by name.
+    running_by_pool: Vec<Vec<Running>>,
     /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority), with
     /// the tenants it does not hold for. A borrower's candidates depend on nothing else but the
     /// running workloads' statuses, which only a preemption changes (it clears this), and on
@@ -764,6 +764,14 @@ type RefusalKey = (usize, Option<usize>, i64);
 /// A refused preemption: the protected workloads listed, and how many there were.
 type Refusal = (Vec<Protected>, usize);
 
+/// A running workload of the snapshot, with its tenant (kept beside it: the preemption search
+/// tests thousands of candidates' tenants against a scope before it reads anything else).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Running {
+    pub(crate) workload: usize,
+    pub(crate) tenant: usize,
+}
+
 pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
     p.workloads[w].pools[0]
 }
@@ -777,7 +785,10 @@ impl<'p> Solver<'p> {
                 for s in slots {
                     fleet.occupy(p, w, placed_of(p, w, s));
                 }
-                running_by_pool[pool_of(p, w)].push(w);
+                running_by_pool[pool_of(p, w)].push(Running {
+                    workload: w,
+                    tenant: wl.tenant,
+                });
             }
         }
         Solver {
@@ -1094,7 +1105,7 @@ impl<'p> Solver<'p> {
         {
             return Err(refusal.clone());
         }
-        let mut protected = Vec::new();
+        let mut protected = Blocking::default();
         let mut eligible = Vec::new();
         // Eligible by fair share alone, with how far above its share each level of its side
         // is (see `fairly_yields`).
@@ -1102,11 +1113,19 @@ impl<'p> Solver<'p> {
         // Tenants whose borrower could displace protected work here (their own, within
         // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
         let mut owners = BTreeSet::new();
-        for &v in &self.running_by_pool[pool] {
-            if !matches!(self.status[v], Some(Status::Keep)) {
+        // Whether each tenant is in the scope: a borrower's scan visits thousands of
+        // candidates, a fleet has hundreds of tenants.
+        let in_scope: Option<Vec<bool>> =
+            scope.map(|x| p.tenants.iter().map(|t| t.lineage.contains(&x)).collect());
+        for &Running {
+            workload: v,
+            tenant,
+        } in &self.running_by_pool[pool]
+        {
+            if in_scope.as_ref().is_some_and(|s| !s[tenant]) {
                 continue;
             }
-            if scope.is_some_and(|x| !p.tenants[p.workloads[v].tenant].lineage.contains(&x)) {
+            if !matches!(self.status[v], Some(Status::Keep)) {
                 continue;
             }
             let vl = &p.workloads[v];
@@ -1118,9 +1137,9 @@ impl<'p> Solver<'p> {
             };
             let ran = (p.now - started_at).max(0) as u64;
             if !class.preemptible {
-                protected.push((name, Blocked::NonPreemptible));
+                protected.push(name, Blocked::NonPreemptible);
             } else if ran < class.min_runtime_seconds {
-                protected.push((name, Blocked::MinRuntime(class.min_runtime_seconds - ran)));
+                protected.push(name, Blocked::MinRuntime(class.min_runtime_seconds - ran));
             } else if self.within_guarantee[v]
                 && !(class.priority < prio && (requester_guaranteed || vl.tenant == wl.tenant))
             {
@@ -1129,7 +1148,7 @@ impl<'p> Solver<'p> {
                 if class.priority < prio {
                     owners.insert(vl.tenant);
                 }
-                protected.push((name, Blocked::WithinGuarantee));
+                protected.push(name, Blocked::WithinGuarantee);
             } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
                 match (fair && class.priority == prio)
                     .then(|| self.fairly_yields(w, v, pool))
@@ -1139,8 +1158,8 @@ impl<'p> Solver<'p> {
                         fair_victims.insert(v, rank);
                         eligible.push(v);
                     }
-                    Some(Err(())) => protected.push((name, Blocked::FairShare)),
-                    None => protected.push((name, Blocked::NotLowerPriority)),
+                    Some(Err(())) => protected.push(name, Blocked::FairShare),
+                    None => protected.push(name, Blocked::NotLowerPriority),
                 }
             } else if !self.within_guarantee[v]
                 && requester_guaranteed
@@ -1148,7 +1167,7 @@ impl<'p> Solver<'p> {
                 && vl.tenant == wl.tenant
             {
                 // Reclaiming from oneself is no reclaim.
-                protected.push((name, Blocked::NotLowerPriority));
+                protected.push(name, Blocked::NotLowerPriority);
             } else {
                 eligible.push(v);
             }
@@ -1366,22 +1385,42 @@ enum Blocked {
     FairShare,
 }
 
-/// The protected candidates a reason lists (the first [`crate::decision::PROTECTED_LISTED`] by name) and how many
-/// there were in all. Names are cloned for the listed ones only: a large fleet has thousands.
-fn listed(p: &Problem, mut blocked: Vec<(usize, Blocked)>) -> (Vec<Protected>, usize) {
-    let total = blocked.len();
-    let by_name = |a: &(usize, Blocked), b: &(usize, Blocked)| {
-        p.workloads[a.0].name.cmp(&p.workloads[b.0].name)
-    };
-    // Only the first few by name are listed: selecting them is linear where sorting thousands
-    // of names is not (names are unique, so the listed ones are the same).
-    let listed = crate::decision::PROTECTED_LISTED;
-    if blocked.len() > listed {
-        blocked.select_nth_unstable_by(listed, by_name);
-        blocked.truncate(listed);
+/// The protected candidates of one preemption search: all counted, the first
+/// [`crate::decision::PROTECTED_LISTED`] by name kept (a borrower refused on a large fleet
+/// has thousands, and a queue has thousands of borrowers).
+#[derive(Debug, Default)]
+struct Blocking {
+    /// By index, which is by name: candidates are running workloads, which the problem
+    /// numbers in name order.
+    first: Vec<(usize, Blocked)>,
+    total: usize,
+}
+
+impl Blocking {
+    fn push(&mut self, v: usize, why: Blocked) {
+        self.total += 1;
+        // The scan visits candidates by index: past the first few, this returns at once.
+        if self.first.len() == crate::decision::PROTECTED_LISTED {
+            if self.first.last().is_some_and(|&(last, _)| last < v) {
+                return;
+            }
+            self.first.pop();
+        }
+        let at = self.first.partition_point(|&(u, _)| u < v);
+        self.first.insert(at, (v, why));
     }
-    blocked.sort_by(by_name);
-    let list = blocked
+}
+
+/// The protected candidates a reason lists, by name, and how many there were in all. Names
+/// are cloned for the listed ones only.
+fn listed(p: &Problem, blocked: Blocking) -> (Vec<Protected>, usize) {
+    let Blocking { first, total } = blocked;
+    debug_assert!(
+        first
+            .windows(2)
+            .all(|x| p.workloads[x[0].0].name < p.workloads[x[1].0].name)
+    );
+    let list = first
         .into_iter()
         .map(|(v, why)| {
             let workload = p.workloads[v].name.clone();

@@ -167,7 +167,7 @@ fn yielding(s: &Solver, g: usize, pool: usize, nodes: &[usize]) -> Vec<usize> {
     let prio = p.classes[p.workloads[g].class].priority;
     s.running_by_pool[pool]
         .iter()
-        .copied()
+        .map(|r| r.workload)
         .filter(|&v| {
             let vl = &p.workloads[v];
             let class = &p.classes[vl.class];
