@@ -326,6 +326,17 @@ fn main() {
         steady_state.running.len(),
         steady_state.pending.len()
     );
+    // A project at least a GPU under its training guarantee on the steady fleet (the last by
+    // name, so that the arrival is decided behind most of the queue).
+    let reclaimer = steady_decision
+        .usage
+        .iter()
+        .filter(|u| u.pool == "train" && u.tenant.starts_with("p-"))
+        .filter(|u| u.total + tessera_compiler::units::Gpus::whole(1) <= u.guarantee)
+        .map(|u| u.tenant.clone())
+        .max()
+        .expect("a project under its guarantee");
+    println!("  the within-guarantee arrival is {reclaimer}'s");
     let arrivals = [
         (
             "inference 1g MIG",
@@ -343,7 +354,7 @@ fn main() {
         // borrowers, which are then decided again.
         (
             "training 1 GPU, within guarantee",
-            arrival("new-reclaim", "p-5-18", "training", Some(1), 8),
+            arrival("new-reclaim", &reclaimer, "training", Some(1), 8),
         ),
     ];
     for (what, a) in &arrivals {

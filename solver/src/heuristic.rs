@@ -31,7 +31,7 @@
 //! - The reconfiguration budget is a per-decision cap: at most `maxPerGpuPerHour` geometry
 //!   changes of one GPU in one decision.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 
 use tessera_compiler::compiled::Amounts;
@@ -698,7 +698,11 @@ pub(crate) enum Status {
 }
 
 /// A queue key without its name (the name is the workload's).
-pub(crate) type Key = (i64, bool, u64, i64);
+pub(crate) type Key = (i64, bool, SharePath, i64);
+
+/// A tenant's fair share down the tree ([`Ledger::fair_share_path`]), shared by the keys of
+/// its waiting workloads.
+pub(crate) type SharePath = Rc<[u64]>;
 
 /// A ledger change: (tenant, pool, amount, added or removed).
 pub(crate) type Delta = (usize, usize, Amounts, bool);
@@ -895,10 +899,7 @@ impl<'p> Solver<'p> {
         // A key depends on the ledger alone, which only an admission changes (`admit` replaces
         // it right before returning `Admit`): keys are recomputed after admissions, not after
         // every workload left waiting.
-        let mut keys: Vec<_> = queue
-            .iter()
-            .map(|&w| queue_key(p, &self.ledger, w))
-            .collect();
+        let mut keys = queue_keys(p, &self.ledger, &queue);
         while !queue.is_empty() {
             let (i, _) = keys
                 .iter()
@@ -927,10 +928,7 @@ impl<'p> Solver<'p> {
                 victims,
             });
             if admitted {
-                keys = queue
-                    .iter()
-                    .map(|&w| queue_key(p, &self.ledger, w))
-                    .collect();
+                keys = queue_keys(p, &self.ledger, &queue);
             }
         }
     }
@@ -1228,30 +1226,69 @@ impl<'p> Solver<'p> {
             return Err(refusal);
         }
         // A what-if costs a fleet clone. It cannot succeed unless the pool's free GPU units plus
-        // what the victims hold reach the gang's minimum: skip those that cannot (the units
-        // freed are over-counted for partial gangs and unhealthy GPUs, so nothing is skipped
-        // that could succeed).
-        let pool_free: i64 = p.pools[pool]
+        // what the victims hold reach the gang's minimum, nor unless enough nodes then have a
+        // replica's units free: skip those that cannot (units freed are over-counted for
+        // partial gangs and unhealthy GPUs, and a node's free units bound what one replica
+        // finds there, so nothing is skipped that could succeed).
+        let node_free: BTreeMap<usize, i64> = p.pools[pool]
             .nodes
             .iter()
-            .map(|&n| self.fleet.node_free(p, n))
-            .sum();
+            .map(|&n| (n, self.fleet.node_free(p, n)))
+            .collect();
+        let pool_free: i64 = node_free.values().sum();
         let needed = amount.units();
         let holds = |v: usize| {
             let vl = &p.workloads[v];
             vl.amount(vl.replicas).gpus.units()
         };
+        let per_replica = wl.demand.gpus().units();
+        let replicas_on = |n: usize, freed: i64| {
+            let free = node_free.get(&n).copied().unwrap_or(0);
+            if per_replica > 0 {
+                (free + freed) / per_replica
+            } else {
+                i64::MAX / 4
+            }
+        };
+        let base_fit: i64 = node_free.keys().map(|&n| replicas_on(n, 0)).sum();
+        // What each victim frees, by node.
+        let frees = |v: usize, freed: &mut BTreeMap<usize, i64>| {
+            let units = p.workloads[v].demand.gpus().units();
+            for slot in self.fleet.placed[v].iter().flat_map(|s| s.iter()) {
+                *freed.entry(slot.node).or_default() += units;
+            }
+        };
+        let fit_with = |freed: &BTreeMap<usize, i64>| {
+            base_fit
+                + freed
+                    .iter()
+                    .map(|(&n, &f)| replicas_on(n, f) - replicas_on(n, 0))
+                    .sum::<i64>()
+        };
+        let could_fit = |victims: &[usize]| {
+            let mut freed = BTreeMap::new();
+            for &v in victims {
+                frees(v, &mut freed);
+            }
+            let fit = fit_with(&freed) >= i64::from(wl.min_member);
+            // The bound is only worth having if it never skips a what-if that succeeds.
+            debug_assert!(
+                fit || attempt(victims).is_err(),
+                "a what-if skipped would succeed"
+            );
+            fit
+        };
         // One victim, the cheapest that suffices; borrowed work of the requester's priority
         // last, from the side furthest above its share first.
         let mut singles: Vec<usize> = eligible.clone();
         singles.sort_by_cached_key(|&v| (fair_victims.get(&v).cloned(), cost(v)));
-        let mut chosen: Option<Vec<usize>> = None;
+        let mut chosen = None;
         for &v in &singles {
-            if pool_free + holds(v) < needed {
+            if pool_free + holds(v) < needed || !could_fit(&[v]) {
                 continue;
             }
-            if attempt(&[v]).is_ok() {
-                chosen = Some(vec![v]);
+            if let Ok(admitted) = attempt(&[v]) {
+                chosen = Some((vec![v], admitted));
                 break;
             }
         }
@@ -1273,33 +1310,40 @@ impl<'p> Solver<'p> {
             });
             let mut set = Vec::new();
             let mut freed = 0;
+            let mut freed_by_node = BTreeMap::new();
             for v in order {
                 set.push(v);
                 freed += holds(v);
+                frees(v, &mut freed_by_node);
                 if pool_free + freed < needed {
                     continue;
                 }
-                if attempt(&set).is_ok() {
+                if fit_with(&freed_by_node) < i64::from(wl.min_member) {
+                    debug_assert!(attempt(&set).is_err(), "a what-if skipped would succeed");
+                    continue;
+                }
+                if let Ok(mut admitted) = attempt(&set) {
                     let mut i = set.len();
                     while i > 0 {
                         i -= 1;
                         let mut without = set.clone();
                         without.remove(i);
-                        if !without.is_empty() && attempt(&without).is_ok() {
+                        if without.is_empty() || !could_fit(&without) {
+                            continue;
+                        }
+                        if let Ok(smaller) = attempt(&without) {
                             set = without;
+                            admitted = smaller;
                         }
                     }
-                    chosen = Some(set);
+                    chosen = Some((set, admitted));
                     break;
                 }
             }
         }
-        let Some(victims) = chosen else {
+        // The what-if of the victims chosen is the fleet that admits `w`.
+        let Some((victims, (fleet, ledger, guaranteed, borrowed))) = chosen else {
             return Err(listed(p, protected));
-        };
-        let (fleet, ledger, guaranteed, borrowed) = match attempt(&victims) {
-            Ok(x) => x,
-            Err(_) => return Err(listed(p, protected)),
         };
         for &v in &victims {
             // Drains are recorded on the fleet that admits `w`.
@@ -1341,25 +1385,72 @@ fn at_most(a: f64, b: f64) -> bool {
     a <= b + 1e-9 * b.abs().max(1.0)
 }
 
-/// Sort key of a pending workload under `ledger`: priority desc, guaranteed first, fair share,
-/// time, name.
-pub(crate) fn queue_key<'p>(
+/// Sort key of a pending workload under `ledger`: priority desc, guaranteed first, fair share
+/// down the tenant tree (see [`Ledger::fair_share_path`]), time, name.
+pub(crate) fn queue_key<'p>(p: &'p Problem, ledger: &Ledger, w: usize) -> FullKey<'p> {
+    let tenant = p.workloads[w].tenant;
+    queue_key_from(
+        p,
+        w,
+        |pool| ledger.usage(tenant, pool).gpus,
+        |pool| {
+            ledger
+                .fair_share_path(p, tenant, pool, |t| ledger.usage(t, pool))
+                .into()
+        },
+    )
+}
+
+/// A queue key with the workload's name, the last tie-break.
+pub(crate) type FullKey<'p> = (i64, bool, SharePath, i64, &'p str);
+
+/// The keys of `queue` under `ledger`, each tenant's share path computed once per pool (a
+/// queue has many workloads per tenant, and is keyed again after every admission).
+pub(crate) fn queue_keys<'p>(p: &'p Problem, ledger: &Ledger, queue: &[usize]) -> Vec<FullKey<'p>> {
+    let mut paths: HashMap<(usize, usize), SharePath> = HashMap::new();
+    queue
+        .iter()
+        .map(|&w| {
+            let tenant = p.workloads[w].tenant;
+            queue_key_from(
+                p,
+                w,
+                |pool| ledger.usage(tenant, pool).gpus,
+                |pool| {
+                    paths
+                        .entry((tenant, pool))
+                        .or_insert_with(|| {
+                            ledger
+                                .fair_share_path(p, tenant, pool, |t| ledger.usage(t, pool))
+                                .into()
+                        })
+                        .clone()
+                },
+            )
+        })
+        .collect()
+}
+
+/// [`queue_key`] from the GPUs the workload's tenant uses in each of its pools (`own_gpus`)
+/// and the tenant's share path in each (`path`).
+pub(crate) fn queue_key_from<'p>(
     p: &'p Problem,
-    ledger: &Ledger,
     w: usize,
-) -> (i64, bool, u64, i64, &'p str) {
+    own_gpus: impl Fn(usize) -> Gpus,
+    mut path: impl FnMut(usize) -> SharePath,
+) -> FullKey<'p> {
     let wl = &p.workloads[w];
     let amount = wl.demand.gpus() * i64::from(wl.min_member);
-    let guaranteed = wl
-        .pools
-        .iter()
-        .any(|&pool| ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO);
+    let guaranteed = wl.pools.iter().any(|&pool| {
+        Ledger::split_with(p, wl.tenant, pool, amount, own_gpus(pool)).1 == Gpus::ZERO
+    });
+    // The pool where the workload's tenant stands best.
     let share = wl
         .pools
         .iter()
-        .map(|&pool| ledger.fair_share(p, wl.tenant, pool))
-        .fold(f64::INFINITY, f64::min);
-    let share = if share.is_finite() { share } else { 0.0 };
+        .map(|&pool| path(pool))
+        .min()
+        .unwrap_or_else(|| Rc::from([]));
     let submitted = match wl.phase {
         Phase::Pending { submitted_at } => submitted_at,
         Phase::Running { .. } => 0,
@@ -1367,7 +1458,7 @@ pub(crate) fn queue_key<'p>(
     (
         -p.classes[wl.class].priority,
         !guaranteed,
-        (share * 1e9).round() as u64,
+        share,
         submitted,
         wl.name.as_str(),
     )

@@ -40,6 +40,8 @@ pub struct Ledger {
     /// Per pool: GPUs, CPU and memory of its nodes in the snapshot.
     capacity: Vec<Amounts>,
     roots: Vec<usize>,
+    /// Levels of the deepest tenant (a root is at level 1).
+    depth: usize,
 }
 
 fn add(a: Amounts, b: Amounts) -> Amounts {
@@ -106,6 +108,12 @@ impl Ledger {
             children,
             capacity,
             roots,
+            depth: problem
+                .tenants
+                .iter()
+                .map(|t| t.lineage.len())
+                .max()
+                .unwrap_or(0),
         }
     }
 
@@ -215,8 +223,18 @@ impl Ledger {
 
     /// How `gpus` more for `tenant` split into (guaranteed, borrowed) at the tenant's own level.
     pub fn split(&self, problem: &Problem, tenant: usize, pool: usize, gpus: Gpus) -> (Gpus, Gpus) {
-        let room =
-            Self::guarantee(problem, tenant, pool).saturating_sub(self.usage(tenant, pool).gpus);
+        Self::split_with(problem, tenant, pool, gpus, self.usage(tenant, pool).gpus)
+    }
+
+    /// [`Ledger::split`] were the tenant's GPUs in use in the pool `used`.
+    pub fn split_with(
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        gpus: Gpus,
+        used: Gpus,
+    ) -> (Gpus, Gpus) {
+        let room = Self::guarantee(problem, tenant, pool).saturating_sub(used);
         let guaranteed = room.min(gpus);
         (guaranteed, gpus - guaranteed)
     }
@@ -280,12 +298,46 @@ impl Ledger {
     /// Borrowed dominant share of the tenant in the pool plus its history, divided by its
     /// weight.
     pub fn fair_share(&self, problem: &Problem, tenant: usize, pool: usize) -> f64 {
+        self.fair_share_with(problem, tenant, pool, self.usage(tenant, pool))
+    }
+
+    /// [`Ledger::fair_share`] were the tenant's usage in the pool `used`.
+    pub fn fair_share_with(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        used: Amounts,
+    ) -> f64 {
         let info = &problem.tenants[tenant];
         let Some(q) = info.quota.get(&pool) else {
             return 0.0;
         };
-        (dominant_borrowed(q, self.usage(tenant, pool), self.capacity[pool]) + info.history)
-            / info.weight
+        (dominant_borrowed(q, used, self.capacity[pool]) + info.history) / info.weight
+    }
+
+    /// The fair share of each tenant from the root of the tenant's tree down to the tenant, in
+    /// billionths, then the tenant's own again down to the depth of the deepest tenant.
+    /// Borrowers compared by it are compared first by the shares of the two children of their
+    /// lowest common ancestor, so that siblings split by weight at every level (Slurm's fair
+    /// tree, Kueue's hierarchical cohorts), and a tenant's own work and its descendant's by
+    /// their own shares. `used(t)` is the usage of `t` in the pool.
+    pub fn fair_share_path(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        used: impl Fn(usize) -> Amounts,
+    ) -> Vec<u64> {
+        let mut path: Vec<u64> = problem.tenants[tenant]
+            .lineage
+            .iter()
+            .rev()
+            .map(|&t| (self.fair_share_with(problem, t, pool, used(t)) * 1e9).round() as u64)
+            .collect();
+        let own = path.last().copied().unwrap_or(0);
+        path.resize(self.depth.max(path.len()), own);
+        path
     }
 
     /// What fair-share preemption compares: the tenant's borrowed dominant share of the pool

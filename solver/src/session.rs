@@ -12,8 +12,9 @@
 //!   pools, so the picks of one component do not depend on the others' (nor on how they
 //!   interleave), and only the arrival's component matters.
 //! - The arrival's key at each earlier pick of its component is recomputed from the ledger
-//!   changes of the admissions after that pick. The first pick whose key is larger than the
-//!   arrival's is where the full cycle would decide the arrival.
+//!   changes of the admissions after that pick, for its tenant and every ancestor (the key
+//!   orders borrowers by fair share down the tree). The first pick whose key is larger than
+//!   the arrival's is where the full cycle would decide the arrival.
 //! - If no admission of the component comes at or after that pick, the fleet and ledger there
 //!   are the ones the session holds: the arrival is decided on them. Left waiting, it changes
 //!   nothing else. Admitted, it can change what comes after it, so the component's picks after
@@ -57,6 +58,11 @@ pub enum FullCycle {
     /// Pool `pool` of the event's component may hold capacity for waiting gangs: holds are
     /// made, kept and released in queue order by the full cycle alone.
     Reservations { pool: String },
+    /// The finished workload ran since the usage record was taken, so its tenant's fair-share
+    /// history (or an ancestor's) counts it; without it, the history of `tenant` and of the
+    /// tenants above that weigh history changes, and with it the order of the whole queue
+    /// below them.
+    History { tenant: String },
 }
 
 /// The answer to an arrival.
@@ -315,21 +321,25 @@ impl Session {
             return Ok(None);
         }
         let component = self.component(&pools);
-        let Session {
-            problem: p,
-            parts,
-            blank,
-            ..
-        } = self;
-        let p: &Problem = p;
-        let parts = parts.as_ref().expect("parts are put back after each call");
-        let tenant = p.workloads[w].tenant;
-        // The arrival's usage at each of its pools, walked back from now through the admissions.
-        let mut usage: Vec<Signed> = pools
+        let p = &self.problem;
+        let parts = self
+            .parts
+            .as_ref()
+            .expect("parts are put back after each call");
+        let lineage = &p.tenants[p.workloads[w].tenant].lineage;
+        // The usage of the arrival's tenant and of each of its ancestors (its key reads them)
+        // at each of its pools, `usage[level][pool]`, walked back from now through the
+        // admissions.
+        let mut usage: Vec<Vec<Signed>> = lineage
             .iter()
-            .map(|&q| Signed::of(parts.ledger.usage(tenant, q)))
+            .map(|&t| {
+                pools
+                    .iter()
+                    .map(|&q| Signed::of(parts.ledger.usage(t, q)))
+                    .collect()
+            })
             .collect();
-        let mut key: Option<(heuristic::Key, Vec<Signed>)> = None;
+        let mut key: Option<(heuristic::Key, Vec<Vec<Signed>>)> = None;
         let mut first: Option<usize> = None;
         let mut admission_from_first: Option<usize> = None;
         let mut admission_seen: Option<usize> = None;
@@ -340,24 +350,24 @@ impl Session {
             }
             // The key used at pick `i` was computed before its own admission.
             for (t, q, amount, added) in &step.deltas {
-                if let Some(k) = pools.iter().position(|pq| pq == q)
-                    && p.tenants[*t].lineage.contains(&tenant)
-                {
-                    usage[k].add(*amount, if *added { -1 } else { 1 });
+                let Some(k) = pools.iter().position(|pq| pq == q) else {
+                    continue;
+                };
+                for (level, a) in lineage.iter().enumerate() {
+                    if p.tenants[*t].lineage.contains(a) {
+                        usage[level][k].add(*amount, if *added { -1 } else { 1 });
+                    }
                 }
             }
             if !step.deltas.is_empty() {
                 admission_seen = Some(i);
             }
-            let mine = match &key {
-                Some((k, u)) if *u == usage => *k,
-                _ => {
-                    let k = key_with(p, blank, w, &pools, &usage);
-                    key = Some((k, usage.clone()));
-                    k
-                }
-            };
-            if (mine, p.workloads[w].name.as_str()) < (step.key, x.name.as_str()) {
+            if key.as_ref().is_none_or(|(_, u)| *u != usage) {
+                let k = key_with(p, &parts.ledger, w, &pools, &usage);
+                key = Some((k, usage.clone()));
+            }
+            let mine = &key.as_ref().expect("just computed").0;
+            if (mine, p.workloads[w].name.as_str()) < (&step.key, x.name.as_str()) {
                 first = Some(i);
                 admission_from_first = admission_seen;
             }
@@ -522,6 +532,18 @@ impl Session {
             }
             Some(Status::Keep) | None => {}
         }
+        let wl = &p.workloads[w];
+        if p.usage.is_some()
+            && wl.is_running()
+            && p.tenants[wl.tenant]
+                .lineage
+                .iter()
+                .any(|&t| p.tenants[t].fair_share.is_some())
+        {
+            return Ok(Removal::NeedsFullCycle(FullCycle::History {
+                tenant: p.tenants[wl.tenant].name.clone(),
+            }));
+        }
         let pool = pool_of(p, w);
         let component = self.component(&[pool]);
         let parts = self
@@ -590,23 +612,40 @@ impl Session {
     }
 }
 
-/// The queue key of `w` were its tenant's usage at `pools` the given one (`blank` holds no usage,
-/// and is left so).
+/// The queue key of `w` were the usage of its tenant and of each ancestor at `pools` the given
+/// one (`usage[level][pool]`, levels as in the tenant's lineage); `ledger` gives the pools'
+/// capacity.
 fn key_with(
     p: &Problem,
-    blank: &mut Ledger,
+    ledger: &Ledger,
     w: usize,
     pools: &[usize],
-    usage: &[Signed],
+    usage: &[Vec<Signed>],
 ) -> heuristic::Key {
-    let tenant = p.workloads[w].tenant;
-    for (&q, u) in pools.iter().zip(usage) {
-        blank.add(p, tenant, q, u.amounts());
-    }
-    let (a, b, c, d, _) = queue_key(p, blank, w);
-    for (&q, u) in pools.iter().zip(usage) {
-        blank.remove(p, tenant, q, u.amounts());
-    }
+    let lineage = &p.tenants[p.workloads[w].tenant].lineage;
+    let at = |pool: usize| {
+        pools
+            .iter()
+            .position(|&x| x == pool)
+            .expect("a key reads its workload's pools only")
+    };
+    let (a, b, c, d, _) = heuristic::queue_key_from(
+        p,
+        w,
+        |pool| usage[0][at(pool)].amounts().gpus,
+        |pool| {
+            let k = at(pool);
+            ledger
+                .fair_share_path(p, lineage[0], pool, |t| {
+                    let level = lineage
+                        .iter()
+                        .position(|&x| x == t)
+                        .expect("a share path reads its tenant's lineage only");
+                    usage[level][k].amounts()
+                })
+                .into()
+        },
+    );
     (a, b, c, d)
 }
 
@@ -662,7 +701,7 @@ fn in_pick_order(p: &Problem, trace: &mut Vec<Step>) {
     if groups.len() < 2 {
         return;
     }
-    let head = |i: usize| (trace[i].key, p.workloads[trace[i].w].name.as_str());
+    let head = |i: usize| (&trace[i].key, p.workloads[trace[i].w].name.as_str());
     let mut heads: std::collections::BinaryHeap<_> = groups
         .iter_mut()
         .enumerate()

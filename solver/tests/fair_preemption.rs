@@ -2,7 +2,9 @@
 //! borrower may take another tenant's borrowed work of its own priority when, after the swap,
 //! its side of the tenant tree still borrows no more of the pool, per unit of weight, than the
 //! other side. One pool of 2 × 6 GPUs, one-GPU jobs; driven over cycles (`common::cycles`) so
-//! that what the cycle preempts is carried out and decided again.
+//! that what the cycle preempts is carried out and decided again. Admission follows the same
+//! sides without the knob: free capacity goes first to the borrower whose side of the tree
+//! borrows least.
 
 mod common;
 
@@ -289,4 +291,25 @@ fn a_lower_priority_borrower_never_takes_by_fair_share() {
     let mut c = cycles(true, (3, 1), 0, &snapshot);
     assert!(fair_preemptions(c.cycle()).is_empty());
     assert_eq!(held(&c, "y"), 12);
+}
+
+#[test]
+fn free_capacity_goes_to_the_side_of_the_tree_that_borrows_least() {
+    // `x` holds 6 through its two leaves (3 each), `y` holds 4; two GPUs are free and `x1`
+    // and `y` each queue two jobs, submitted together. `x1` alone borrows less than `y`
+    // (3 against 4), but its side, `x`, borrows more (6 against 4): `y` is served first,
+    // and the pool ends split 6 and 6 between the two sides. No preemption is involved.
+    let snapshot = fleet(
+        &[("x1", "batch", 3), ("x2", "batch", 3), ("y", "batch", 4)],
+        &[("x1", "batch", 2), ("y", "batch", 2)],
+    );
+    let mut c = cycles(false, (1, 1), 0, &snapshot);
+    let d = c.cycle().clone();
+    assert!(fair_preemptions(&d).is_empty());
+    assert_eq!((held(&c, "x1"), held(&c, "x2"), held(&c, "y")), (3, 3, 6));
+
+    // With weights 3 : 1, `x`'s 6 are 2 per unit of weight against `y`'s 4: `x1` first.
+    let mut c = cycles(false, (3, 1), 0, &snapshot);
+    c.cycle();
+    assert_eq!((held(&c, "x1"), held(&c, "x2"), held(&c, "y")), (5, 3, 4));
 }

@@ -414,4 +414,8 @@ fn a_finished_workload_moves_the_guarantee_line() {
 fn draws_that_once_failed() {
     case(17_021_553_835_626_278_915, &mut Tally::default());
     case(13_781_950_178_701_176_388, &mut Tally::default());
+    // A running workload finished: its tenant's fair-share history, and its ancestors',
+    // changed without it, and with borrowers ordered down the tree that reordered another
+    // tenant's waiting work.
+    case(6_077_979_051_737_044_837, &mut Tally::default());
 }
