@@ -1343,7 +1343,22 @@ impl<'p> Solver<'p> {
         }
         // The what-if of the victims chosen is the fleet that admits `w`.
         let Some((victims, (fleet, ledger, guaranteed, borrowed))) = chosen else {
-            return Err(listed(p, protected));
+            let refusal = listed(p, protected);
+            // The scope's own work, released, gives back the quota but not the room: work
+            // outside the scope may be allowed to make the room, as for any gang short of
+            // capacity (Kueue weighs a queue's own and its cohort's candidates together). The
+            // search without a scope keeps the scope's victims only where the limit needs them.
+            if scope.is_some() {
+                let (_, released) = self.without(pool, &eligible);
+                if released
+                    .check_limit(p, wl.tenant, pool, wl.amount(wl.min_member))
+                    .is_ok()
+                    && let Ok(status) = self.preempt_for(w, pool, None)
+                {
+                    return Ok(status);
+                }
+            }
+            return Err(refusal);
         };
         for &v in &victims {
             // Drains are recorded on the fleet that admits `w`.

@@ -106,7 +106,8 @@ pub struct Session {
     problem: Problem,
     /// Always `Some` between calls; taken while a [`Solver`] borrows the problem.
     parts: Option<Parts>,
-    /// A ledger with no usage: an arrival's key at an earlier pick is computed on it.
+    /// A ledger with no usage: a pool's within-guarantee flags are counted again on it when a
+    /// running workload leaves.
     blank: Ledger,
     /// Workloads of the session by name (finished ones removed), as indices into the problem.
     names: BTreeMap<String, usize>,

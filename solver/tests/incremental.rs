@@ -250,7 +250,7 @@ fn case(seed: u64, tally: &mut Tally) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(common::proptest_config(96))]
 
     #[test]
     fn the_session_agrees_with_the_full_cycle(seed in any::<u64>()) {

@@ -700,7 +700,7 @@ fn case(seed: u64) -> usize {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(common::proptest_config(128))]
 
     #[test]
     fn every_decision_keeps_the_invariants(seed in any::<u64>()) {

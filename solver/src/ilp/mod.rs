@@ -227,8 +227,9 @@ fn round6(x: f64) -> f64 {
 }
 
 /// The whole decision as the rebuild must make it: the incumbent's admissions and preemptions
-/// in exclusive pools outside the window, as they are, then the window's answer. (Shared pools
-/// are left to the cycle's queue, which decides them as it did.)
+/// in exclusive pools outside the window, as they are, its waiting gangs there held from
+/// preempting, then the window's answer. (Shared pools are left to the cycle's queue, which
+/// decides them as it did.)
 fn directive(
     p: &Problem,
     states: &[incumbent::State],
@@ -252,16 +253,41 @@ fn directive(
             incumbent::State::Preempted if keep.kept[w] && exclusive(p.workloads[w].pools[0]) => {
                 d.preempt.push(w);
             }
+            // Left waiting by the incumbent (by an earlier pool's program, it may be): the
+            // queue may still admit it where room is free, but not by preempting, which would
+            // undo that program's choice.
+            incumbent::State::Pending
+                if !p.workloads[w].is_running()
+                    && p.workloads[w]
+                        .pools
+                        .first()
+                        .is_some_and(|&pl| exclusive(pl)) =>
+            {
+                d.hold.push(w);
+            }
             _ => {}
         }
     }
     d.admit.extend(window_admit);
     d.preempt.extend(window_preempt);
-    d.hold = hold;
-    // Highest priority first, as the cycle's queue would admit them.
+    d.hold.extend(hold);
+    // In the order of the cycle's queue: highest priority first, then the gangs the incumbent
+    // admitted within their guarantee, then the earliest. Which of a tenant's gangs is
+    // admitted first decides which takes its guarantee: in another order the next pool's
+    // program would hold a different gang to its replicas as an entitlement.
     d.admit.sort_by_cached_key(|a| {
         let wl = &p.workloads[a.workload];
-        (-p.classes[wl.class].priority, wl.name.clone())
+        let guaranteed = matches!(states[a.workload], incumbent::State::Admitted(_, true));
+        let submitted = match wl.phase {
+            crate::problem::Phase::Pending { submitted_at } => submitted_at,
+            crate::problem::Phase::Running { .. } => 0,
+        };
+        (
+            -p.classes[wl.class].priority,
+            !guaranteed,
+            submitted,
+            wl.name.clone(),
+        )
     });
     d.preempt.sort_unstable();
     d

@@ -6,10 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use tessera_compiler::compiled::Amounts;
 use tessera_compiler::model::Sharing;
 
 use super::incumbent::{Placement, State};
-use crate::heuristic::KeepPhase;
+use crate::heuristic::{KeepPhase, lost_units_seconds};
 use crate::problem::{Demand, Phase, Problem};
 use crate::quota::Ledger;
 
@@ -214,6 +215,7 @@ pub fn build(
             _ => {}
         }
     }
+    victims.extend(quota_victims(p, states, pool, &gangs, &victims, &movable));
     let variable: BTreeSet<usize> = gangs
         .iter()
         .map(|g| g.workload)
@@ -261,6 +263,115 @@ pub fn build(
         room,
         fixed,
     })
+}
+
+/// At most this many running workloads outside the window's nodes enter it for their quota.
+const QUOTA_VICTIMS: usize = 12;
+
+/// Running work elsewhere in the pool that a gang of the window may need stopped, not for
+/// its room but for quota: work of a tenant under a level whose limit the whole gang would
+/// pass with everything else as the incumbent has it (work it preempted counted back), or
+/// of the gang's own tenant where the whole gang would borrow. Such work enters the window as a
+/// victim whose room the window does not use (its nodes are outside, or only partly inside).
+/// Without it, a gang blocked by its own tenant's limit and by room at once looks impossible
+/// to the program, and a preemption the incumbent made for a limit looks fixed. The work the
+/// incumbent preempted comes first (so that the program may undo it), then the cheapest.
+fn quota_victims(
+    p: &Problem,
+    states: &[State],
+    pool: usize,
+    gangs: &[Gang],
+    inside: &[Victim],
+    movable: &dyn Fn(usize) -> bool,
+) -> Vec<Victim> {
+    // What the window may bring back counts too: work the incumbent preempted for a limit.
+    let mut usage = Ledger::new(p);
+    for (w, st) in states.iter().enumerate() {
+        let wl = &p.workloads[w];
+        let replicas = match st {
+            State::Preempted if wl.pools.first() == Some(&pool) => wl.replicas,
+            _ => match st.placement().filter(|pl| pl.pool == pool) {
+                Some(pl) => pl.nodes.values().map(|h| h.replicas).sum(),
+                None => continue,
+            },
+        };
+        usage.add(p, wl.tenant, pool, wl.amount(replicas));
+    }
+    let mut tight: BTreeSet<usize> = BTreeSet::new();
+    for g in gangs {
+        let wl = &p.workloads[g.workload];
+        let own = g.incumbent.as_ref().map_or(Amounts::default(), |pl| {
+            wl.amount(pl.nodes.values().map(|h| h.replicas).sum())
+        });
+        // All its replicas: a limit that holds an elastic gang at fewer is tight too.
+        let need = wl.amount(wl.replicas);
+        for &t in &p.tenants[wl.tenant].lineage {
+            let Some(q) = p.tenants[t].quota.get(&pool) else {
+                continue;
+            };
+            let used = usage.usage(t, pool);
+            let over = |used: u64, own: u64, need: u64, limit: u64| {
+                used.saturating_sub(own).saturating_add(need) > limit
+            };
+            let cpu = |a: Amounts| a.cpu.unwrap_or_default().0;
+            let memory = |a: Amounts| a.memory.unwrap_or_default().0;
+            let gpus_over = used.gpus - own.gpus + need.gpus > q.limit.gpus;
+            let cpu_over = q
+                .limit
+                .cpu
+                .is_some_and(|l| over(cpu(used), cpu(own), cpu(need), l.0));
+            let memory_over = q
+                .limit
+                .memory
+                .is_some_and(|l| over(memory(used), memory(own), memory(need), l.0));
+            // At the gang's own tenant, borrowing is tight too: what it borrows must leave
+            // other tenants' idle guarantees free, and its own work can make way.
+            let borrows = t == wl.tenant && used.gpus - own.gpus + need.gpus > q.guarantee.gpus;
+            if gpus_over || cpu_over || memory_over || borrows {
+                tight.insert(t);
+            }
+        }
+    }
+    if tight.is_empty() {
+        return Vec::new();
+    }
+    let taken: BTreeSet<usize> = inside.iter().map(|v| v.workload).collect();
+    let mut out: Vec<Victim> = states
+        .iter()
+        .enumerate()
+        .filter(|&(w, _)| {
+            !taken.contains(&w)
+                && movable(w)
+                && p.tenants[p.workloads[w].tenant]
+                    .lineage
+                    .iter()
+                    .any(|t| tight.contains(t))
+        })
+        .filter_map(|(w, st)| match st {
+            State::Kept(pl) => Some(Victim {
+                workload: w,
+                placement: pl.clone(),
+                preempted: false,
+            }),
+            State::Preempted => running_placement(p, w).map(|pl| Victim {
+                workload: w,
+                placement: pl,
+                preempted: true,
+            }),
+            _ => None,
+        })
+        .collect();
+    out.sort_by_cached_key(|v| {
+        let wl = &p.workloads[v.workload];
+        (
+            !v.preempted,
+            p.classes[wl.class].priority,
+            lost_units_seconds(p, v.workload),
+            wl.name.clone(),
+        )
+    });
+    out.truncate(QUOTA_VICTIMS);
+    out
 }
 
 /// Where a running workload ran, from the snapshot.

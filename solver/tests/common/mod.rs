@@ -9,6 +9,22 @@ use tessera_compiler::{CompiledPolicy, SourceFile, compile};
 use tessera_solver::decision::{Decision, Outcome, WorkloadDecision};
 use tessera_solver::{SolveOptions, solve};
 
+/// The property tests' configuration: `cases` draws, or `PROPTEST_CASES` where it is set (a
+/// config that names its cases ignores the variable, so a wider local search needs this), the
+/// seed from `PROPTEST_RNG_SEED` as proptest reads it, and no failure files (a failing seed is
+/// kept as a named test instead).
+pub fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
 /// Tiers, classes, layouts, pools and tenants shared by the scenario tests.
 ///
 /// - `train`: exclusive, 2 nodes × 8 GPUs; `infer`: mig, 1 node × 2 GPUs (layouts `balanced`,
