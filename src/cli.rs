@@ -193,6 +193,12 @@ pub struct ReconcileArgs {
     /// The longest wait before a crash-looping committed workload is queued again.
     #[arg(long, default_value = "5m")]
     pub restart_backoff_max: String,
+    /// Decide every cycle from scratch. By default, workloads submitted since the last full
+    /// cycle are decided against its standing decision when nothing else changed (one
+    /// arrival in milliseconds instead of a whole queue re-decided); a full cycle still runs
+    /// every `--cycle-period` and after any other change.
+    #[arg(long)]
+    pub full_cycles_only: bool,
     /// `process`: start each workload's command; `none`: place workloads and make their
     /// devices but run nothing (a fleet simulation).
     #[arg(long, value_enum, default_value_t = RuntimeKind::Process)]

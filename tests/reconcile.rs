@@ -98,14 +98,13 @@ impl Service {
             .arg(work.join("state"))
             .arg("--tokens")
             .arg(work.join("tokens.yaml"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--cycle-period",
-                "1s",
-                "--fetch-interval",
-                "1s",
-            ])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(
+                [("--cycle-period", "1s"), ("--fetch-interval", "1s")]
+                    .into_iter()
+                    .filter(|(flag, _)| !extra.contains(flag))
+                    .flat_map(|(flag, value)| [flag, value]),
+            )
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -736,6 +735,69 @@ fn submit_checks_the_file_first_and_cancel_goes_through_the_api() {
     let (code, text) = cli(&["cancel", "nope"]);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("no workload"), "{text}");
+    service.stop();
+}
+
+/// With a long cycle period, a workload submitted between full cycles is decided against the
+/// standing decision (the solver's session) and started; a cancellation (a change other than a
+/// submission) brings a full cycle back, after which submissions use the session again.
+#[test]
+fn a_submission_between_full_cycles_is_decided_against_the_standing_decision() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(
+        repo.path(),
+        work.path(),
+        &["--cycle-period", "10m", "--fetch-interval", "10m"],
+    );
+    let session_decisions = || {
+        let text = service.call("GET", "/metrics", None, None).1;
+        let text = text.as_str().unwrap_or_default().to_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("tessera_session_decisions_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    eventually("the first full cycle", || {
+        (service.status()["cycles"].as_u64().unwrap_or(0) >= 1).then_some(())
+    });
+    assert_eq!(session_decisions(), 0);
+
+    let mut chat = small_inference();
+    chat["gpu"] = json!({"migProfile": "3g.40gb"});
+    assert_eq!(service.submit(PRODUCT, "chat-a", chat.clone()).0, 201);
+    service.await_phase(PRODUCT, "chat-a", "running");
+    assert_eq!(session_decisions(), 1, "decided by the session");
+    let a = service.workload(PRODUCT, "chat-a");
+    assert!(a["bindings"][0]["node"].is_string(), "{a}");
+
+    // The standing decision moves on with what it started: the GPU's other half.
+    let mut larger = chat.clone();
+    larger["gpu"] = json!({"migProfile": "4g.40gb"});
+    assert_eq!(service.submit(PRODUCT, "chat-b", larger).0, 201);
+    service.await_phase(PRODUCT, "chat-b", "running");
+    assert_eq!(session_decisions(), 2);
+
+    // A cancellation is not a submission: the next cycle is a full one, and its half of the
+    // GPU is free again.
+    assert_eq!(
+        service
+            .call("DELETE", "/v1/workloads/chat-a", Some(PRODUCT), None)
+            .0,
+        200
+    );
+    service.await_phase(PRODUCT, "chat-a", "cancelled");
+    assert_eq!(service.submit(PRODUCT, "chat-c", chat).0, 201);
+    service.await_phase(PRODUCT, "chat-c", "running");
+    assert_eq!(
+        session_decisions(),
+        3,
+        "after a full cycle, the session again"
+    );
+    let status = service.status();
+    assert!(status["lastError"].is_null(), "{status}");
+    stop_workloads(&service);
     service.stop();
 }
 

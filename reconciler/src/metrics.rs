@@ -89,6 +89,7 @@ pub struct Metrics {
     cycles: Counter,
     cycle_seconds: Histogram,
     solve_seconds: Histogram,
+    session_decisions: Counter,
     sync: Family<StatusLabels, Gauge>,
     health: Family<StatusLabels, Gauge>,
     /// Label sets set at the previous cycle, so that a pool or reason that disappears reads 0
@@ -139,6 +140,7 @@ impl Metrics {
             cycles: Counter::default(),
             cycle_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             solve_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            session_decisions: Counter::default(),
             sync: Family::default(),
             health: Family::default(),
             seen: Mutex::new(Seen::default()),
@@ -240,6 +242,11 @@ impl Metrics {
             "solve_duration_seconds",
             "Wall time of the solver within a cycle",
             m.solve_seconds.clone(),
+        );
+        registry.register(
+            "session_decisions",
+            "Cycles that decided new submissions against the standing decision instead of solving the whole queue",
+            m.session_decisions.clone(),
         );
         registry.register(
             "sync_status",
@@ -411,9 +418,13 @@ impl Metrics {
         self.cycle_seconds.observe(seconds);
     }
 
-    /// The solver ran for `seconds` within a cycle (not every cycle gets that far).
-    pub fn record_solve(&self, seconds: f64) {
+    /// The solver ran for `seconds` within a cycle (not every cycle gets that far), on the
+    /// standing decision's session or on the whole snapshot.
+    pub fn record_solve(&self, seconds: f64, by_session: bool) {
         self.solve_seconds.observe(seconds);
+        if by_session {
+            self.session_decisions.inc();
+        }
     }
 
     pub fn record_status(&self, sync: &str, health: &str) {
@@ -540,7 +551,7 @@ mod tests {
     #[test]
     fn a_cycle_counts_once_and_its_solve_apart() {
         let m = Metrics::new();
-        m.record_solve(0.25);
+        m.record_solve(0.25, false);
         m.record_cycle(0.5);
         let text = m.encode();
         assert!(text.contains("tessera_cycles_total 1\n"), "{text}");

@@ -17,6 +17,18 @@ use crate::problem::Problem;
 /// The relaxation's optimum, or `None` when the LP solver fails (which would be a bug: the
 /// all-zero admission is always feasible).
 pub fn lp_bound(p: &Problem) -> Option<f64> {
+    lp_bound_of(p, |_| true)
+}
+
+/// What workload `w` is worth in the objective when placed whole (its priority, at least 0,
+/// times its GPUs): its variable's coefficient, so the most it adds to the LP's optimum.
+pub(crate) fn most_added(p: &Problem, w: usize) -> f64 {
+    let wl = &p.workloads[w];
+    p.classes[wl.class].priority.max(0) as f64 * wl.amount(wl.replicas).gpus.as_f64()
+}
+
+/// [`lp_bound`] over the workloads `live` accepts (a session's, once some have finished).
+pub(crate) fn lp_bound_of(p: &Problem, live: impl Fn(usize) -> bool) -> Option<f64> {
     let mut vars = ProblemVariables::new();
     let mut objective = Expression::from(0.0);
     let mut per_workload: Vec<Expression> = Vec::new();
@@ -24,12 +36,12 @@ pub fn lp_bound(p: &Problem) -> Option<f64> {
     // (tenant, pool) → GPUs admitted in that subtree, and what non-preemptible work holds.
     let mut quota_use: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
     let mut pinned: BTreeMap<(usize, usize), f64> = BTreeMap::new();
-    for wl in &p.workloads {
+    for (w, wl) in p.workloads.iter().enumerate() {
         let gpus = wl.amount(wl.replicas).gpus.as_f64();
-        if gpus <= 0.0 {
+        if gpus <= 0.0 || !live(w) {
             continue;
         }
-        let value = p.classes[wl.class].priority.max(0) as f64 * gpus;
+        let value = most_added(p, w);
         let mut share = Expression::from(0.0);
         for &pool in &wl.pools {
             let x = vars.add(variable().min(0.0).max(1.0));

@@ -1790,9 +1790,20 @@ pub(crate) fn orphan_decision(p: &Problem, o: &crate::problem::Orphan) -> Worklo
 /// The whole decision of a finished cycle.
 /// The decision of a finished cycle, valued, with the relaxation's `bound`.
 pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f64>) -> Decision {
+    decision_of(p, s, method, bound, |_| true)
+}
+
+/// [`decision`] over the workloads `live` accepts (a session's, once some have finished).
+pub(crate) fn decision_of(
+    p: &Problem,
+    s: &Solver,
+    method: Method,
+    bound: Option<f64>,
+    live: impl Fn(usize) -> bool,
+) -> Decision {
     let mut workloads = Vec::new();
     let mut objective = 0.0;
-    for w in 0..p.workloads.len() {
+    for w in (0..p.workloads.len()).filter(|&w| live(w)) {
         let (d, value) = workload_decision(p, &s.fleet, w, s.status[w].as_ref());
         if value != 0.0 {
             objective += value;

@@ -35,7 +35,7 @@ use tessera_compiler::compiled::Amounts;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 
-use crate::decision::{Decision, GeometryPlan, WorkloadDecision};
+use crate::decision::{Decision, GeometryPlan, Method, WorkloadDecision};
 use crate::heuristic::{self, Parts, Solver, Status, Step, pool_of, queue_key};
 use crate::problem::{Phase, Problem, ProblemError};
 use crate::quota::Ledger;
@@ -63,6 +63,41 @@ pub enum FullCycle {
     /// tenants above that weigh history changes, and with it the order of the whole queue
     /// below them.
     History { tenant: String },
+}
+
+impl std::fmt::Display for FullCycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FullCycle::Reorders { before } => {
+                write!(
+                    f,
+                    "it would be decided before `{before}`, which the cycle admitted"
+                )
+            }
+            FullCycle::ReplacesCommitted { name } => {
+                write!(f, "`{name}` is also a committed workload")
+            }
+            FullCycle::FreesCapacity { pool } => {
+                write!(
+                    f,
+                    "it frees capacity in pool `{pool}` that waiting work could use"
+                )
+            }
+            FullCycle::Decided { name } => {
+                write!(
+                    f,
+                    "`{name}` was admitted or preempted by the standing decision"
+                )
+            }
+            FullCycle::Reservations { pool } => {
+                write!(f, "pool `{pool}` may hold capacity for waiting gangs")
+            }
+            FullCycle::History { tenant } => write!(
+                f,
+                "its run counts in the fair-share history of tenant `{tenant}`"
+            ),
+        }
+    }
 }
 
 /// The answer to an arrival.
@@ -111,6 +146,9 @@ pub struct Session {
     blank: Ledger,
     /// Workloads of the session by name (finished ones removed), as indices into the problem.
     names: BTreeMap<String, usize>,
+    /// An upper bound on the standing decision's objective: the LP bound of the snapshot the
+    /// session opened on, plus the most each decided arrival could add (see `bound.rs`).
+    bound: Option<f64>,
 }
 
 /// An amount that may go below zero while ledger changes are undone.
@@ -154,15 +192,11 @@ impl Session {
         options: &SolveOptions,
     ) -> Result<(Session, Decision), SolveError> {
         let problem = Problem::new(policy, state, options.now)?;
+        let bound = crate::bound::lp_bound(&problem);
         let (parts, decision) = {
             let mut s = Solver::new(&problem);
             s.run();
-            let d = heuristic::decision(
-                &problem,
-                &s,
-                crate::decision::Method::Heuristic,
-                crate::bound::lp_bound(&problem),
-            );
+            let d = heuristic::decision(&problem, &s, Method::Heuristic, bound);
             (s.into_parts(), d)
         };
         let names = problem
@@ -177,8 +211,65 @@ impl Session {
             problem,
             parts: Some(parts),
             names,
+            bound,
         };
         Ok((session, decision))
+    }
+
+    /// The cycle [`crate::solve`] runs (the heuristic, then the integer program per pool), and
+    /// a session standing for its decision when it can. The decision is `solve`'s, byte for
+    /// byte. The session is `None` when the integer program improved the heuristic's decision
+    /// in some pool: the session holds the heuristic's end state, so the work it would decide
+    /// arrivals against would not be what runs.
+    ///
+    /// With a session, arrivals are decided as the heuristic cycle would decide them; the
+    /// integer program may still improve on that, at the next full cycle.
+    pub fn refined(
+        policy: &CompiledPolicy,
+        state: &ClusterStateSpec,
+        options: &SolveOptions,
+    ) -> Result<(Decision, Option<Session>), SolveError> {
+        let (session, heuristic) = Session::new(policy, state, options)?;
+        let decision = crate::ilp::refine(
+            &session.problem,
+            heuristic,
+            crate::ilp::Budget::new(options.time_limit),
+        );
+        let session = (decision.method == Method::Heuristic).then_some(session);
+        Ok((decision, session))
+    }
+
+    /// The standing decision whole, as the heuristic cycle on the session's snapshot (with
+    /// every arrival added and every finished workload removed) gives it: every workload, the
+    /// geometry, usage and pool reports and the objective. The bound is the session's (see
+    /// [`Session::bound`]), not the LP solved again: on a fleet of thousands of workloads the
+    /// LP takes over a hundred milliseconds, the rest a few.
+    pub fn decision(&mut self) -> Decision {
+        let parts = self
+            .parts
+            .take()
+            .expect("parts are put back after each call");
+        let p = &self.problem;
+        let live: Vec<bool> = p
+            .workloads
+            .iter()
+            .enumerate()
+            .map(|(i, w)| self.names.get(&w.name) == Some(&i))
+            .collect();
+        let s = Solver::from_parts(p, parts);
+        let decision = heuristic::decision_of(p, &s, Method::Heuristic, self.bound, |w| live[w]);
+        self.parts = Some(s.into_parts());
+        decision
+    }
+
+    /// An upper bound on the standing decision's objective. At the start, the LP bound of the
+    /// snapshot (the full cycle's); each decided arrival then adds the most it could add to
+    /// the LP's optimum (its priority times its GPUs: with it at zero, any solution of the
+    /// larger LP is one of the smaller), and a finished workload adds nothing (its removal
+    /// only takes options away). Still an upper bound, looser with each arrival; the next
+    /// full cycle solves the LP again.
+    pub fn bound(&self) -> Option<f64> {
+        self.bound
     }
 
     fn parts(&self) -> &Parts {
@@ -301,6 +392,9 @@ impl Session {
         };
         let (changed, geometry) = self.decide(w, at);
         self.names.insert(arrival.name.clone(), w);
+        self.bound = self
+            .bound
+            .map(|b| b + crate::bound::most_added(&self.problem, w));
         let parts = self.parts();
         let decision =
             heuristic::workload_decision(&self.problem, &parts.fleet, w, parts.status[w].as_ref())

@@ -32,7 +32,7 @@ use tessera_compiler::model::{
 };
 use tessera_compiler::units::{Bytes, Millicores};
 use tessera_solver::SolveOptions;
-use tessera_solver::decision::{Decision, Outcome, WorkloadDecision};
+use tessera_solver::decision::{Decision, Method, Outcome, WorkloadDecision};
 use tessera_solver::problem::{ProblemError, format_rfc3339, parse_rfc3339};
 use tessera_solver::session::{Admission, Removal, Session, SessionError};
 
@@ -44,6 +44,29 @@ use tessera_solver::Solver as _;
 fn full(policy: &CompiledPolicy, state: &ClusterStateSpec) -> Decision {
     let problem = tessera_solver::Problem::new(policy, state, None).expect("the snapshot solves");
     tessera_solver::Heuristic.solve(&problem, std::time::Duration::ZERO)
+}
+
+/// The session's standing decision whole equals the full cycle's `d`, but for the bound: the
+/// session's is the LP bound it opened with plus what each arrival could add, so it must be
+/// at least the full cycle's LP bound (an upper bound still), and the gap is measured to it.
+fn assert_whole(session: &mut Session, d: &Decision, what: &str) {
+    let mut mine = session.decision();
+    match (mine.bound, d.bound) {
+        (Some(a), Some(b)) => {
+            assert!(
+                a >= b - 1e-6,
+                "{what}: the session's bound {a} is under the LP's {b}"
+            );
+            assert!(
+                a >= mine.objective - 1e-6,
+                "{what}: bound {a} under the objective"
+            );
+        }
+        (a, b) => assert_eq!(a, b, "{what}: bound"),
+    }
+    mine.bound = d.bound;
+    mine.gap = d.gap;
+    assert_eq!(&mine, d, "{what}: the standing decision whole");
 }
 
 fn by_name(d: &[WorkloadDecision]) -> BTreeMap<String, WorkloadDecision> {
@@ -131,6 +154,18 @@ fn case(seed: u64, tally: &mut Tally) {
     let policy = with_history(seed, policy, &mut state, now);
 
     let options = SolveOptions::default();
+    // The service's cycle: `solve`'s decision, with a session when it is the heuristic's.
+    let (refined, kept) = Session::refined(&policy, &state, &options).unwrap();
+    assert_eq!(
+        refined,
+        tessera_solver::solve(&policy, &state, &options).unwrap(),
+        "seed {seed}: a refined session's decision is solve's"
+    );
+    assert_eq!(
+        kept.is_some(),
+        refined.method == Method::Heuristic,
+        "seed {seed}: a session stands only for the heuristic's decision"
+    );
     let (mut session, d) = Session::new(&policy, &state, &options).unwrap();
     assert_eq!(
         d,
@@ -138,6 +173,11 @@ fn case(seed: u64, tally: &mut Tally) {
         "a session's first decision is the cycle's"
     );
     assert_eq!(session.decisions(), d.workloads);
+    assert_whole(
+        &mut session,
+        &d,
+        &format!("seed {seed}: the standing decision"),
+    );
     // The standing decision's geometry plans, to tell which an event changed.
     let mut before_geometry = d.geometry;
 
@@ -185,6 +225,7 @@ fn case(seed: u64, tally: &mut Tally) {
                     "seed {seed}: arrival {k}"
                 );
                 assert_eq!(session.decisions(), d.workloads, "seed {seed}: arrival {k}");
+                assert_whole(&mut session, &d, &format!("seed {seed}: arrival {k}"));
                 let differ: Vec<&WorkloadDecision> = d
                     .workloads
                     .iter()
@@ -235,6 +276,7 @@ fn case(seed: u64, tally: &mut Tally) {
                     d.workloads,
                     "seed {seed}: {gone} finished"
                 );
+                assert_whole(&mut session, &d, &format!("seed {seed}: {gone} finished"));
                 before_geometry = d.geometry;
                 tally.removed += 1;
                 tally.removed_running += u32::from(was_running);

@@ -37,6 +37,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     config.solve_time_limit = duration("time-limit", &args.time_limit)?;
     config.restart_backoff_base = duration("restart-backoff", &args.restart_backoff)?;
     config.restart_backoff_max = duration("restart-backoff-max", &args.restart_backoff_max)?;
+    config.incremental = !args.full_cycles_only;
     config.run_commands = args.runtime == RuntimeKind::Process;
     if config.cycle_period.is_zero() {
         bail!("--cycle-period must be at least 1s");

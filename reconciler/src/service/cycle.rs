@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use tessera_solver::session::Session;
 use tessera_solver::{Decision, SolveOptions};
 
+use super::standing::Standing;
 use super::status::{Health, Status, Sync};
 use super::{Config, Shared, TenantView, apply};
 use crate::actions::{self, Action, ActionPlan, LivePhase, Throttle, Wait, WorkloadView};
@@ -18,6 +20,16 @@ use crate::runtime::{ExitStatus, Exited, Runtime};
 use crate::snapshot::{self, RunningFacts, Tracked};
 use crate::store::carried::Carried;
 use crate::store::{EndReason, Origin, Phase, RevisionStatus, Store, WorkloadRecord};
+
+/// What a cycle's decision leaves for the next.
+enum Next {
+    /// A full cycle's session, kept if its decision is carried out whole.
+    Fresh(Session),
+    /// The standing decision, used by this cycle.
+    Standing(Standing),
+    /// The integer program improved the heuristic's decision: no session stands for it.
+    None,
+}
 
 /// What one cycle did, for logs and tests.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,7 +45,23 @@ pub struct CycleReport {
     /// Workloads whose processes ended this cycle, with how.
     pub exits: Vec<(String, String)>,
     pub decision: Option<Decision>,
+    /// How the decision was reached.
+    pub decided: Decided,
     pub error: Option<String>,
+}
+
+/// How a cycle reached its decision.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Decided {
+    /// It did not: the cycle stopped before solving.
+    #[default]
+    Not,
+    /// Solved from the snapshot; `why` says why the standing decision could not be used, when
+    /// there was one.
+    Full { why: Option<String> },
+    /// The workloads submitted since the last full cycle, decided against its standing
+    /// decision (`standing.rs`).
+    Session { arrivals: usize },
 }
 
 pub struct Reconciler {
@@ -56,6 +84,8 @@ pub struct Reconciler {
     /// Committed workloads that keep ending after short runs, with when they are queued again
     /// and how the last run ended.
     restarts: BTreeMap<String, (i64, String)>,
+    /// The last full cycle's decision, while it stands (`standing.rs`).
+    standing: Option<Standing>,
 }
 
 impl Reconciler {
@@ -81,6 +111,7 @@ impl Reconciler {
             cycle: 0,
             exits: Vec::new(),
             restarts: BTreeMap::new(),
+            standing: None,
         }
     }
 
@@ -252,26 +283,47 @@ impl Reconciler {
         *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
 
         let solve_started = Instant::now();
-        let decision = tessera_solver::solve(
-            &applied.policy,
-            &state,
-            &SolveOptions {
-                time_limit: self.config.solve_time_limit,
-                now: Some(now),
-            },
-        )
-        .map_err(|e| format!("solve: {e}"))?;
+        let period = i64::try_from(self.config.cycle_period.as_secs()).unwrap_or(i64::MAX);
+        let standing = match self.standing.take() {
+            Some(s) if self.config.incremental => {
+                Some(s.admit(&state, &applied.commit, now, period))
+            }
+            _ => None,
+        };
+        let (decision, next) = match standing {
+            Some(Ok((standing, decision, arrivals))) => {
+                report.decided = Decided::Session { arrivals };
+                (decision, Next::Standing(standing))
+            }
+            stale => {
+                let (decision, session) = Session::refined(
+                    &applied.policy,
+                    &state,
+                    &SolveOptions {
+                        time_limit: self.config.solve_time_limit,
+                        now: Some(now),
+                    },
+                )
+                .map_err(|e| format!("solve: {e}"))?;
+                report.decided = Decided::Full {
+                    why: stale.and_then(|r| r.err()).map(|e| e.to_string()),
+                };
+                (decision, session.map_or(Next::None, Next::Fresh))
+            }
+        };
         let solve_seconds = solve_started.elapsed().as_secs_f64();
         self.shared.metrics.record_decision(&decision, now);
-        self.shared.metrics.record_solve(solve_seconds);
+        self.shared
+            .metrics
+            .record_solve(solve_seconds, matches!(next, Next::Standing(_)));
         // Usage accrues and reservations hold whether or not the service is suspended.
-        let next = Carried {
+        let carried_next = Carried {
             usage: decision.fair_share.as_ref().map(|f| f.record.clone()),
             reservations: decision.reservations.iter().map(|r| r.record()).collect(),
         };
-        if next != carried {
+        if carried_next != carried {
             self.store
-                .set_carried(&next, now)
+                .set_carried(&carried_next, now)
                 .map_err(|e| e.to_string())?;
         }
 
@@ -367,13 +419,25 @@ impl Reconciler {
                 }
             }
         }
-        if !plan.actions.is_empty() {
+        // The decision stands for the fleet only if all of it was carried out.
+        let whole = report.failed.is_empty() && report.skipped.is_empty() && plan.waits.is_empty();
+        let keep = self.config.incremental && whole && !matches!(next, Next::None);
+        if !plan.actions.is_empty() || keep {
             // `/state` shows the fleet as this cycle left it, not as it found it.
             let observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
             let records = self.store.live().map_err(|e| e.to_string())?;
             let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
-            *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) =
-                Some(snapshot::cluster_state(&observation, &tracked, &next, now));
+            let after = snapshot::cluster_state(&observation, &tracked, &carried_next, now);
+            *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(after.clone());
+            if keep && let Some(decision) = report.decision.as_ref() {
+                self.standing = match next {
+                    Next::Fresh(session) => {
+                        Standing::keep(session, decision, &applied.commit, after, now)
+                    }
+                    Next::Standing(standing) => standing.carried_out(decision, after),
+                    Next::None => None,
+                };
+            }
         }
         report.plan = plan;
         Ok(())

@@ -10,6 +10,7 @@ pub mod apply;
 pub mod cycle;
 pub mod restart;
 pub mod run;
+pub mod standing;
 pub mod status;
 
 use std::path::PathBuf;
@@ -51,6 +52,10 @@ pub struct Config {
     /// Start the workloads' commands; when false, workloads are placed and their devices made
     /// but nothing is run (a dry fleet simulation).
     pub run_commands: bool,
+    /// Decide workloads submitted since the last full cycle against its standing decision
+    /// (the solver's session) when nothing else changed, instead of re-deciding the queue;
+    /// see `standing.rs`.
+    pub incremental: bool,
 }
 
 impl Config {
@@ -66,6 +71,7 @@ impl Config {
             restart_backoff_max: Duration::from_secs(300),
             solve_time_limit: Duration::from_secs(2),
             run_commands: true,
+            incremental: true,
         }
     }
 }

@@ -107,10 +107,15 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         None => None,
     };
 
-    let reconciler = Reconciler::new(config, store, driver, runtime, mirror, shared.clone());
+    // Built on its own thread: the solver's session it keeps between cycles shares its fleet
+    // copies through `Rc`, so a `Reconciler` never moves between threads.
+    let loop_shared = shared.clone();
     let loop_thread = std::thread::Builder::new()
         .name("reconcile".into())
-        .spawn(move || run_loop(reconciler, rx))?;
+        .spawn(move || {
+            let reconciler = Reconciler::new(config, store, driver, runtime, mirror, loop_shared);
+            run_loop(reconciler, rx)
+        })?;
 
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
