@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::GpuModel;
 use crate::fit::possible_placements;
+use crate::nvml_return::NvmlReturn;
 use crate::placement::{GeometryError, Placement, validate};
 use crate::shape::shape;
 
@@ -48,27 +49,15 @@ pub enum DeviceError {
 }
 
 impl DeviceError {
-    /// The `nvmlReturn_t` value from `nvml.h`.
-    pub fn nvml_return(&self) -> u32 {
+    /// The NVML return code.
+    pub fn nvml_return(&self) -> NvmlReturn {
         match self {
-            DeviceError::InvalidArgument(_) => 2,
-            DeviceError::NotSupported(_) => 3,
-            DeviceError::NotFound(_) => 6,
-            DeviceError::GpuIsLost => 15,
-            DeviceError::InUse(_) => 19,
-            DeviceError::InsufficientResources(_) => 23,
-        }
-    }
-
-    /// `NVML_ERROR_*` as `nvml.h` spells it.
-    pub fn nvml_name(&self) -> &'static str {
-        match self {
-            DeviceError::InvalidArgument(_) => "NVML_ERROR_INVALID_ARGUMENT",
-            DeviceError::NotSupported(_) => "NVML_ERROR_NOT_SUPPORTED",
-            DeviceError::NotFound(_) => "NVML_ERROR_NOT_FOUND",
-            DeviceError::GpuIsLost => "NVML_ERROR_GPU_IS_LOST",
-            DeviceError::InUse(_) => "NVML_ERROR_IN_USE",
-            DeviceError::InsufficientResources(_) => "NVML_ERROR_INSUFFICIENT_RESOURCES",
+            DeviceError::InvalidArgument(_) => NvmlReturn::InvalidArgument,
+            DeviceError::NotSupported(_) => NvmlReturn::NotSupported,
+            DeviceError::NotFound(_) => NvmlReturn::NotFound,
+            DeviceError::GpuIsLost => NvmlReturn::GpuIsLost,
+            DeviceError::InUse(_) => NvmlReturn::InUse,
+            DeviceError::InsufficientResources(_) => NvmlReturn::InsufficientResources,
         }
     }
 }
@@ -751,7 +740,7 @@ mod tests {
         .expect("empty MIG GPU")
     }
 
-    fn code(r: Result<impl fmt::Debug, DeviceError>) -> u32 {
+    fn code(r: Result<impl fmt::Debug, DeviceError>) -> NvmlReturn {
         match r {
             Ok(v) => panic!("expected an error, got {v:?}"),
             Err(e) => e.nvml_return(),
@@ -761,7 +750,7 @@ mod tests {
     /// Runs `op` expecting NVML code `want`, and checks that the device did not change.
     fn refused<T: fmt::Debug>(
         d: &mut MigDevice,
-        want: u32,
+        want: NvmlReturn,
         op: impl FnOnce(&mut MigDevice) -> Result<T, DeviceError>,
     ) {
         let before = d.clone();
@@ -769,12 +758,12 @@ mod tests {
         assert_eq!(*d, before, "a refused operation changed the device");
     }
 
-    const INVALID_ARGUMENT: u32 = 2;
-    const NOT_SUPPORTED: u32 = 3;
-    const NOT_FOUND: u32 = 6;
-    const GPU_IS_LOST: u32 = 15;
-    const IN_USE: u32 = 19;
-    const INSUFFICIENT_RESOURCES: u32 = 23;
+    const INVALID_ARGUMENT: NvmlReturn = NvmlReturn::InvalidArgument;
+    const NOT_SUPPORTED: NvmlReturn = NvmlReturn::NotSupported;
+    const NOT_FOUND: NvmlReturn = NvmlReturn::NotFound;
+    const GPU_IS_LOST: NvmlReturn = NvmlReturn::GpuIsLost;
+    const IN_USE: NvmlReturn = NvmlReturn::InUse;
+    const INSUFFICIENT_RESOURCES: NvmlReturn = NvmlReturn::InsufficientResources;
 
     fn create(d: &mut MigDevice, profile: u32, start: u8) -> u32 {
         d.create_gpu_instance_with_placement(profile, start)
@@ -793,7 +782,7 @@ mod tests {
         ];
         let codes: Vec<(u32, &str)> = all
             .iter()
-            .map(|e| (e.nvml_return(), e.nvml_name()))
+            .map(|e| (e.nvml_return().raw(), e.nvml_return().name().unwrap()))
             .collect();
         assert_eq!(
             codes,

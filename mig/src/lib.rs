@@ -16,6 +16,7 @@ pub mod catalog;
 pub mod device;
 pub mod enumerate;
 pub mod fit;
+pub mod nvml_return;
 pub mod placement;
 pub mod shape;
 
@@ -26,6 +27,7 @@ pub use enumerate::{
     placeable_multisets, profile_multiset,
 };
 pub use fit::{FitError, place, place_additions, place_with, possible_placements};
+pub use nvml_return::NvmlReturn;
 pub use placement::{GeometryError, Placement, validate};
 pub use shape::{
     COMPUTE_SLICES, MEMORY_SLICES, PROFILE_1G, PROFILE_1G_ME, PROFILE_1G_MEM2, PROFILE_2G,

@@ -15,7 +15,7 @@ use tessera_mig::{Placement, builtin_model};
 use tessera_reconciler::driver::faults::{Call, Fault, FaultPlan};
 use tessera_reconciler::driver::nvml::NvmlDriver;
 use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
-use tessera_reconciler::driver::{DriverError, GpuRef, NodeDriver, NvmlCode, Observation};
+use tessera_reconciler::driver::{DriverError, GpuRef, NodeDriver, NvmlReturn, Observation};
 
 const H100: u32 = 0;
 const H100_OFF: u32 = 1;
@@ -104,6 +104,7 @@ fn fake_gpus(node: &Node) -> Vec<FakeGpu> {
                 name: name.into(),
                 memory_total,
                 device,
+                foreign: Vec::new(),
             }
         })
         .collect()
@@ -124,10 +125,7 @@ impl Machine {
         let dir = tempfile::tempdir().unwrap();
         let mut nodes = load_nodes(&data("fleet.yaml")).unwrap();
         let node = nodes.remove(0);
-        let mut state = FakeState {
-            gpus: fake_gpus(&node),
-            faults: Vec::new(),
-        };
+        let mut state = FakeState::new(fake_gpus(&node));
         mutate(&mut state);
         let path = dir.path().join("fake-nvml.json");
         state.save(&path).unwrap();
@@ -197,7 +195,7 @@ enum Outcome {
     Done,
     Id(u32),
     Ci(u32, String),
-    Failed(Option<NvmlCode>),
+    Failed(Option<NvmlReturn>),
 }
 
 fn apply(d: &mut dyn NodeDriver, step: Step) -> Outcome {
@@ -246,8 +244,8 @@ fn layout(o: &Observation, index: u32) -> Vec<(String, u8)> {
         .collect()
 }
 
-const FAILED_IN_USE: Outcome = Outcome::Failed(Some(NvmlCode::InUse));
-const FAILED_NO_ROOM: Outcome = Outcome::Failed(Some(NvmlCode::InsufficientResources));
+const FAILED_IN_USE: Outcome = Outcome::Failed(Some(NvmlReturn::InUse));
+const FAILED_NO_ROOM: Outcome = Outcome::Failed(Some(NvmlReturn::InsufficientResources));
 
 #[test]
 fn reads_the_gpus_and_their_geometry_as_the_sim_driver_does() {
@@ -294,7 +292,7 @@ fn a_reconfiguration_with_explicit_placements_in_order_matches_the_sim_driver() 
         (Step::CreateGi(H100, 9, 2), FAILED_NO_ROOM),
         (
             Step::CreateGi(H100, 1, 0),
-            Outcome::Failed(Some(NvmlCode::InvalidArgument)),
+            Outcome::Failed(Some(NvmlReturn::InvalidArgument)),
         ),
         (Step::DestroyCi(H100, 1, 0), Outcome::Done),
         (Step::DestroyGi(H100, 1), Outcome::Done),
@@ -383,14 +381,14 @@ fn a_call_that_fails_once_changes_nothing_and_the_retry_succeeds() {
         s.faults.push(FakeFault::Fail {
             function: "nvmlDeviceCreateGpuInstanceWithPlacement".into(),
             gpu: Some(H100),
-            code: NvmlCode::Unknown.raw(),
+            code: NvmlReturn::Unknown,
             times: 1,
             after: 0,
         });
         s.faults.push(FakeFault::Fail {
             function: "nvmlComputeInstanceDestroy".into(),
             gpu: Some(H100),
-            code: NvmlCode::InUse.raw(),
+            code: NvmlReturn::InUse,
             times: 1,
             after: 1,
         });
@@ -402,7 +400,7 @@ fn a_call_that_fails_once_changes_nothing_and_the_retry_succeeds() {
                 call: Call::CreateGpuInstance,
                 node: None,
                 gpu: Some(H100),
-                code: NvmlCode::Unknown,
+                code: NvmlReturn::Unknown,
                 times: 1,
                 after: 0,
             },
@@ -410,7 +408,7 @@ fn a_call_that_fails_once_changes_nothing_and_the_retry_succeeds() {
                 call: Call::DestroyComputeInstance,
                 node: None,
                 gpu: Some(H100),
-                code: NvmlCode::InUse,
+                code: NvmlReturn::InUse,
                 times: 1,
                 after: 1,
             },
@@ -426,7 +424,7 @@ fn a_call_that_fails_once_changes_nothing_and_the_retry_succeeds() {
             (Step::DestroyGi(H100, 1), Outcome::Done),
             (
                 Step::CreateGi(H100, 19, 6),
-                Outcome::Failed(Some(NvmlCode::Unknown)),
+                Outcome::Failed(Some(NvmlReturn::Unknown)),
             ),
         ],
     );
@@ -457,7 +455,7 @@ fn a_lost_gpu_fails_every_call_and_is_reported_lost_with_its_last_geometry() {
             after: 0,
         }],
     });
-    let lost = Outcome::Failed(Some(NvmlCode::GpuIsLost));
+    let lost = Outcome::Failed(Some(NvmlReturn::GpuIsLost));
     side_by_side(
         &mut nvml,
         &mut sim,
@@ -465,11 +463,11 @@ fn a_lost_gpu_fails_every_call_and_is_reported_lost_with_its_last_geometry() {
             (Step::DestroyCi(H100, 0, 0), lost),
             (
                 Step::CreateGi(H100, 19, 6),
-                Outcome::Failed(Some(NvmlCode::GpuIsLost)),
+                Outcome::Failed(Some(NvmlReturn::GpuIsLost)),
             ),
             (
                 Step::SetMig(H100, false),
-                Outcome::Failed(Some(NvmlCode::GpuIsLost)),
+                Outcome::Failed(Some(NvmlReturn::GpuIsLost)),
             ),
             // The other GPUs are untouched.
             (Step::CreateGi(2, 0, 0), Outcome::Id(0)),
@@ -510,7 +508,7 @@ fn enabling_mig_waits_for_a_reset_that_a_hidden_client_refuses() {
             // Not yet enabled: nothing can be created.
             (
                 Step::CreateGi(H100_OFF, 0, 0),
-                Outcome::Failed(Some(NvmlCode::NotSupported)),
+                Outcome::Failed(Some(NvmlReturn::NotSupported)),
             ),
             (Step::Reset(H100_OFF), FAILED_IN_USE),
         ],

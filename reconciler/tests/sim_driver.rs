@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tessera_compiler::model::{Health, MigInstance};
 use tessera_reconciler::driver::faults::{Call, Fault, FaultPlan};
 use tessera_reconciler::driver::sim::{SimDriver, SimError};
-use tessera_reconciler::driver::{DriverError, GpuRef, NodeDriver, NvmlCode, Observation};
+use tessera_reconciler::driver::{DriverError, GpuRef, NodeDriver, NvmlReturn, Observation};
 
 fn quickstart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policies/quickstart/cluster-state.yaml")
@@ -44,7 +44,7 @@ fn fleet() -> Fleet {
     Fleet { dir, sim }
 }
 
-fn code<T: std::fmt::Debug>(r: Result<T, DriverError>) -> NvmlCode {
+fn code<T: std::fmt::Debug>(r: Result<T, DriverError>) -> NvmlReturn {
     match r {
         Err(DriverError::Nvml { code, .. }) => code,
         other => panic!("expected an NVML error, got {other:?}"),
@@ -185,7 +185,7 @@ fn enabling_mig_is_pending_until_reset() {
     let g = gpu("train-0", 3);
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 0, 0)),
-        NvmlCode::NotSupported
+        NvmlReturn::NotSupported
     );
     f.sim.set_mig_mode(&g, true).unwrap();
     let obs = f.sim.observe().unwrap();
@@ -194,7 +194,7 @@ fn enabling_mig_is_pending_until_reset() {
     assert_eq!(og.mig.pending, Some(true));
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 0, 0)),
-        NvmlCode::NotSupported
+        NvmlReturn::NotSupported
     );
     f.sim.reset_gpu(&g).unwrap();
     let og = observed_gpu(&f.sim.observe().unwrap(), "train-0", 3).clone();
@@ -216,40 +216,46 @@ fn rule_violations_give_nvmls_codes() {
     // Overlap, start not allowed, per-GPU maximum, full compute budget.
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 19, 5)),
-        NvmlCode::InsufficientResources
+        NvmlReturn::InsufficientResources
     );
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 19, 7)),
-        NvmlCode::InsufficientResources
+        NvmlReturn::InsufficientResources
     );
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 9, 0)),
-        NvmlCode::InsufficientResources
+        NvmlReturn::InsufficientResources
     );
     // A profile ID that does not exist (1 is an NVML enum value).
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 1, 0)),
-        NvmlCode::InvalidArgument
+        NvmlReturn::InvalidArgument
     );
     // A GPU instance with its compute instance left.
-    assert_eq!(code(f.sim.destroy_gpu_instance(&g, gi_3g)), NvmlCode::InUse);
+    assert_eq!(
+        code(f.sim.destroy_gpu_instance(&g, gi_3g)),
+        NvmlReturn::InUse
+    );
     // A second full-size compute instance does not fit.
     assert_eq!(
         code(f.sim.create_compute_instance(&g, gi_3g)),
-        NvmlCode::InsufficientResources
+        NvmlReturn::InsufficientResources
     );
     // Unknown ids.
-    assert_eq!(code(f.sim.destroy_gpu_instance(&g, 40)), NvmlCode::NotFound);
+    assert_eq!(
+        code(f.sim.destroy_gpu_instance(&g, 40)),
+        NvmlReturn::NotFound
+    );
     assert_eq!(
         code(f.sim.destroy_compute_instance(&g, gi_3g, 5)),
-        NvmlCode::NotFound
+        NvmlReturn::NotFound
     );
     // The mode cannot change while instances exist.
-    assert_eq!(code(f.sim.set_mig_mode(&g, false)), NvmlCode::InUse);
+    assert_eq!(code(f.sim.set_mig_mode(&g, false)), NvmlReturn::InUse);
     // MIG calls on a GPU without MIG mode.
     assert_eq!(
         code(f.sim.destroy_gpu_instance(&gpu("train-1", 0), 0)),
-        NvmlCode::NotSupported
+        NvmlReturn::NotSupported
     );
     // An unknown GPU is not an NVML error.
     assert_eq!(
@@ -282,7 +288,7 @@ fn a_running_process_holds_its_instance_and_its_gpu() {
 
     assert_eq!(
         code(f.sim.destroy_compute_instance(&g, gi, 0)),
-        NvmlCode::InUse
+        NvmlReturn::InUse
     );
     // Another instance of the same GPU is free to go.
     let other = gi_at(&obs, &g, 0);
@@ -299,7 +305,7 @@ fn a_running_process_holds_its_instance_and_its_gpu() {
     f.sim.destroy_gpu_instance(&g, gi).unwrap();
     f.sim.set_mig_mode(&g, false).unwrap();
     f.sim.process_started(pid, &g, None);
-    assert_eq!(code(f.sim.reset_gpu(&g)), NvmlCode::InUse);
+    assert_eq!(code(f.sim.reset_gpu(&g)), NvmlReturn::InUse);
     f.sim.process_ended(pid);
     f.sim.reset_gpu(&g).unwrap();
     assert!(
@@ -337,7 +343,7 @@ fn a_dead_process_is_dropped_at_observe() {
     f.sim.process_started(child.id(), &g, Some(gi));
     assert_eq!(
         code(f.sim.destroy_compute_instance(&g, gi, 0)),
-        NvmlCode::InUse
+        NvmlReturn::InUse
     );
     // Still running: observe keeps it.
     let obs = f.sim.observe().unwrap();
@@ -396,7 +402,7 @@ fn the_fleet_survives_a_restart() {
     let t = observed_gpu(&after, "train-1", 7);
     assert_eq!(t.mig.pending, Some(true));
     // The restarted driver still knows the process holds the GPU.
-    assert_eq!(code(sim.reset_gpu(&gpu("train-1", 7))), NvmlCode::InUse);
+    assert_eq!(code(sim.reset_gpu(&gpu("train-1", 7))), NvmlReturn::InUse);
     // Instance ids continue where they were: the 3g@4 without a compute instance is id 1.
     assert_eq!(sim.create_compute_instance(&g, 1).unwrap().id, 0);
     // Only the state file is left in the directory: no temporary files.
@@ -517,7 +523,7 @@ fn an_injected_failure_fires_on_schedule_and_changes_nothing() {
         call: Call::DestroyComputeInstance,
         node: Some("infer-0".into()),
         gpu: Some(3),
-        code: NvmlCode::Unknown,
+        code: NvmlReturn::Unknown,
         times: 2,
         after: 1,
     }]));
@@ -536,7 +542,7 @@ fn an_injected_failure_fires_on_schedule_and_changes_nothing() {
             DriverError::Nvml {
                 gpu: g.clone(),
                 call: "nvmlComputeInstanceDestroy",
-                code: NvmlCode::Unknown
+                code: NvmlReturn::Unknown
             }
         );
     }
@@ -560,21 +566,21 @@ fn a_lost_gpu_fails_every_call_and_stays_lost() {
     let gi = gi_at(&obs, &g, 0);
     assert_eq!(
         code(f.sim.destroy_compute_instance(&g, gi, 0)),
-        NvmlCode::GpuIsLost
+        NvmlReturn::GpuIsLost
     );
-    assert_eq!(code(f.sim.set_mig_mode(&g, false)), NvmlCode::GpuIsLost);
-    assert_eq!(code(f.sim.reset_gpu(&g)), NvmlCode::GpuIsLost);
+    assert_eq!(code(f.sim.set_mig_mode(&g, false)), NvmlReturn::GpuIsLost);
+    assert_eq!(code(f.sim.reset_gpu(&g)), NvmlReturn::GpuIsLost);
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 19, 0)),
-        NvmlCode::GpuIsLost
+        NvmlReturn::GpuIsLost
     );
     assert_eq!(
         code(f.sim.create_compute_instance(&g, gi)),
-        NvmlCode::GpuIsLost
+        NvmlReturn::GpuIsLost
     );
     assert_eq!(
         code(f.sim.destroy_gpu_instance(&g, gi)),
-        NvmlCode::GpuIsLost
+        NvmlReturn::GpuIsLost
     );
     let obs = f.sim.observe().unwrap();
     let lost = observed_gpu(&obs, "infer-0", 5);
@@ -616,18 +622,18 @@ fn a_refused_reset_and_a_failing_observation() {
             call: Call::Observe,
             node: Some("infer-0".into()),
             gpu: None,
-            code: NvmlCode::Unknown,
+            code: NvmlReturn::Unknown,
             times: 1,
             after: 0,
         },
     ]));
-    assert_eq!(code(f.sim.reset_gpu(&g)), NvmlCode::InUse);
+    assert_eq!(code(f.sim.reset_gpu(&g)), NvmlReturn::InUse);
     assert_eq!(
         f.sim.observe().unwrap_err(),
         DriverError::Nvml {
             gpu: gpu("infer-0", 0),
             call: "nvmlDeviceGetMigMode",
-            code: NvmlCode::Unknown
+            code: NvmlReturn::Unknown
         }
     );
     let obs = f.sim.observe().unwrap();
@@ -687,7 +693,7 @@ fn a_fault_plan_file_is_loaded() {
     f.sim.create_gpu_instance(&g, 19, 2).unwrap();
     assert_eq!(
         code(f.sim.create_gpu_instance(&g, 19, 3)),
-        NvmlCode::InsufficientResources
+        NvmlReturn::InsufficientResources
     );
     f.sim.create_gpu_instance(&g, 19, 3).unwrap();
 

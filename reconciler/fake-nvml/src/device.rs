@@ -75,13 +75,20 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
         return INVALID_ARGUMENT;
     };
     call("nvmlDeviceGetUUID", Some(h.gpu()), true, |st| {
-        let d = &st.gpus[h.gpu() as usize].device;
+        let g = &st.gpus[h.gpu() as usize];
+        let d = &g.device;
         let text = match h {
             Handle::Device(_) => d.uuid().to_owned(),
             Handle::Mig { gi, ci, .. } => d
                 .gpu_instance(gi)
                 .and_then(|g| g.compute_instances.iter().find(|c| c.id == ci))
                 .map(|c| c.uuid.clone())
+                .or_else(|| {
+                    g.foreign
+                        .iter()
+                        .find(|f| f.id == gi && ci == 0)
+                        .map(|f| f.uuid.clone())
+                })
                 .ok_or(NOT_FOUND)?,
             _ => return Err(INVALID_ARGUMENT),
         };
@@ -177,13 +184,14 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
         if mode > 1 || activationStatus.is_null() {
             return Err(INVALID_ARGUMENT);
         }
+        permitted(st.driver.mig_config)?;
         dev(st, g).set_mig_mode(mode == 1).map_err(nvml_err)?;
         let status = if st.reset_refused(g) {
             IN_USE
         } else {
             match dev(st, g).reset() {
                 Ok(()) => SUCCESS,
-                Err(e) => e.nvml_return(),
+                Err(e) => nvml_err(e),
             }
         };
         // SAFETY: checked non-null; NVML's contract otherwise.
@@ -202,7 +210,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
         return INVALID_ARGUMENT;
     };
     call("nvmlDeviceGetMaxMigDeviceCount", Some(g), true, |st| {
-        let max = if dev(st, g).model().is_mig_capable() {
+        // Driver 580.159.04 answers 0 on an H100 with MIG disabled.
+        let d = dev(st, g);
+        let max = if d.model().is_mig_capable() && d.mig_mode().current {
             c_uint::from(COMPUTE_SLICES)
         } else {
             0
@@ -224,11 +234,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         return INVALID_ARGUMENT;
     };
     call("nvmlDeviceGetMigDeviceHandleByIndex", Some(g), true, |st| {
+        let empty = st.driver.empty_mig_slot.raw();
+        let foreign = foreign(st, g).to_vec();
         let d = dev(st, g);
+        // Driver 580.159.04 answers NOT_FOUND on an H100 with MIG disabled.
         if !d.mig_mode().current {
-            return Err(NOT_SUPPORTED);
+            return Err(NOT_FOUND);
         }
-        let &(gi, ci) = mig_devices(d).get(index as usize).ok_or(NOT_FOUND)?;
+        let &(gi, ci) = mig_devices(d, &foreign).get(index as usize).ok_or(empty)?;
         // SAFETY: NVML's contract on `migDevice`.
         unsafe { put(migDevice, Handle::Mig { gpu: g, gi, ci }.ptr()) }
     })
@@ -267,12 +280,47 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     )
 }
 
+/// Where each field of a process entry sits; `usedGpuCcProtectedMemory` only in the 32-byte
+/// layout of drivers 535.43 to 535.86.
+const PID_AT: usize = 0;
+const USED_MEMORY_AT: usize = 8;
+const GPU_INSTANCE_AT: usize = 16;
+const COMPUTE_INSTANCE_AT: usize = 20;
+const CC_PROTECTED_AT: usize = 24;
+
+/// Writes one entry of `stride` bytes at `base`.
+///
+/// # Safety
+/// `base` is valid for `stride` bytes.
+unsafe fn write_process(base: *mut u8, stride: usize, p: &nvmlProcessInfo_t) {
+    // SAFETY: every offset plus its field's size is within `stride` (24 or 32); unaligned
+    // writes, since a caller's buffer is only as aligned as its own entry type.
+    unsafe {
+        base.add(PID_AT).cast::<c_uint>().write_unaligned(p.pid);
+        base.add(USED_MEMORY_AT)
+            .cast::<u64>()
+            .write_unaligned(p.usedGpuMemory);
+        base.add(GPU_INSTANCE_AT)
+            .cast::<c_uint>()
+            .write_unaligned(p.gpuInstanceId);
+        base.add(COMPUTE_INSTANCE_AT)
+            .cast::<c_uint>()
+            .write_unaligned(p.computeInstanceId);
+        if stride > CC_PROTECTED_AT {
+            base.add(CC_PROTECTED_AT).cast::<u64>().write_unaligned(0);
+        }
+    }
+}
+
 /// On the GPU's handle: every process, with its instance ids; on a MIG device's handle: the
 /// processes of that compute instance. With `infos` null, or too small, `infoCount` receives
 /// the count needed and the answer is `INSUFFICIENT_SIZE` (`SUCCESS` when there are none).
+/// Entries are `driver.process_info_bytes` apart: 24 as nvml.h declares, or 32 as drivers
+/// 535.43 to 535.86 write them through this same symbol.
 ///
 /// # Safety
-/// `infoCount` is null or valid; `infos` is null or valid for `*infoCount` elements.
+/// `infoCount` is null or valid; `infos` is null or valid for `*infoCount` entries of the
+/// configured size.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: nvmlDevice_t,
@@ -328,10 +376,20 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
             } else {
                 unsafe { *infoCount as usize }
             };
+            // SAFETY: `infoCount` checked.
+            unsafe { put(infoCount, items.len() as c_uint)? };
             if items.is_empty() {
-                return unsafe { put(infoCount, 0) };
+                return Ok(());
             }
-            unsafe { put_list(infos, infoCount, capacity, items) }
+            if items.len() > capacity {
+                return Err(INSUFFICIENT_SIZE);
+            }
+            let stride = st.driver.process_info_bytes as usize;
+            for (i, p) in items.iter().enumerate() {
+                // SAFETY: i < capacity entries of `stride` bytes (the caller's contract).
+                unsafe { write_process(infos.cast::<u8>().add(i * stride), stride, p) };
+            }
+            Ok(())
         },
     )
 }

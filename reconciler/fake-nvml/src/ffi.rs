@@ -7,22 +7,21 @@ use std::sync::{Mutex, MutexGuard};
 
 use nvml_wrapper_sys::bindings::*;
 use tessera_mig::device::{DeviceError, MigDevice};
-use tessera_mig::{Placement, shape};
+use tessera_mig::{NvmlReturn, Placement, shape};
 
-use crate::state::{FakeState, STATE_ENV};
+use crate::state::{FakeState, ForeignInstance, STATE_ENV};
 
-pub(crate) const SUCCESS: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
-pub(crate) const UNINITIALIZED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
-pub(crate) const INVALID_ARGUMENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
-pub(crate) const NOT_SUPPORTED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
-pub(crate) const NOT_FOUND: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
-pub(crate) const INSUFFICIENT_SIZE: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
-pub(crate) const DRIVER_NOT_LOADED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED;
-pub(crate) const GPU_IS_LOST: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
-pub(crate) const IN_USE: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_IN_USE;
-pub(crate) const INSUFFICIENT_RESOURCES: nvmlReturn_t =
-    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES;
-pub(crate) const UNKNOWN: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+pub(crate) const SUCCESS: nvmlReturn_t = NvmlReturn::Success.raw();
+pub(crate) const UNINITIALIZED: nvmlReturn_t = NvmlReturn::Uninitialized.raw();
+pub(crate) const INVALID_ARGUMENT: nvmlReturn_t = NvmlReturn::InvalidArgument.raw();
+pub(crate) const NOT_SUPPORTED: nvmlReturn_t = NvmlReturn::NotSupported.raw();
+pub(crate) const NO_PERMISSION: nvmlReturn_t = NvmlReturn::NoPermission.raw();
+pub(crate) const NOT_FOUND: nvmlReturn_t = NvmlReturn::NotFound.raw();
+pub(crate) const INSUFFICIENT_SIZE: nvmlReturn_t = NvmlReturn::InsufficientSize.raw();
+pub(crate) const DRIVER_NOT_LOADED: nvmlReturn_t = NvmlReturn::DriverNotLoaded.raw();
+pub(crate) const IN_USE: nvmlReturn_t = NvmlReturn::InUse.raw();
+pub(crate) const INSUFFICIENT_RESOURCES: nvmlReturn_t = NvmlReturn::InsufficientResources.raw();
+pub(crate) const UNKNOWN: nvmlReturn_t = NvmlReturn::Unknown.raw();
 
 /// What NVML puts in a process's instance ids when it runs on no MIG instance.
 pub(crate) const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
@@ -70,7 +69,7 @@ pub(crate) fn call(
             return INVALID_ARGUMENT;
         }
         if let Some(code) = st.gate(function, gpu, live_only) {
-            return code;
+            return code.raw();
         }
         match op(&mut st) {
             Ok(()) => SUCCESS,
@@ -97,7 +96,22 @@ pub(crate) fn dev(st: &mut FakeState, gpu: u32) -> &mut MigDevice {
 }
 
 pub(crate) fn nvml_err(e: DeviceError) -> nvmlReturn_t {
-    e.nvml_return()
+    e.nvml_return().raw()
+}
+
+/// `NO_PERMISSION` unless the caller holds the MIG capability (`monitor` to read instances,
+/// `config` to change them).
+pub(crate) fn permitted(capability: bool) -> Result<(), nvmlReturn_t> {
+    if capability {
+        Ok(())
+    } else {
+        Err(NO_PERMISSION)
+    }
+}
+
+/// The hand-made instances of a profile tessera's catalog does not know, on GPU `gpu`.
+pub(crate) fn foreign(st: &FakeState, gpu: u32) -> &[ForeignInstance] {
+    &st.gpus[gpu as usize].foreign
 }
 
 /// Writes `v` through `out`, refusing a null pointer as NVML does.
@@ -168,13 +182,17 @@ pub fn full_compute_instance_profile(compute_slices: u8) -> Option<c_uint> {
     })
 }
 
-/// The MIG devices (one per compute instance) in NVML's index order: by GPU instance id, then
-/// compute instance id.
-pub(crate) fn mig_devices(d: &MigDevice) -> Vec<(u32, u32)> {
-    d.gpu_instances()
+/// The MIG devices (one per compute instance, the foreign instances' included) in NVML's index
+/// order: by GPU instance id, then compute instance id.
+pub(crate) fn mig_devices(d: &MigDevice, foreign: &[ForeignInstance]) -> Vec<(u32, u32)> {
+    let mut all: Vec<(u32, u32)> = d
+        .gpu_instances()
         .iter()
         .flat_map(|g| g.compute_instances.iter().map(move |c| (g.id, c.id)))
-        .collect()
+        .chain(foreign.iter().map(|f| (f.id, 0)))
+        .collect();
+    all.sort_unstable();
+    all
 }
 
 pub(crate) fn placement_of(d: &MigDevice, gi: u32) -> Result<Placement, nvmlReturn_t> {

@@ -1,8 +1,9 @@
-//! `nvmlInit_v2`, `nvmlShutdown`, `nvmlErrorString`.
+//! `nvmlInit_v2`, `nvmlShutdown`, `nvmlErrorString`, `nvmlSystemGetDriverVersion`.
 
 use std::ffi::{c_char, c_uint};
 
 use nvml_wrapper_sys::bindings::*;
+use tessera_mig::NvmlReturn;
 
 use crate::ffi::*;
 use crate::state::FakeState;
@@ -38,18 +39,19 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
-    let s: &'static std::ffi::CStr = match result {
-        SUCCESS => c"Success",
-        UNINITIALIZED => c"Uninitialized",
-        INVALID_ARGUMENT => c"Invalid Argument",
-        NOT_SUPPORTED => c"Not Supported",
-        NOT_FOUND => c"Not Found",
-        INSUFFICIENT_SIZE => c"Insufficient Size",
-        DRIVER_NOT_LOADED => c"Driver Not Loaded",
-        GPU_IS_LOST => c"GPU is lost",
-        IN_USE => c"In use by another client",
-        INSUFFICIENT_RESOURCES => c"Insufficient resources",
-        _ => c"Unknown Error",
-    };
-    s.as_ptr()
+    NvmlReturn::from_raw(result).message().as_ptr()
+}
+
+/// # Safety
+/// `version` is null or valid for `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    call("nvmlSystemGetDriverVersion", None, false, |st| {
+        let text = st.driver.version.clone();
+        // SAFETY: NVML's contract on `version`.
+        unsafe { put_str(version, length, &text) }
+    })
 }

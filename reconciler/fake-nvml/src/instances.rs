@@ -3,12 +3,14 @@
 use std::ffi::c_uint;
 
 use nvml_wrapper_sys::bindings::*;
-use tessera_mig::{MEMORY_SLICES, shape, shape_by_nvml_enum};
+use tessera_mig::{MEMORY_SLICES, possible_placements, shape, shape_by_nvml_enum};
 
 use crate::ffi::*;
 use crate::handle::{Handle, handle};
 
-/// Takes the NVML profile *enum* (`NVML_GPU_INSTANCE_PROFILE_*`), not the profile ID.
+/// Takes the NVML profile *enum* (`NVML_GPU_INSTANCE_PROFILE_*`), not the profile ID. Answers
+/// whether or not MIG is enabled, as driver 580.159.04 does on an H100: `NOT_SUPPORTED` for an
+/// enum the GPU does not offer, `INVALID_ARGUMENT` for one past `NVML_GPU_INSTANCE_PROFILE_COUNT`.
 ///
 /// # Safety
 /// `info` is null or valid for a write.
@@ -22,24 +24,49 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
         return INVALID_ARGUMENT;
     };
     call("nvmlDeviceGetGpuInstanceProfileInfo", Some(g), true, |st| {
-        let d = dev(st, g);
-        let Some(s) = shape_by_nvml_enum(profile) else {
+        if profile >= NVML_GPU_INSTANCE_PROFILE_COUNT {
             return Err(INVALID_ARGUMENT);
-        };
-        if !d.mig_mode().current || d.model().profile_name(s.profile_id).is_none() {
+        }
+        let foreign = foreign(st, g).to_vec();
+        let d = dev(st, g);
+        if !d.model().is_mig_capable() {
             return Err(NOT_SUPPORTED);
         }
         let memory_mb =
-            d.model().memory_mib * u64::from(s.memory_slices) / u64::from(MEMORY_SLICES);
+            |slices: u8| d.model().memory_mib * u64::from(slices) / u64::from(MEMORY_SLICES);
+        let answer = if let Some(s) =
+            shape_by_nvml_enum(profile).filter(|s| d.model().profile_name(s.profile_id).is_some())
+        {
+            (
+                s.profile_id,
+                s.compute_slices,
+                s.max_per_gpu.into(),
+                memory_mb(s.memory_slices),
+            )
+        } else if let Some(f) = foreign.iter().find(|f| f.nvml_enum == profile) {
+            let count = foreign
+                .iter()
+                .filter(|o| o.profile_id == f.profile_id)
+                .count();
+            (
+                f.profile_id,
+                f.compute_slices,
+                count as c_uint,
+                memory_mb(f.size),
+            )
+        } else {
+            return Err(NOT_SUPPORTED);
+        };
+        let (id, slices, instances, memory_size_mb) = answer;
         // SAFETY: NVML's contract on `info`.
         unsafe {
             put(
                 info,
                 nvmlGpuInstanceProfileInfo_t {
-                    id: s.profile_id,
+                    id,
                     isP2pSupported: 0,
-                    sliceCount: c_uint::from(s.compute_slices),
-                    instanceCount: c_uint::from(s.max_per_gpu),
+                    sliceCount: c_uint::from(slices),
+                    instanceCount: instances,
                     // Engine and SM counts are not modelled; nothing in tessera reads them.
                     multiprocessorCount: 0,
                     copyEngineCount: 0,
@@ -47,14 +74,17 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
                     encoderCount: 0,
                     jpegCount: 0,
                     ofaCount: 0,
-                    memorySizeMB: memory_mb,
+                    memorySizeMB: memory_size_mb,
                 },
             )
         }
     })
 }
 
-/// With `placements` null, `count` receives how many there are.
+/// Every placement of the profile, whatever is occupied and whether or not MIG is enabled:
+/// nvml.h says so ("returns all the possible placements for the given profile regardless of
+/// whether MIG is enabled or not"), and driver 580.159.04 answered so on an H100 with MIG
+/// disabled. With `placements` null, `count` receives how many there are.
 ///
 /// # Safety
 /// `count` is null or valid; `placements` is null or valid for `*count` elements.
@@ -76,25 +106,39 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
             if count.is_null() {
                 return Err(INVALID_ARGUMENT);
             }
-            let found = dev(st, g)
-                .gpu_instance_possible_placements(profileId)
-                .map_err(nvml_err)?;
-            let items: Vec<nvmlGpuInstancePlacement_t> = found
-                .iter()
-                .map(|p| nvmlGpuInstancePlacement_t {
-                    start: c_uint::from(p.start),
-                    size: c_uint::from(p.size()),
-                })
-                .collect();
-            // SAFETY: `count` checked; NVML's contract on `placements`.
-            let capacity = if placements.is_null() {
-                0
-            } else {
-                unsafe { *count as usize }
-            };
+            let foreign = foreign(st, g).to_vec();
+            let d = dev(st, g);
+            if !d.model().is_mig_capable() {
+                return Err(NOT_SUPPORTED);
+            }
+            let items: Vec<nvmlGpuInstancePlacement_t> =
+                if d.model().profile_name(profileId).is_some() {
+                    // On an empty GPU every placement of the profile is possible.
+                    possible_placements(&[], profileId)
+                        .iter()
+                        .map(|p| nvmlGpuInstancePlacement_t {
+                            start: c_uint::from(p.start),
+                            size: c_uint::from(p.size()),
+                        })
+                        .collect()
+                } else if foreign.iter().any(|f| f.profile_id == profileId) {
+                    foreign
+                        .iter()
+                        .filter(|f| f.profile_id == profileId)
+                        .map(|f| nvmlGpuInstancePlacement_t {
+                            start: c_uint::from(f.start),
+                            size: c_uint::from(f.size),
+                        })
+                        .collect()
+                } else {
+                    return Err(INVALID_ARGUMENT);
+                };
             if placements.is_null() {
+                // SAFETY: `count` checked.
                 return unsafe { put(count, items.len() as c_uint) };
             }
+            // SAFETY: `count` checked; NVML's contract on `placements`.
+            let capacity = unsafe { *count as usize };
             unsafe { put_list(placements, count, capacity, items) }
         },
     )
@@ -129,6 +173,14 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
                 return Err(INVALID_ARGUMENT);
             }
             let start = u8::try_from(want.start).map_err(|_| INVALID_ARGUMENT)?;
+            permitted(st.driver.mig_config)?;
+            let end = want.start + want.size;
+            if foreign(st, g)
+                .iter()
+                .any(|f| want.start < u32::from(f.start + f.size) && u32::from(f.start) < end)
+            {
+                return Err(INSUFFICIENT_RESOURCES);
+            }
             let gi = dev(st, g)
                 .create_gpu_instance_with_placement(profileId, start)
                 .map_err(nvml_err)?;
@@ -154,24 +206,32 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
         return INVALID_ARGUMENT;
     };
     call("nvmlDeviceGetGpuInstances", Some(g), true, |st| {
-        let d = dev(st, g);
-        let Some(s) = shape(profileId) else {
-            return Err(INVALID_ARGUMENT);
-        };
-        if !d.mig_mode().current {
-            return Err(NOT_SUPPORTED);
-        }
-        let items: Vec<nvmlGpuInstance_t> = d
-            .gpu_instances()
+        permitted(st.driver.mig_monitor)?;
+        let foreign: Vec<u32> = foreign(st, g)
             .iter()
-            .filter(|i| i.placement.profile_id == profileId)
-            .map(|i| Handle::GpuInstance { gpu: g, gi: i.id }.ptr())
+            .filter(|f| f.profile_id == profileId)
+            .map(|f| f.id)
             .collect();
+        let d = dev(st, g);
+        let capacity = match shape(profileId) {
+            Some(s) => usize::from(s.max_per_gpu),
+            None if !foreign.is_empty() => foreign.len(),
+            None => return Err(INVALID_ARGUMENT),
+        };
         if gpuInstances.is_null() {
             return Err(INVALID_ARGUMENT);
         }
+        // Driver 580.159.04 lists none, successfully, on an H100 with MIG disabled.
+        let items: Vec<nvmlGpuInstance_t> = d
+            .gpu_instances()
+            .iter()
+            .filter(|i| d.mig_mode().current && i.placement.profile_id == profileId)
+            .map(|i| i.id)
+            .chain(foreign)
+            .map(|gi| Handle::GpuInstance { gpu: g, gi }.ptr())
+            .collect();
         // SAFETY: NVML's contract: room for the profile's instance count.
-        unsafe { put_list(gpuInstances, count, usize::from(s.max_per_gpu), items) }
+        unsafe { put_list(gpuInstances, count, capacity, items) }
     })
 }
 
@@ -187,11 +247,13 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
         return INVALID_ARGUMENT;
     };
     call("nvmlDeviceGetGpuInstanceById", Some(g), true, |st| {
+        permitted(st.driver.mig_monitor)?;
+        let is_foreign = foreign(st, g).iter().any(|f| f.id == id);
         let d = dev(st, g);
-        if !d.mig_mode().current {
-            return Err(NOT_SUPPORTED);
+        // Driver 580.159.04 answers NOT_FOUND on an H100 with MIG disabled.
+        if !is_foreign && (!d.mig_mode().current || placement_of(d, id).is_err()) {
+            return Err(NOT_FOUND);
         }
-        placement_of(d, id)?;
         // SAFETY: NVML's contract on `gpuInstance`.
         unsafe { put(gpuInstance, Handle::GpuInstance { gpu: g, gi: id }.ptr()) }
     })
@@ -208,7 +270,13 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
         return INVALID_ARGUMENT;
     };
     call("nvmlGpuInstanceGetInfo", Some(gpu), true, |st| {
-        let p = placement_of(dev(st, gpu), gi)?;
+        let (profile_id, start, size) = match foreign(st, gpu).iter().find(|f| f.id == gi) {
+            Some(f) => (f.profile_id, f.start, f.size),
+            None => {
+                let p = placement_of(dev(st, gpu), gi)?;
+                (p.profile_id, p.start, p.size())
+            }
+        };
         // SAFETY: NVML's contract on `info`.
         unsafe {
             put(
@@ -216,10 +284,10 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
                 nvmlGpuInstanceInfo_t {
                     device: Handle::Device(gpu).ptr(),
                     id: gi,
-                    profileId: p.profile_id,
+                    profileId: profile_id,
                     placement: nvmlGpuInstancePlacement_t {
-                        start: c_uint::from(p.start),
-                        size: c_uint::from(p.size()),
+                        start: c_uint::from(start),
+                        size: c_uint::from(size),
                     },
                 },
             )
@@ -233,6 +301,11 @@ pub extern "C" fn nvmlGpuInstanceDestroy(gpuInstance: nvmlGpuInstance_t) -> nvml
         return INVALID_ARGUMENT;
     };
     call("nvmlGpuInstanceDestroy", Some(gpu), true, |st| {
+        permitted(st.driver.mig_config)?;
+        // A foreign instance keeps its compute instance: NVML refuses while one exists.
+        if foreign(st, gpu).iter().any(|f| f.id == gi) {
+            return Err(IN_USE);
+        }
         dev(st, gpu).destroy_gpu_instance(gi).map_err(nvml_err)
     })
 }
@@ -304,6 +377,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
             if computeInstance.is_null() {
                 return Err(INVALID_ARGUMENT);
             }
+            permitted(st.driver.mig_config)?;
             let p = placement_of(dev(st, gpu), gi)?;
             if full_compute_instance_profile(compute_slices(p.profile_id)?) != Some(profileId) {
                 return Err(NOT_SUPPORTED);
@@ -339,6 +413,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
         Some(gpu),
         true,
         |st| {
+            permitted(st.driver.mig_monitor)?;
             let d = dev(st, gpu);
             let p = placement_of(d, gi)?;
             if full_compute_instance_profile(compute_slices(p.profile_id)?) != Some(profileId) {
@@ -376,6 +451,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
         Some(gpu),
         true,
         |st| {
+            permitted(st.driver.mig_monitor)?;
             let d = dev(st, gpu);
             let found = d
                 .gpu_instance(gi)
@@ -442,6 +518,7 @@ pub extern "C" fn nvmlComputeInstanceDestroy(
         return INVALID_ARGUMENT;
     };
     call("nvmlComputeInstanceDestroy", Some(gpu), true, |st| {
+        permitted(st.driver.mig_config)?;
         dev(st, gpu)
             .destroy_compute_instance(gi, ci)
             .map_err(nvml_err)

@@ -87,4 +87,5 @@ fn exports_have_the_bindings_types(lib: &NvmlLib) {
     same(&lib.nvmlInitWithFlags, nvmlInitWithFlags);
     same(&lib.nvmlInit_v2, nvmlInit_v2);
     same(&lib.nvmlShutdown, nvmlShutdown);
+    same(&lib.nvmlSystemGetDriverVersion, nvmlSystemGetDriverVersion);
 }

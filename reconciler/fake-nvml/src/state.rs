@@ -10,13 +10,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tessera_mig::NvmlReturn;
 use tessera_mig::device::MigDevice;
 
 /// The environment variable naming the state file.
 pub const STATE_ENV: &str = "TESSERA_FAKE_NVML_STATE";
-
-/// `NVML_ERROR_GPU_IS_LOST`.
-const GPU_IS_LOST: u32 = 15;
 
 /// The whole machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,6 +24,74 @@ pub struct FakeState {
     pub gpus: Vec<FakeGpu>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<FakeFault>,
+    /// How the driver behind the library behaves where drivers differ.
+    #[serde(default)]
+    pub driver: DriverTraits,
+}
+
+impl FakeState {
+    /// A machine with these GPUs, no faults, and the driver the H100 evidence was read from.
+    pub fn new(gpus: Vec<FakeGpu>) -> FakeState {
+        FakeState {
+            gpus,
+            faults: Vec::new(),
+            driver: DriverTraits::default(),
+        }
+    }
+}
+
+/// The knobs that make the stand-in answer as one real driver or another does (the evidence
+/// for each is recorded in ARCHITECTURE.md, "What the stand-in reproduces").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DriverTraits {
+    /// What `nvmlSystemGetDriverVersion` answers.
+    pub version: String,
+    /// Bytes per entry `nvmlDeviceGetComputeRunningProcesses_v3` writes: 24 (`nvmlProcessInfo_t`
+    /// as nvml.h declares it; driver 580.159.04 measured) or 32 (drivers 535.43 to 535.86, which
+    /// add `usedGpuCcProtectedMemory` through the same symbol).
+    pub process_info_bytes: u32,
+    /// What `nvmlDeviceGetMigDeviceHandleByIndex` answers for an index with no MIG device:
+    /// `not_found` (driver 580.159.04) or `invalid_argument` (what NVIDIA's device plugin also
+    /// skips).
+    pub empty_mig_slot: NvmlReturn,
+    /// Whether the caller may read MIG instances (`/proc/driver/nvidia/capabilities/mig/monitor`,
+    /// world-readable by default); without it the instance-listing calls answer `NO_PERMISSION`.
+    pub mig_monitor: bool,
+    /// Whether the caller may change MIG (`mig/config`, root only by default); without it mode
+    /// changes, creations and destructions answer `NO_PERMISSION`.
+    pub mig_config: bool,
+}
+
+impl Default for DriverTraits {
+    fn default() -> Self {
+        DriverTraits {
+            version: "580.159.04".into(),
+            process_info_bytes: 24,
+            empty_mig_slot: NvmlReturn::NotFound,
+            mig_monitor: true,
+            mig_config: true,
+        }
+    }
+}
+
+/// A GPU instance of a profile tessera's catalog does not know (made by hand with
+/// `nvidia-smi`, or one of the newer profile enums), with one compute instance. The stand-in
+/// lists it, reports its profile and keeps its memory slices occupied; it does not change it.
+/// Its id must be 8 or more, clear of the ids [`MigDevice`] hands out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForeignInstance {
+    pub id: u32,
+    pub profile_id: u32,
+    /// Its `NVML_GPU_INSTANCE_PROFILE_*` value.
+    pub nvml_enum: u32,
+    pub start: u8,
+    /// Memory slices.
+    pub size: u8,
+    pub compute_slices: u8,
+    /// Its compute instance's MIG device UUID.
+    pub uuid: String,
 }
 
 /// One GPU as NVML describes it.
@@ -37,6 +103,8 @@ pub struct FakeGpu {
     /// What `nvmlDeviceGetMemoryInfo` reports as total, in bytes.
     pub memory_total: u64,
     pub device: MigDevice,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign: Vec<ForeignInstance>,
 }
 
 /// A fault, fired by counting: `after` matching calls pass first. Counters are kept in the file,
@@ -50,7 +118,7 @@ pub enum FakeFault {
         function: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gpu: Option<u32>,
-        code: u32,
+        code: NvmlReturn,
         #[serde(default = "one")]
         times: u32,
         #[serde(default)]
@@ -97,7 +165,31 @@ fn count(after: &mut u32, times: &mut u32) -> bool {
 impl FakeState {
     pub fn load(path: &Path) -> Result<FakeState, String> {
         let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+        let state: FakeState =
+            serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        state
+            .check()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(state)
+    }
+
+    /// What serde cannot say about a state: knobs out of range, foreign ids that collide.
+    fn check(&self) -> Result<(), String> {
+        if ![24, 32].contains(&self.driver.process_info_bytes) {
+            return Err(format!(
+                "driver.process_info_bytes is {}; drivers write 24 or 32",
+                self.driver.process_info_bytes
+            ));
+        }
+        for (i, g) in self.gpus.iter().enumerate() {
+            if let Some(f) = g.foreign.iter().find(|f| f.id < 8) {
+                return Err(format!(
+                    "gpus[{i}].foreign: id {} is below 8, where tessera_mig::device hands out ids",
+                    f.id
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Writes to a temporary file, then renames it over the state, so a reader never sees half
@@ -121,7 +213,12 @@ impl FakeState {
     /// Runs the faults for a call to `function` on `gpu` (None: a call on no device): `lose`
     /// first; then, with `live_only`, a lost GPU answers `NVML_ERROR_GPU_IS_LOST` before any
     /// `fail` is counted against it; then `fail`. Returns the code the call fails with.
-    pub fn gate(&mut self, function: &str, gpu: Option<u32>, live_only: bool) -> Option<u32> {
+    pub fn gate(
+        &mut self,
+        function: &str,
+        gpu: Option<u32>,
+        live_only: bool,
+    ) -> Option<NvmlReturn> {
         let mut lost = Vec::new();
         self.faults.retain_mut(|f| match f {
             FakeFault::Lose { gpu: g, after } if Some(*g) == gpu => {
@@ -147,7 +244,7 @@ impl FakeState {
                 .get(g as usize)
                 .is_some_and(|d| d.device.is_lost())
         {
-            return Some(GPU_IS_LOST);
+            return Some(NvmlReturn::GpuIsLost);
         }
         let mut failed = None;
         for f in &mut self.faults {
@@ -210,8 +307,10 @@ mod tests {
                 name: "NVIDIA H100 80GB HBM3".into(),
                 memory_total: 85_520_809_984,
                 device: MigDevice::new("GPU-00000000-0000-0000-0000-000000000000", model),
+                foreign: Vec::new(),
             }],
             faults,
+            driver: DriverTraits::default(),
         }
     }
 
@@ -220,15 +319,21 @@ mod tests {
         let mut s = state(vec![FakeFault::Fail {
             function: "nvmlGpuInstanceDestroy".into(),
             gpu: Some(0),
-            code: 19,
+            code: NvmlReturn::InUse,
             times: 2,
             after: 1,
         }]);
         assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), None);
         assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(1), true), None);
         assert_eq!(s.gate("nvmlDeviceGetName", Some(0), true), None);
-        assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), Some(19));
-        assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), Some(19));
+        assert_eq!(
+            s.gate("nvmlGpuInstanceDestroy", Some(0), true),
+            Some(NvmlReturn::InUse)
+        );
+        assert_eq!(
+            s.gate("nvmlGpuInstanceDestroy", Some(0), true),
+            Some(NvmlReturn::InUse)
+        );
         assert_eq!(s.gate("nvmlGpuInstanceDestroy", Some(0), true), None);
         assert!(s.faults.is_empty());
     }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{GpuRef, NvmlCode};
+use super::{GpuRef, NvmlReturn};
 
 /// The driver calls a fault can target, named as the [`super::NodeDriver`] methods are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -34,12 +34,14 @@ pub enum Call {
 }
 
 impl Call {
-    /// The NVML function the call stands for, as errors name it.
+    /// The NVML function the call stands for, as errors name it. NVML has no reset call: the
+    /// reset that activates a pending mode is the one `nvmlDeviceSetMigMode` attempts (the
+    /// `nvml` driver names it the same way).
     pub fn nvml_function(self) -> &'static str {
         match self {
             Call::Observe => "nvmlDeviceGetMigMode",
             Call::SetMigMode => "nvmlDeviceSetMigMode",
-            Call::ResetGpu => "nvmlDeviceResetGpu",
+            Call::ResetGpu => "nvmlDeviceSetMigMode (activation)",
             Call::CreateGpuInstance => "nvmlDeviceCreateGpuInstanceWithPlacement",
             Call::DestroyGpuInstance => "nvmlGpuInstanceDestroy",
             Call::CreateComputeInstance => "nvmlGpuInstanceCreateComputeInstance",
@@ -69,7 +71,7 @@ pub enum Fault {
         node: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gpu: Option<u32>,
-        code: NvmlCode,
+        code: NvmlReturn,
         #[serde(default = "one")]
         times: u32,
         #[serde(default)]
@@ -161,7 +163,7 @@ pub(crate) struct Verdict {
     pub delay: Duration,
     /// Fail with this code, changing nothing; the GPU is the first of the call's GPUs that the
     /// failing fault names (an observation covers many).
-    pub fail: Option<(NvmlCode, GpuRef)>,
+    pub fail: Option<(NvmlReturn, GpuRef)>,
 }
 
 /// A plan with its counters: how many matching calls each fault has seen and how many times it
@@ -229,7 +231,7 @@ impl FaultState {
                     gpu,
                     times,
                     after,
-                } if call == Call::ResetGpu => (NvmlCode::InUse, node, gpu, *times, *after),
+                } if call == Call::ResetGpu => (NvmlReturn::InUse, node, gpu, *times, *after),
                 Fault::Slow {
                     call: c,
                     node,
@@ -264,7 +266,7 @@ impl FaultState {
 mod tests {
     use super::*;
 
-    fn code(v: Verdict) -> Option<NvmlCode> {
+    fn code(v: Verdict) -> Option<NvmlReturn> {
         v.fail.map(|(code, _)| code)
     }
 
@@ -292,7 +294,7 @@ mod tests {
                     call: Call::CreateGpuInstance,
                     node: Some("infer-0".into()),
                     gpu: Some(3),
-                    code: NvmlCode::InsufficientResources,
+                    code: NvmlReturn::InsufficientResources,
                     times: 1,
                     after: 1
                 },
@@ -337,20 +339,20 @@ mod tests {
             call: Call::DestroyGpuInstance,
             node: Some("a".into()),
             gpu: None,
-            code: NvmlCode::Unknown,
+            code: NvmlReturn::Unknown,
             times: 2,
             after: 1,
         }]));
         let a0 = [gpu("a", 0)];
-        let got: Vec<Option<NvmlCode>> = (0..5)
+        let got: Vec<Option<NvmlReturn>> = (0..5)
             .map(|_| code(s.on_call(Call::DestroyGpuInstance, &a0)))
             .collect();
         assert_eq!(
             got,
             [
                 None,
-                Some(NvmlCode::Unknown),
-                Some(NvmlCode::Unknown),
+                Some(NvmlReturn::Unknown),
+                Some(NvmlReturn::Unknown),
                 None,
                 None
             ]
@@ -365,7 +367,7 @@ mod tests {
         assert_eq!(code(s.on_call(Call::DestroyGpuInstance, &a0)), None);
         assert_eq!(
             code(s.on_call(Call::DestroyGpuInstance, &a0)),
-            Some(NvmlCode::Unknown)
+            Some(NvmlReturn::Unknown)
         );
     }
 
@@ -380,17 +382,17 @@ mod tests {
             after: 0,
         };
         let mut s = FaultState::new(FaultPlan::new(vec![
-            fail(NvmlCode::NoPermission),
-            fail(NvmlCode::Unknown),
+            fail(NvmlReturn::NoPermission),
+            fail(NvmlReturn::Unknown),
         ]));
         let g = [gpu("a", 0)];
         assert_eq!(
             code(s.on_call(Call::SetMigMode, &g)),
-            Some(NvmlCode::NoPermission)
+            Some(NvmlReturn::NoPermission)
         );
         assert_eq!(
             code(s.on_call(Call::SetMigMode, &g)),
-            Some(NvmlCode::Unknown)
+            Some(NvmlReturn::Unknown)
         );
         assert_eq!(code(s.on_call(Call::SetMigMode, &g)), None);
     }
@@ -415,14 +417,14 @@ mod tests {
             call: Call::Observe,
             node: Some("b".into()),
             gpu: None,
-            code: NvmlCode::GpuIsLost,
+            code: NvmlReturn::GpuIsLost,
             times: 1,
             after: 0,
         }]));
         let fleet = [gpu("a", 0), gpu("b", 0), gpu("b", 1)];
         assert_eq!(
             s.on_call(Call::Observe, &fleet).fail,
-            Some((NvmlCode::GpuIsLost, gpu("b", 0)))
+            Some((NvmlReturn::GpuIsLost, gpu("b", 0)))
         );
         assert_eq!(s.on_call(Call::Observe, &fleet).fail, None);
     }
@@ -470,7 +472,7 @@ mod tests {
         }]));
         let g = [gpu("a", 0)];
         assert_eq!(code(s.on_call(Call::SetMigMode, &g)), None);
-        assert_eq!(code(s.on_call(Call::ResetGpu, &g)), Some(NvmlCode::InUse));
+        assert_eq!(code(s.on_call(Call::ResetGpu, &g)), Some(NvmlReturn::InUse));
         assert_eq!(code(s.on_call(Call::ResetGpu, &g)), None);
     }
 }

@@ -14,6 +14,7 @@ pub mod sim;
 
 use serde::{Deserialize, Serialize};
 use tessera_compiler::model::Node;
+pub use tessera_mig::NvmlReturn;
 
 /// One GPU: node name and NVML device index.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -78,11 +79,12 @@ pub struct Observation {
 /// the logs say exactly what the driver said.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DriverError {
-    #[error("{gpu}: {call} failed: {code}")]
+    #[error("{gpu}: {call} failed: {code}{}", advice(call, *code))]
     Nvml {
         gpu: GpuRef,
+        /// The NVML function that answered, as `nvml.h` names it.
         call: &'static str,
-        code: NvmlCode,
+        code: NvmlReturn,
     },
     #[error("no such GPU: {0}")]
     UnknownGpu(GpuRef),
@@ -94,7 +96,7 @@ pub enum DriverError {
 
 impl DriverError {
     /// The NVML return code, when the failure came from an NVML call.
-    pub fn code(&self) -> Option<NvmlCode> {
+    pub fn code(&self) -> Option<NvmlReturn> {
         match self {
             DriverError::Nvml { code, .. } => Some(*code),
             _ => None,
@@ -102,73 +104,27 @@ impl DriverError {
     }
 }
 
-/// The NVML return codes a driver can see, with their values from `nvml.h`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NvmlCode {
-    Uninitialized = 1,
-    InvalidArgument = 2,
-    NotSupported = 3,
-    NoPermission = 4,
-    NotFound = 6,
-    InsufficientSize = 7,
-    GpuIsLost = 15,
-    ResetRequired = 16,
-    OperationSystem = 17,
-    InUse = 19,
-    InsufficientResources = 23,
-    Unknown = 999,
-}
-
-impl NvmlCode {
-    pub fn from_raw(code: u32) -> NvmlCode {
-        match code {
-            1 => NvmlCode::Uninitialized,
-            2 => NvmlCode::InvalidArgument,
-            3 => NvmlCode::NotSupported,
-            4 => NvmlCode::NoPermission,
-            6 => NvmlCode::NotFound,
-            7 => NvmlCode::InsufficientSize,
-            15 => NvmlCode::GpuIsLost,
-            16 => NvmlCode::ResetRequired,
-            17 => NvmlCode::OperationSystem,
-            19 => NvmlCode::InUse,
-            23 => NvmlCode::InsufficientResources,
-            _ => NvmlCode::Unknown,
-        }
+/// What an operator can do about a refusal that is not the GPU's state but the caller's rights.
+/// MIG is guarded by two capability device files (NVIDIA's MIG user guide, "Device Nodes and
+/// Capabilities"): `mig/monitor` to read instances (world-readable by default) and `mig/config`
+/// to change them (root only by default).
+fn advice(call: &str, code: NvmlReturn) -> &'static str {
+    if code != NvmlReturn::NoPermission {
+        return "";
     }
-
-    pub fn raw(self) -> u32 {
-        self as u32
-    }
-
-    /// `NVML_ERROR_*` as `nvml.h` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            NvmlCode::Uninitialized => "NVML_ERROR_UNINITIALIZED",
-            NvmlCode::InvalidArgument => "NVML_ERROR_INVALID_ARGUMENT",
-            NvmlCode::NotSupported => "NVML_ERROR_NOT_SUPPORTED",
-            NvmlCode::NoPermission => "NVML_ERROR_NO_PERMISSION",
-            NvmlCode::NotFound => "NVML_ERROR_NOT_FOUND",
-            NvmlCode::InsufficientSize => "NVML_ERROR_INSUFFICIENT_SIZE",
-            NvmlCode::GpuIsLost => "NVML_ERROR_GPU_IS_LOST",
-            NvmlCode::ResetRequired => "NVML_ERROR_RESET_REQUIRED",
-            NvmlCode::OperationSystem => "NVML_ERROR_OPERATING_SYSTEM",
-            NvmlCode::InUse => "NVML_ERROR_IN_USE",
-            NvmlCode::InsufficientResources => "NVML_ERROR_INSUFFICIENT_RESOURCES",
-            NvmlCode::Unknown => "NVML_ERROR_UNKNOWN",
-        }
+    let changes = ["Create", "Destroy", "SetMigMode"];
+    if changes.iter().any(|c| call.contains(c)) {
+        "; changing MIG needs root or read access to /proc/driver/nvidia/capabilities/mig/config \
+         (run the service as root)"
+    } else {
+        "; this user may not read MIG instances: run the service as root, or give it read access \
+         to /proc/driver/nvidia/capabilities/mig/monitor (its /dev/nvidia-caps device)"
     }
 }
 
-impl std::fmt::Display for NvmlCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.name(), self.raw())
-    }
-}
-
-/// The operations the reconciler drives. Every mutating call is one NVML call (or, for
-/// `reset_gpu`, one `nvmlDeviceResetGpu`-equivalent) and obeys NVML's rules:
+/// The operations the reconciler drives. Every mutating call is one NVML call (`reset_gpu` is
+/// the activation that `nvmlDeviceSetMigMode` attempts; NVML has no reset call of its own) and
+/// obeys NVML's rules:
 ///
 /// - `set_mig_mode` only records a pending mode; it takes effect at `reset_gpu`, which fails
 ///   with `InUse` while any process holds the GPU. Enabling or disabling MIG with GPU instances

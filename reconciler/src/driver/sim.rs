@@ -27,7 +27,7 @@ use tessera_mig::{Placement, builtin_model};
 use super::faults::{Call, FaultPlan, FaultState};
 use super::{
     ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef, NodeDriver,
-    NvmlCode, Observation,
+    NvmlReturn, Observation,
 };
 
 /// Bumped when the state file's shape changes; an unknown version is refused, not guessed at.
@@ -380,7 +380,7 @@ impl SimDriver {
         let (n, g) = self.locate(gpu)?;
         self.lose_faults(std::slice::from_ref(gpu))?;
         if self.nodes[n].gpus[g].device.is_lost() {
-            return Err(nvml(gpu, call, NvmlCode::GpuIsLost));
+            return Err(nvml(gpu, call, NvmlReturn::GpuIsLost));
         }
         let verdict = self.faults.on_call(call, std::slice::from_ref(gpu));
         if !verdict.delay.is_zero() {
@@ -390,8 +390,8 @@ impl SimDriver {
             return Err(nvml(gpu, call, code));
         }
         let before = self.nodes[n].gpus[g].device.clone();
-        let value = op(&mut self.nodes[n].gpus[g].device)
-            .map_err(|e| nvml(gpu, call, NvmlCode::from_raw(e.nvml_return())))?;
+        let value =
+            op(&mut self.nodes[n].gpus[g].device).map_err(|e| nvml(gpu, call, e.nvml_return()))?;
         self.persist_or_restore(n, g, before)?;
         Ok(value)
     }
@@ -492,7 +492,7 @@ struct StateFileRef<'a> {
     nodes: &'a [SimNode],
 }
 
-fn nvml(gpu: &GpuRef, call: Call, code: NvmlCode) -> DriverError {
+fn nvml(gpu: &GpuRef, call: Call, code: NvmlReturn) -> DriverError {
     DriverError::Nvml {
         gpu: gpu.clone(),
         call: call.nvml_function(),

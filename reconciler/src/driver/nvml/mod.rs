@@ -11,11 +11,18 @@
 //! every call here goes through the raw symbols (`Nvml::lib()`) with the device handle: one
 //! path for every return code. Rules this driver follows:
 //!
-//! - GPU instances are created at an explicit placement, and only where
-//!   `nvmlDeviceGetGpuInstancePossiblePlacements_v2` says one of that profile fits now, so a
-//!   refused create is decided before anything is asked of the GPU.
+//! - GPU instances are created at an explicit placement, one that
+//!   `nvmlDeviceGetGpuInstancePossiblePlacements_v2` lists for the profile and that fits beside
+//!   the instances listed now. That call lists every placement of the profile whatever is
+//!   occupied (nvml.h), so occupancy is computed here, from the instances of every profile; a
+//!   create that cannot fit is refused before anything is asked of the GPU.
 //! - Profile info is queried by the NVML profile *enum*; creation, listing and placements take
-//!   the profile *ID* the info returns (checked against the catalog's).
+//!   the profile *ID* the info returns (checked against the catalog's). Instances are listed for
+//!   every enum the GPU answers, so an instance of a profile the catalog does not know (made by
+//!   hand, or a newer profile) is reported with its profile ID and the GPU as `degraded`, never
+//!   left out.
+//! - Compute instances are the MIG devices `nvmlDeviceGetMigDeviceHandleByIndex` walks; an
+//!   index with no device answers `NOT_FOUND` or `INVALID_ARGUMENT`, both an empty slot.
 //! - NVML has no reset call: `nvmlDeviceSetMigMode` itself attempts the reset that activates
 //!   the mode and reports how it went in `activationStatus` (the mode stays pending when it
 //!   fails). So [`NodeDriver::set_mig_mode`] may already activate the mode (unlike `sim`, where
@@ -25,10 +32,14 @@
 //!   `nvidia-smi -r -i INDEX` after stopping the client, or a reboot.
 //! - A GPU that answers `GPU_IS_LOST` is reported `lost` with the last geometry read from it,
 //!   as the `sim` driver reports it.
-//! - Processes are whatever NVML lists (`nvmlDeviceGetComputeRunningProcesses_v3`);
-//!   `process_started`/`process_ended` are ignored.
+//! - Processes are whatever NVML lists (`nvmlDeviceGetComputeRunningProcesses_v3`), read at
+//!   the entry size the driver's version writes ([`version`]); `process_started` and
+//!   `process_ended` are ignored.
+//! - Errors name the NVML function that answered and keep its return code as it came
+//!   ([`NvmlReturn`]); `NO_PERMISSION` says which MIG capability the user lacks.
 
 pub mod model;
+pub mod version;
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, OsStr, c_char, c_uint};
@@ -45,19 +56,17 @@ use nvml_wrapper_sys::bindings::{
     nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlReturn_t,
 };
 use tessera_compiler::model::{Gpu, Health, Node};
-use tessera_mig::shape;
+use tessera_mig::{Placement, shape, validate};
 
 use super::{
-    ComputeInstanceInfo, DriverError, GpuDetail, GpuRef, NodeDriver, NvmlCode, Observation,
+    ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuRef, NodeDriver, NvmlReturn,
+    Observation,
 };
 
 /// The library loaded when no path is given: the soname every NVIDIA driver installs.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 
-const SUCCESS: nvmlReturn_t = 0;
-const NOT_SUPPORTED: nvmlReturn_t = 3;
-const NOT_FOUND: nvmlReturn_t = 6;
-const INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+const SUCCESS: nvmlReturn_t = NvmlReturn::Success.raw();
 /// What NVML puts in a process's instance ids when it runs on no MIG instance.
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 /// Room for NVML's UUID and name strings (`NVML_DEVICE_UUID_V2_BUFFER_SIZE` is 96).
@@ -71,6 +80,10 @@ pub struct NvmlDriver {
     node: Node,
     /// The last successful read of each GPU, reported (as `lost`) once the GPU is lost.
     last_seen: BTreeMap<u32, (Gpu, GpuDetail)>,
+    /// What `nvmlSystemGetDriverVersion` answered.
+    driver_version: String,
+    /// Bytes between the process entries this driver version writes ([`version`]).
+    process_stride: usize,
 }
 
 impl std::fmt::Debug for NvmlDriver {
@@ -90,9 +103,24 @@ fn check(gpu: &GpuRef, call: &'static str, ret: nvmlReturn_t) -> Result<(), Driv
         Err(DriverError::Nvml {
             gpu: gpu.clone(),
             call,
-            code: NvmlCode::from_raw(ret),
+            code: NvmlReturn::from_raw(ret),
         })
     }
+}
+
+/// Whether `want` may join the GPU instances listed (each with its size in memory slices): the
+/// catalog's placement rules against the instances of known profiles, and no shared memory
+/// slice with an instance of a profile the catalog does not know.
+fn fits(listed: &[(GpuInstanceInfo, u8)], want: Placement) -> bool {
+    let mut layout: Vec<Placement> = vec![want];
+    for (gi, size) in listed {
+        if shape(gi.profile_id).is_some() {
+            layout.push(Placement::new(gi.profile_id, gi.start));
+        } else if gi.start < want.end() && want.start < gi.start + size {
+            return false;
+        }
+    }
+    validate(&layout).is_ok()
 }
 
 /// Calls the raw NVML function `$name` with `$args`; a symbol the library lacks is an error
@@ -175,7 +203,11 @@ impl NvmlDriver {
             library,
             node,
             last_seen: BTreeMap::new(),
+            driver_version: String::new(),
+            process_stride: version::PROCESS_INFO,
         };
+        driver.driver_version = driver.read_driver_version()?;
+        driver.process_stride = version::process_info_stride(&driver.driver_version);
         driver.observe()?;
         Ok(driver)
     }
@@ -183,6 +215,22 @@ impl NvmlDriver {
     /// The library this driver loaded, as given.
     pub fn library(&self) -> &str {
         &self.library
+    }
+
+    /// The NVIDIA driver's version, as `nvmlSystemGetDriverVersion` gave it.
+    pub fn driver_version(&self) -> &str {
+        &self.driver_version
+    }
+
+    fn read_driver_version(&self) -> Result<String, DriverError> {
+        let mut buf: [c_char; STRING_BUFFER] = [0; STRING_BUFFER];
+        let at = self.gpu_ref(0);
+        nvml!(
+            self,
+            &at,
+            nvmlSystemGetDriverVersion(buf.as_mut_ptr(), STRING_BUFFER as c_uint - 1)
+        )?;
+        Ok(text(&buf))
     }
 
     fn gpu_ref(&self, index: u32) -> GpuRef {
@@ -299,7 +347,7 @@ impl NodeDriver for NvmlDriver {
                     details.push(read.1.clone());
                     self.last_seen.insert(index, read);
                 }
-                Err(e) if e.code() == Some(NvmlCode::GpuIsLost) => {
+                Err(e) if e.code() == Some(NvmlReturn::GpuIsLost) => {
                     // A GPU lost before it was ever read has no geometry to report: that is
                     // an error, not an empty GPU.
                     let Some((gpu, detail)) = self.last_seen.get(&index) else {
@@ -351,13 +399,15 @@ impl NodeDriver for NvmlDriver {
         start: u8,
     ) -> Result<u32, DriverError> {
         let h = self.handle(gpu)?;
+        let refused = |code| DriverError::Nvml {
+            gpu: gpu.clone(),
+            call: "nvmlDeviceCreateGpuInstanceWithPlacement",
+            code,
+        };
         let size = shape(profile_id)
             .map(|s| s.memory_slices)
-            .ok_or(DriverError::Nvml {
-                gpu: gpu.clone(),
-                call: "nvmlDeviceCreateGpuInstanceWithPlacement",
-                code: NvmlCode::InvalidArgument,
-            })?;
+            .ok_or(refused(NvmlReturn::InvalidArgument))?;
+        // Every placement the profile may take on this GPU, occupied or not (nvml.h).
         let mut n: c_uint = 0;
         nvml!(
             self,
@@ -382,16 +432,15 @@ impl NodeDriver for NvmlDriver {
             start: c_uint::from(start),
             size: c_uint::from(size),
         };
-        if !possible
+        // What is occupied is what the instances listed now occupy, of any profile.
+        let listed = self.instances(gpu, h, &BTreeMap::new())?;
+        let placeable = possible
             .iter()
             .any(|p| p.start == want.start && p.size == want.size)
-        {
-            // Not sent: NVML just said it would refuse it, with this code.
-            return Err(DriverError::Nvml {
-                gpu: gpu.clone(),
-                call: "nvmlDeviceCreateGpuInstanceWithPlacement",
-                code: NvmlCode::InsufficientResources,
-            });
+            && fits(&listed, Placement::new(profile_id, start));
+        if !placeable {
+            // Not sent: NVML would refuse it, with this code.
+            return Err(refused(NvmlReturn::InsufficientResources));
         }
         let mut gi: nvmlGpuInstance_t = ptr::null_mut();
         nvml!(

@@ -7,16 +7,27 @@ use std::ffi::c_uint;
 use std::ptr;
 
 use nvml_wrapper_sys::bindings::{
-    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlDevice_t, nvmlGpuInstance_t,
-    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlProcessInfo_t,
+    NVML_GPU_INSTANCE_PROFILE_COUNT, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
+    nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceProfileInfo_t, nvmlMemory_t,
 };
 use tessera_compiler::model::{Gpu, Health, MigInstance, MigState};
-use tessera_mig::{GpuModel, SHAPES};
+use tessera_mig::{NvmlReturn, shape_by_nvml_enum};
 
-use super::{INSUFFICIENT_SIZE, NO_INSTANCE, NOT_FOUND, NOT_SUPPORTED, NvmlDriver, check, model};
+use super::version::WIDE_PROCESS_INFO;
+use super::{NO_INSTANCE, NvmlDriver, check, model};
 use crate::driver::{
     ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef,
 };
+
+/// Where `nvmlProcessInfo_t`'s fields sit, in either layout (see [`super::version`]).
+const PID_AT: usize = 0;
+const GPU_INSTANCE_AT: usize = 16;
+
+fn u32_at(entry: &[u8], at: usize) -> u32 {
+    let mut b = [0; 4];
+    b.copy_from_slice(&entry[at..at + 4]);
+    u32::from_ne_bytes(b)
+}
 
 impl NvmlDriver {
     /// The MIG device UUID of each (GPU instance, compute instance).
@@ -35,8 +46,12 @@ impl NvmlDriver {
                 gpu,
                 nvmlDeviceGetMigDeviceHandleByIndex(h, index, &mut mig)
             );
-            // Indices past the MIG devices that exist answer NOT_FOUND.
-            if ret == NOT_FOUND {
+            // An index with no MIG device answers NOT_FOUND (driver 580.159.04) or
+            // INVALID_ARGUMENT (skipped by NVIDIA's device plugin too): an empty slot either way.
+            if matches!(
+                NvmlReturn::from_raw(ret),
+                NvmlReturn::NotFound | NvmlReturn::InvalidArgument
+            ) {
                 continue;
             }
             check(gpu, call, ret)?;
@@ -48,18 +63,18 @@ impl NvmlDriver {
         Ok(out)
     }
 
-    /// The GPU instances (with their compute instances, UUIDs not yet filled) of one GPU.
-    fn instances(
+    /// The GPU instances of one GPU, of every profile NVML reports (not only the catalog's:
+    /// an instance made by hand, or of a newer profile, still occupies its slices), with their
+    /// compute instances from the MIG devices `uuids` lists; each with its size in memory
+    /// slices, which for a profile the catalog does not know only NVML can say.
+    pub(super) fn instances(
         &self,
         gpu: &GpuRef,
         h: nvmlDevice_t,
-        model: &GpuModel,
-    ) -> Result<Vec<GpuInstanceInfo>, DriverError> {
+        uuids: &BTreeMap<(u32, u32), String>,
+    ) -> Result<Vec<(GpuInstanceInfo, u8)>, DriverError> {
         let mut out = Vec::new();
-        for s in SHAPES.iter() {
-            if model.profile_name(s.profile_id).is_none() {
-                continue;
-            }
+        for nvml_enum in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
             let mut info = nvmlGpuInstanceProfileInfo_t {
                 id: 0,
                 isP2pSupported: 0,
@@ -76,18 +91,25 @@ impl NvmlDriver {
             let (ret, call) = nvml_call!(
                 self,
                 gpu,
-                nvmlDeviceGetGpuInstanceProfileInfo(h, s.nvml_enum, &mut info)
+                nvmlDeviceGetGpuInstanceProfileInfo(h, nvml_enum, &mut info)
             );
-            // A driver older than the catalog may not offer a profile (1g.20gb came later):
-            // then the GPU has no instance of it.
-            if ret == NOT_SUPPORTED {
+            // NOT_SUPPORTED: the GPU does not offer the profile (driver 580.159.04 on an H100:
+            // enums 5, 6, 8 and 10 to 16). INVALID_ARGUMENT: a driver older than these bindings
+            // does not know the enum. Either way it has no instance of it.
+            if matches!(
+                NvmlReturn::from_raw(ret),
+                NvmlReturn::NotSupported | NvmlReturn::InvalidArgument
+            ) {
                 continue;
             }
             check(gpu, call, ret)?;
-            if info.id != s.profile_id {
+            if let Some(s) = shape_by_nvml_enum(nvml_enum)
+                && info.id != s.profile_id
+            {
                 return Err(DriverError::Other(format!(
-                    "{gpu}: NVML gives profile ID {} for profile enum {}, tessera's catalog {}",
-                    info.id, s.nvml_enum, s.profile_id
+                    "{gpu}: NVML gives profile ID {} for profile enum {nvml_enum}, tessera's \
+                     catalog {}",
+                    info.id, s.profile_id
                 )));
             }
             // NVML fills at most the profile's instance count, and wants room for all of them.
@@ -108,34 +130,30 @@ impl NvmlDriver {
                         gi_info.id, gi_info.placement.start
                     ))
                 })?;
-                let ci_profile = self.compute_profile(gpu, gi, info.id)?;
-                let mut cis: Vec<nvmlComputeInstance_t> =
-                    vec![ptr::null_mut(); ci_profile.instanceCount as usize];
-                let mut n: c_uint = 0;
-                nvml!(
-                    self,
-                    gpu,
-                    nvmlGpuInstanceGetComputeInstances(gi, ci_profile.id, cis.as_mut_ptr(), &mut n)
-                )?;
-                cis.truncate(n as usize);
-                let mut compute_instances = Vec::with_capacity(cis.len());
-                for ci in cis {
-                    let ci_info = self.compute_instance_info(gpu, ci)?;
-                    compute_instances.push(ComputeInstanceInfo {
-                        id: ci_info.id,
-                        uuid: String::new(),
-                    });
-                }
-                compute_instances.sort_by_key(|c| c.id);
-                out.push(GpuInstanceInfo {
+                let size = u8::try_from(gi_info.placement.size).map_err(|_| {
+                    DriverError::Other(format!(
+                        "{gpu}: GPU instance {} spans {} slices",
+                        gi_info.id, gi_info.placement.size
+                    ))
+                })?;
+                let compute_instances = uuids
+                    .range((gi_info.id, 0)..=(gi_info.id, u32::MAX))
+                    .map(|(&(_, ci), uuid)| ComputeInstanceInfo {
+                        id: ci,
+                        uuid: uuid.clone(),
+                    })
+                    .collect();
+                let info = GpuInstanceInfo {
                     id: gi_info.id,
                     profile_id: gi_info.profileId,
                     start,
                     compute_instances,
-                });
+                };
+                out.push((info, size));
             }
         }
-        out.sort_by_key(|g| g.id);
+        out.sort_by_key(|(g, _)| g.id);
+        out.dedup_by_key(|(g, _)| g.id);
         Ok(out)
     }
 
@@ -158,41 +176,49 @@ impl NvmlDriver {
         Ok(info)
     }
 
+    /// The processes on a GPU. Entries are read at the stride this driver version writes
+    /// ([`super::version`]) from a buffer with room for the wider layout, so that neither
+    /// layout can overflow it.
     fn processes(&self, gpu: &GpuRef, h: nvmlDevice_t) -> Result<Vec<GpuProcess>, DriverError> {
-        let mut infos: Vec<nvmlProcessInfo_t> = Vec::new();
+        let stride = self.process_stride;
+        // u64s: NVML's entries hold 8-byte fields, so the buffer is aligned for them.
+        let mut buf: Vec<u64> = Vec::new();
+        let mut capacity: usize = 0;
         // The list can grow between asking its length and reading it: ask again then.
         for _ in 0..4 {
-            let mut n = infos.len() as c_uint;
+            let mut n = capacity as c_uint;
             let (ret, call) = nvml_call!(
                 self,
                 gpu,
                 nvmlDeviceGetComputeRunningProcesses_v3(
                     h,
                     &mut n,
-                    if infos.is_empty() {
+                    if capacity == 0 {
                         ptr::null_mut()
                     } else {
-                        infos.as_mut_ptr()
+                        buf.as_mut_ptr().cast()
                     }
                 )
             );
-            if ret == INSUFFICIENT_SIZE {
-                let blank = nvmlProcessInfo_t {
-                    pid: 0,
-                    usedGpuMemory: 0,
-                    gpuInstanceId: 0,
-                    computeInstanceId: 0,
-                };
-                infos = vec![blank; n as usize + 4];
+            if NvmlReturn::from_raw(ret) == NvmlReturn::InsufficientSize {
+                capacity = n as usize + 4;
+                buf = vec![0; capacity * WIDE_PROCESS_INFO / 8];
                 continue;
             }
             check(gpu, call, ret)?;
-            infos.truncate(n as usize);
-            let mut out: Vec<GpuProcess> = infos
-                .iter()
-                .map(|p| GpuProcess {
-                    pid: p.pid,
-                    gpu_instance: (p.gpuInstanceId != NO_INSTANCE).then_some(p.gpuInstanceId),
+            let n = (n as usize).min(capacity);
+            // SAFETY: a u64 buffer viewed as its bytes.
+            let bytes: &[u8] =
+                unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), buf.len() * 8) };
+            let mut out: Vec<GpuProcess> = bytes
+                .chunks_exact(stride)
+                .take(n)
+                .map(|entry| {
+                    let gi = u32_at(entry, GPU_INSTANCE_AT);
+                    GpuProcess {
+                        pid: u32_at(entry, PID_AT),
+                        gpu_instance: (gi != NO_INSTANCE).then_some(gi),
+                    }
                 })
                 .collect();
             out.sort_by_key(|p| (p.pid, p.gpu_instance));
@@ -227,24 +253,13 @@ impl NvmlDriver {
             )?;
         }
         let (current, pending) = (current == 1, pending == 1);
-        let mut instances = if current {
-            self.instances(&at, h, &model)?
+        let instances: Vec<GpuInstanceInfo> = if current {
+            let uuids = self.mig_uuids(&at, h)?;
+            let listed = self.instances(&at, h, &uuids)?;
+            listed.into_iter().map(|(gi, _)| gi).collect()
         } else {
             Vec::new()
         };
-        if current {
-            let uuids = self.mig_uuids(&at, h)?;
-            for gi in &mut instances {
-                for ci in &mut gi.compute_instances {
-                    ci.uuid = uuids.get(&(gi.id, ci.id)).cloned().ok_or_else(|| {
-                        DriverError::Other(format!(
-                            "{at}: compute instance {} of GPU instance {} has no MIG device",
-                            ci.id, gi.id
-                        ))
-                    })?;
-                }
-            }
-        }
         let processes = self.processes(&at, h)?;
         let mut shown: Vec<MigInstance> = instances
             .iter()
@@ -257,11 +272,21 @@ impl NvmlDriver {
             })
             .collect();
         shown.sort_by_key(|i| i.start);
+        // An instance of a profile the catalog does not know is reported with its profile ID
+        // (so its slices count as occupied, and the solver names it), and the GPU as degraded:
+        // tessera places nothing new on a GPU it cannot fully describe.
+        let foreign = instances
+            .iter()
+            .any(|gi| model.profile_name(gi.profile_id).is_none());
         let gpu = Gpu {
             index,
             uuid,
             model: model.name.clone(),
-            health: Health::Healthy,
+            health: if foreign {
+                Health::Degraded
+            } else {
+                Health::Healthy
+            },
             mig: MigState {
                 enabled: current,
                 pending: (pending != current).then_some(pending),
