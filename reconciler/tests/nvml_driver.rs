@@ -619,3 +619,344 @@ fn the_stand_in_answers_nvml_wrappers_own_api_per_device_and_per_instance() {
     // A symbol the stand-in does not export is a per-call error, not a load failure.
     assert!(device.memory_info().is_err());
 }
+
+// ----- What a real driver answers (issue 24). Each test sets the stand-in's knobs to one
+// driver's behaviour; ARCHITECTURE.md records the evidence for each. -----
+
+const A100: u32 = 2;
+
+/// Processes on the H100, alternating between its two GPU instances and the whole GPU, with
+/// pids no live process has (the stand-in lists what its file says).
+fn many_processes(s: &mut FakeState, count: u32) -> Vec<(u32, Option<u32>)> {
+    let d = &mut s.gpus[H100 as usize].device;
+    let mut want = Vec::new();
+    for i in 0..count {
+        let pid = 40_000 + i;
+        let (scope, gi) = match i % 3 {
+            0 => (ProcessScope::GpuInstance(0), Some(0)),
+            1 => (ProcessScope::GpuInstance(1), Some(1)),
+            _ => (ProcessScope::Gpu, None),
+        };
+        d.attach_process(pid, scope).unwrap();
+        want.push((pid, gi));
+    }
+    want
+}
+
+fn processes(o: &Observation, index: u32) -> Vec<(u32, Option<u32>)> {
+    o.details[index as usize]
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.gpu_instance))
+        .collect()
+}
+
+#[test]
+fn an_r535_driver_writing_32_byte_process_entries_is_read_at_its_stride() {
+    // 20 processes: more than a buffer of 24-byte entries could take at that stride.
+    let mut want = Vec::new();
+    let m = Machine::new(|s| {
+        s.driver.version = "535.54.03".into();
+        s.driver.process_info_bytes = 32;
+        want = many_processes(s, 20);
+    });
+    let mut nvml = m.nvml();
+    assert_eq!(nvml.driver_version(), "535.54.03");
+    assert_eq!(processes(&nvml.observe().unwrap(), H100), want);
+
+    // The same entries read at nvml.h's 24 bytes (a driver claiming a version that writes 24)
+    // come out wrong: the stride is what the version decides.
+    m.edit(|s| s.driver.version = "550.127.08".into());
+    let got = processes(&m.nvml().observe().unwrap(), H100);
+    assert_ne!(got, want);
+
+    // And a driver that writes 24-byte entries is read at 24.
+    m.edit(|s| s.driver.process_info_bytes = 24);
+    assert_eq!(processes(&m.nvml().observe().unwrap(), H100), want);
+}
+
+#[test]
+fn an_empty_mig_slot_answered_with_invalid_argument_is_skipped() {
+    // The H100 has two MIG devices (4g at 0, 3g at 4) of seven slots: five are empty.
+    let m = Machine::new(|s| s.driver.empty_mig_slot = NvmlReturn::InvalidArgument);
+    let mut nvml = m.nvml();
+    assert_eq!(nvml.observe().unwrap(), m.sim().observe().unwrap());
+    // Any other answer for an empty slot is an error, naming the call and its code.
+    m.edit(|s| s.driver.empty_mig_slot = NvmlReturn::Other(77));
+    let err = nvml.observe().unwrap_err().to_string();
+    assert!(err.contains("nvmlDeviceGetMigDeviceHandleByIndex"), "{err}");
+    assert!(err.contains("77"), "{err}");
+}
+
+/// Calls `nvmlDeviceGetGpuInstancePossiblePlacements_v2` on the stand-in directly.
+fn possible_placements_raw(gpu: u32, profile_id: u32) -> Result<Vec<(u32, u32)>, NvmlReturn> {
+    use nvml_wrapper_sys::bindings::nvmlGpuInstancePlacement_t;
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(fake_library().as_os_str())
+        .init()
+        .unwrap();
+    let device = nvml.device_by_index(gpu).unwrap();
+    let f = nvml
+        .lib()
+        .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+        .as_ref()
+        .unwrap();
+    let mut out = [nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 8];
+    let mut n: u32 = 8;
+    // SAFETY: a handle from this library; `out` has room for `n` placements.
+    let ret = unsafe { f(device.handle(), profile_id, out.as_mut_ptr(), &mut n) };
+    match NvmlReturn::from_raw(ret) {
+        NvmlReturn::Success => Ok(out[..n as usize]
+            .iter()
+            .map(|p| (p.start, p.size))
+            .collect()),
+        code => Err(code),
+    }
+}
+
+#[test]
+fn possible_placements_are_every_placement_and_the_driver_computes_occupancy() {
+    let m = Machine::new(|s| {
+        // Sent, this create would fail with UNKNOWN; refused beforehand, the fault stays.
+        s.faults.push(FakeFault::Fail {
+            function: "nvmlDeviceCreateGpuInstanceWithPlacement".into(),
+            gpu: Some(H100),
+            code: NvmlReturn::Unknown,
+            times: 1,
+            after: 0,
+        })
+    });
+    // As nvml.h says and the H100 answered: all seven 1g placements whatever is occupied (the
+    // H100's 4g and 3g cover every slice), MIG enabled or not.
+    let all_1g: Vec<(u32, u32)> = (0..7).map(|s| (s, 1)).collect();
+    assert_eq!(possible_placements_raw(H100, 19), Ok(all_1g.clone()));
+    assert_eq!(possible_placements_raw(H100_OFF, 19), Ok(all_1g));
+    assert_eq!(
+        possible_placements_raw(H100_OFF, 9),
+        Ok(vec![(0, 4), (4, 4)])
+    );
+    assert_eq!(
+        possible_placements_raw(H100, 1),
+        Err(NvmlReturn::InvalidArgument)
+    );
+
+    let (mut nvml, mut sim) = (m.nvml(), m.sim());
+    side_by_side(
+        &mut nvml,
+        &mut sim,
+        &[
+            // Listed by NVML, but the 3g at 4 holds slices 4 to 7.
+            (Step::CreateGi(H100, 14, 4), FAILED_NO_ROOM),
+            (Step::CreateGi(H100, 19, 6), FAILED_NO_ROOM),
+        ],
+    );
+    assert_eq!(m.state().faults.len(), 1, "a refused create was sent");
+}
+
+#[test]
+fn an_instance_of_a_profile_the_catalog_does_not_know_is_reported_and_occupies_its_slices() {
+    use tessera_fake_nvml::state::ForeignInstance;
+    let m = Machine::new(|s| {
+        s.gpus[A100 as usize].foreign.push(ForeignInstance {
+            id: 9,
+            profile_id: 30,
+            // NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX: no catalog profile has it.
+            nvml_enum: 11,
+            start: 4,
+            size: 2,
+            compute_slices: 2,
+            uuid: "MIG-f0000000-0000-0000-0000-000000000009".into(),
+        });
+        s.faults.push(FakeFault::Fail {
+            function: "nvmlDeviceCreateGpuInstanceWithPlacement".into(),
+            gpu: Some(A100),
+            code: NvmlReturn::Unknown,
+            times: 1,
+            after: 0,
+        });
+    });
+    let mut nvml = m.nvml();
+    let o = nvml.observe().unwrap();
+    let g = &o.nodes[0].gpus[A100 as usize];
+    assert_eq!(g.health, Health::Degraded);
+    assert_eq!(layout(&o, A100), [("30".to_string(), 4)]);
+    assert_eq!(
+        g.instances[0].uuid.as_deref(),
+        Some("MIG-f0000000-0000-0000-0000-000000000009")
+    );
+    let detail = &o.details[A100 as usize].instances;
+    assert_eq!(
+        (
+            detail[0].id,
+            detail[0].profile_id,
+            detail[0].compute_instances.len()
+        ),
+        (9, 30, 1)
+    );
+    // Its slices are taken: a 3g at 4 is refused before it is sent; beside it, a 2g fits.
+    let got = apply(&mut nvml, Step::CreateGi(A100, 9, 4));
+    assert_eq!(got, FAILED_NO_ROOM);
+    assert_eq!(m.state().faults.len(), 1, "a refused create was sent");
+    assert_eq!(
+        apply(&mut nvml, Step::CreateGi(A100, 14, 0)),
+        Outcome::Failed(Some(NvmlReturn::Unknown))
+    );
+    assert_eq!(
+        apply(&mut nvml, Step::CreateGi(A100, 14, 0)),
+        Outcome::Id(0)
+    );
+}
+
+#[test]
+fn a_user_without_the_mig_capabilities_gets_a_clear_error() {
+    // Without mig/monitor the instance-listing calls answer NO_PERMISSION: the node cannot be
+    // observed, and the error says what to give the service.
+    let m = Machine::new(|s| s.driver.mig_monitor = false);
+    let err = NvmlDriver::open(Some(&fake_library()), m.descriptor())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gpu-0/gpu0: nvmlDeviceGetGpuInstances failed"),
+        "{err}"
+    );
+    assert!(err.contains("NVML_ERROR_NO_PERMISSION (4)"), "{err}");
+    assert!(err.contains("capabilities/mig/monitor"), "{err}");
+
+    // With monitor but not config (the default for a user that is not root): the node is
+    // observed, and a change is refused naming the call and mig/config, changing nothing.
+    m.edit(|s| {
+        s.driver.mig_monitor = true;
+        s.driver.mig_config = false;
+    });
+    let mut nvml = m.nvml();
+    let before = nvml.observe().unwrap();
+    let err = nvml.destroy_compute_instance(&gpu(H100), 0, 0).unwrap_err();
+    assert_eq!(err.code(), Some(NvmlReturn::NoPermission));
+    let text = err.to_string();
+    assert!(text.contains("nvmlComputeInstanceDestroy"), "{text}");
+    assert!(text.contains("capabilities/mig/config"), "{text}");
+    assert_eq!(nvml.observe().unwrap(), before);
+}
+
+#[test]
+fn errors_keep_the_code_nvml_returned_and_name_the_function_called() {
+    // Codes the old table folded into UNKNOWN (999): a named one and one nvml.h lacks.
+    let m = Machine::new(|s| {
+        for code in [NvmlReturn::LibRmVersionMismatch, NvmlReturn::Other(77)] {
+            s.faults.push(FakeFault::Fail {
+                function: "nvmlGpuInstanceDestroy".into(),
+                gpu: Some(H100),
+                code,
+                times: 1,
+                after: 0,
+            });
+        }
+        s.faults.push(FakeFault::RefuseReset {
+            gpu: Some(H100_OFF),
+            times: 2,
+            after: 0,
+        });
+    });
+    let mut nvml = m.nvml();
+    nvml.destroy_compute_instance(&gpu(H100), 0, 0).unwrap();
+    let first = nvml.destroy_gpu_instance(&gpu(H100), 0).unwrap_err();
+    assert_eq!(first.code(), Some(NvmlReturn::LibRmVersionMismatch));
+    assert!(
+        first
+            .to_string()
+            .ends_with("nvmlGpuInstanceDestroy failed: NVML_ERROR_LIB_RM_VERSION_MISMATCH (18)"),
+        "{first}"
+    );
+    let second = nvml.destroy_gpu_instance(&gpu(H100), 0).unwrap_err();
+    assert_eq!(second.code(), Some(NvmlReturn::Other(77)));
+    assert!(second.to_string().contains("77"), "{second}");
+
+    // NVML has no reset call: both drivers name the activation nvmlDeviceSetMigMode attempts.
+    nvml.set_mig_mode(&gpu(H100_OFF), true).unwrap();
+    let reset = nvml.reset_gpu(&gpu(H100_OFF)).unwrap_err().to_string();
+    let mut sim = m.sim();
+    sim.set_faults(FaultPlan {
+        faults: vec![Fault::RefuseReset {
+            node: None,
+            gpu: Some(H100_OFF),
+            times: 1,
+            after: 0,
+        }],
+    });
+    sim.set_mig_mode(&gpu(H100_OFF), true).unwrap();
+    let sim_reset = sim.reset_gpu(&gpu(H100_OFF)).unwrap_err().to_string();
+    for text in [reset, sim_reset] {
+        assert!(
+            text.contains("nvmlDeviceSetMigMode (activation) failed: NVML_ERROR_IN_USE (19)"),
+            "{text}"
+        );
+        assert!(!text.contains("ResetGpu"), "{text}");
+    }
+}
+
+/// What the stand-in answers on a GPU with MIG disabled, call by call, against what driver
+/// 580.159.04 answered on an H100 80GB HBM3 with MIG disabled (ARCHITECTURE.md, "What the
+/// stand-in reproduces").
+#[test]
+fn with_mig_disabled_the_stand_in_answers_as_driver_580_did_on_an_h100() {
+    use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlGpuInstanceProfileInfo_t};
+    let _m = Machine::new(|_| {});
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(fake_library().as_os_str())
+        .init()
+        .unwrap();
+    let lib = nvml.lib();
+    let device = nvml.device_by_index(H100_OFF).unwrap();
+    // SAFETY: a handle from this library, used while `nvml` lives.
+    let h = unsafe { device.handle() };
+    let code = |ret: u32| NvmlReturn::from_raw(ret);
+    let info = |e: u32| -> (NvmlReturn, u32, u32) {
+        let mut i: nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+        let f = lib.nvmlDeviceGetGpuInstanceProfileInfo.as_ref().unwrap();
+        // SAFETY: `i` is a live out-parameter.
+        let ret = unsafe { f(h, e, &mut i) };
+        (code(ret), i.id, i.instanceCount)
+    };
+    // Profile enum → (code, profile ID, instances), as the H100 answered.
+    let enums = [
+        (0, (NvmlReturn::Success, 19, 7)),
+        (1, (NvmlReturn::Success, 14, 3)),
+        (2, (NvmlReturn::Success, 9, 2)),
+        (3, (NvmlReturn::Success, 5, 1)),
+        (4, (NvmlReturn::Success, 0, 1)),
+        (5, (NvmlReturn::NotSupported, 0, 0)),
+        (7, (NvmlReturn::Success, 20, 1)),
+        (9, (NvmlReturn::Success, 15, 4)),
+        (16, (NvmlReturn::NotSupported, 0, 0)),
+        (17, (NvmlReturn::InvalidArgument, 0, 0)),
+    ];
+    for (e, want) in enums {
+        assert_eq!(info(e), want, "profile enum {e}");
+    }
+    let mut n: u32 = 9;
+    let f = lib.nvmlDeviceGetMaxMigDeviceCount.as_ref().unwrap();
+    assert_eq!((code(unsafe { f(h, &mut n) }), n), (NvmlReturn::Success, 0));
+    let mut mig: nvmlDevice_t = std::ptr::null_mut();
+    let f = lib.nvmlDeviceGetMigDeviceHandleByIndex.as_ref().unwrap();
+    assert_eq!(code(unsafe { f(h, 0, &mut mig) }), NvmlReturn::NotFound);
+    let mut gis = [std::ptr::null_mut(); 7];
+    let mut count: u32 = 9;
+    let f = lib.nvmlDeviceGetGpuInstances.as_ref().unwrap();
+    let ret = unsafe { f(h, 19, gis.as_mut_ptr(), &mut count) };
+    assert_eq!((code(ret), count), (NvmlReturn::Success, 0));
+    let ret = unsafe { f(h, 1, gis.as_mut_ptr(), &mut count) };
+    assert_eq!(code(ret), NvmlReturn::InvalidArgument);
+    let f = lib.nvmlDeviceGetGpuInstanceById.as_ref().unwrap();
+    let ret = unsafe { f(h, 1, gis.as_mut_ptr()) };
+    assert_eq!(code(ret), NvmlReturn::NotFound);
+    // No processes: SUCCESS with a count of 0 when asked with no buffer.
+    let mut n: u32 = 0;
+    let f = lib
+        .nvmlDeviceGetComputeRunningProcesses_v3
+        .as_ref()
+        .unwrap();
+    let ret = unsafe { f(h, &mut n, std::ptr::null_mut()) };
+    assert_eq!((code(ret), n), (NvmlReturn::Success, 0));
+    let msg = unsafe { std::ffi::CStr::from_ptr((lib.nvmlErrorString.as_ref().unwrap())(4)) };
+    assert_eq!(msg.to_str(), Ok("Insufficient Permissions"));
+}
