@@ -111,6 +111,9 @@ pub enum Command {
     /// The service: follow a branch of the policy repository, observe the nodes, solve each
     /// cycle and drive the fleet toward the decision. Runs until SIGINT or SIGTERM.
     Reconcile(Box<ReconcileArgs>),
+    /// What a node driver observes, changing nothing (like `nvidia-smi mig -lgi`): nodes, GPUs,
+    /// MIG mode, GPU and compute instances, processes.
+    Observe(ObserveArgs),
     /// Submit a workload (a `kind: Workload` YAML document) to a running service.
     Submit {
         /// The workload document; checked here first, with errors at file:line:col.
@@ -142,6 +145,25 @@ pub struct ServerArgs {
     /// A tenant's (or the operator's) bearer token.
     #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ObserveArgs {
+    #[arg(long, value_enum, default_value_t = DriverKind::Nvml)]
+    pub driver: DriverKind,
+    /// As for `reconcile`: with `--driver sim` the simulated nodes (the service's state in
+    /// `--state-dir` wins when there is one); with `--driver nvml` this machine's one node with
+    /// `gpus: []`.
+    #[arg(long, value_name = "FILE")]
+    pub nodes: PathBuf,
+    /// With `--driver nvml`: the NVML library to load (default: libnvidia-ml.so.1).
+    #[arg(long, env = "TESSERA_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// With `--driver sim`: where `reconcile` keeps the simulated nodes' state.
+    #[arg(long, default_value = ".tessera")]
+    pub state_dir: PathBuf,
+    #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
+    pub output: TextOrJson,
 }
 
 #[derive(Debug, clap::Args)]

@@ -4,6 +4,7 @@ mod bench;
 mod client;
 mod compile;
 mod mig;
+mod observe;
 mod plan;
 mod reconcile;
 mod schema;
@@ -79,6 +80,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output,
         }),
         Command::Reconcile(args) => reconcile::run(*args),
+        Command::Observe(args) => observe::run(&args),
         Command::Submit { file, server } => client::submit(&file, &server),
         Command::Cancel { name, server } => client::cancel(&name, &server),
         Command::Status { server, output } => client::status(&server, output),

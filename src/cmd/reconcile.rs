@@ -1,6 +1,7 @@
 //! `tessera reconcile`: flags to the service's options, then the service runs until stopped
 //! (or, with `--once`, until a cycle has nothing left to do).
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -113,23 +114,34 @@ fn driver(args: &ReconcileArgs) -> anyhow::Result<Box<dyn NodeDriver>> {
                      (or from the stand-in library's state file in tests)"
                 );
             }
-            let Some(descriptor) = &args.nodes else {
-                bail!(
-                    "--driver nvml needs --nodes FILE: a ClusterState file with this machine's \
-                     node (name, pool, cpu, memory, labels) and `gpus: []`; the GPUs come from NVML"
-                );
-            };
-            let mut nodes = load_nodes(descriptor)?;
-            if nodes.len() != 1 {
-                bail!(
-                    "{}: --driver nvml drives this machine only: describe exactly one node (found {})",
-                    descriptor.display(),
-                    nodes.len()
-                );
-            }
-            Box::new(NvmlDriver::open(args.nvml_lib.as_deref(), nodes.remove(0))?)
+            Box::new(nvml_driver(
+                args.nodes.as_deref(),
+                args.nvml_lib.as_deref(),
+            )?)
         }
     })
+}
+
+/// The `nvml` driver for this machine, described by the one-node `descriptor` file.
+pub(super) fn nvml_driver(
+    descriptor: Option<&Path>,
+    lib: Option<&Path>,
+) -> anyhow::Result<NvmlDriver> {
+    let Some(descriptor) = descriptor else {
+        bail!(
+            "--driver nvml needs --nodes FILE: a ClusterState file with this machine's \
+             node (name, pool, cpu, memory, labels) and `gpus: []`; the GPUs come from NVML"
+        );
+    };
+    let mut nodes = load_nodes(descriptor)?;
+    if nodes.len() != 1 {
+        bail!(
+            "{}: --driver nvml drives this machine only: describe exactly one node (found {})",
+            descriptor.display(),
+            nodes.len()
+        );
+    }
+    Ok(NvmlDriver::open(lib, nodes.remove(0))?)
 }
 
 fn report_json(r: &CycleReport) -> serde_json::Value {
