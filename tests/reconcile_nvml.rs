@@ -235,3 +235,87 @@ fn without_the_library_the_driver_fails_at_start_naming_it() {
     // The file is untouched: nothing was loaded, nothing was changed.
     assert_eq!(instances(&state), [(5, 0, true)]);
 }
+
+#[test]
+fn the_code_nvml_returned_is_what_the_journal_and_the_report_say() {
+    // LIB_RM_VERSION_MISMATCH (18) was reported as UNKNOWN (999) before; the stand-in's state
+    // names it as fault plans do. The report prints the message the journal records.
+    let repo = policy_repo();
+    let work = tempfile::tempdir().unwrap();
+    let faults = serde_json::json!([{"fail": {
+        "function": "nvmlDeviceCreateGpuInstanceWithPlacement",
+        "code": "lib_rm_version_mismatch",
+    }}]);
+    let state = machine(work.path(), faults);
+    let out = reconcile(repo.path(), work.path(), &state, Some(&fake_library()));
+    let shown = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    assert!(
+        shown.contains(
+            "nvmlDeviceCreateGpuInstanceWithPlacement failed: \
+             NVML_ERROR_LIB_RM_VERSION_MISMATCH (18)"
+        ),
+        "{shown}"
+    );
+    assert!(!shown.contains("999"), "{shown}");
+}
+
+fn observe(state: &Path, lib: &Path, output: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["observe", "--driver", "nvml", "--output", output, "--nodes"])
+        .arg(data("nvml/node.yaml"))
+        .arg("--nvml-lib")
+        .arg(lib)
+        .env(STATE_ENV, state)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn observe_prints_what_the_nvml_driver_sees_and_changes_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let state = machine(work.path(), Value::Array(Vec::new()));
+    let before = std::fs::read(&state).unwrap();
+    let lib = fake_library();
+    let out = observe(&state, &lib, "human");
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("(NVIDIA driver 580.159.04)"), "{shown}");
+    assert!(
+        shown.contains(
+            "GPU 0  H100-SXM5-80GB  GPU-0d000000-0000-0000-0000-000000000000  healthy  MIG enabled"
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("GI 0  4g.40gb      profile ID 5  start 0"),
+        "{shown}"
+    );
+
+    let out = observe(&state, &lib, "json");
+    assert!(out.status.success(), "{}", text(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gpu = &json["observation"]["nodes"][0]["gpus"][0];
+    assert_eq!(gpu["model"], "H100-SXM5-80GB");
+    assert_eq!(gpu["instances"][0]["profile"], "4g.40gb");
+    assert_eq!(
+        json["observation"]["details"][0]["instances"][0]["profile_id"],
+        5
+    );
+    assert_eq!(
+        std::fs::read(&state).unwrap(),
+        before,
+        "observe changed the machine"
+    );
+
+    // Without the MIG monitor capability: one clear error naming the call and the fix.
+    let mut s: Value = serde_json::from_slice(&before).unwrap();
+    s["driver"] = serde_json::json!({"mig_monitor": false});
+    std::fs::write(&state, serde_json::to_vec(&s).unwrap()).unwrap();
+    let out = observe(&state, &lib, "human");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one clear message: {stderr}");
+    assert!(stderr.contains("NVML_ERROR_NO_PERMISSION (4)"), "{stderr}");
+    assert!(stderr.contains("capabilities/mig/monitor"), "{stderr}");
+}
