@@ -13,6 +13,14 @@
 //! - Faults: listed in the same file ([`state::FakeFault`]): a call that fails, a GPU that is
 //!   lost, a reset that is refused. An instance held by a process is plain state: a process
 //!   in the file with that instance as its scope.
+//! - Driver behaviour: where real drivers differ or where the driver could share a
+//!   misunderstanding with this library, the answer follows evidence (nvml.h, a real H100 on
+//!   driver 580.159.04; see ARCHITECTURE.md) and, where drivers differ, a knob in the state
+//!   file ([`state::DriverTraits`]): the version, the process entry size (24, or 32 as drivers
+//!   535.43 to 535.86 write), the empty MIG slot's answer, the MIG capabilities the caller
+//!   holds. Placements are every placement of the profile, whatever is occupied (nvml.h).
+//! - Foreign instances ([`state::ForeignInstance`]): GPU instances of profiles the catalog does
+//!   not know, listed and occupying their slices, never changed.
 //! - Exported: only the functions the driver calls. nvml-wrapper resolves every symbol lazily,
 //!   per call (`FailedToLoadSymbol` for a missing one), so the rest need no stubs.
 //! - Reset: NVML has no reset call of its own; `nvmlDeviceSetMigMode` attempts the reset that

@@ -360,6 +360,36 @@ mod tests {
     }
 
     #[test]
+    fn a_code_is_read_by_name_or_number_and_bad_knobs_are_refused() {
+        let mut s = state(Vec::new());
+        let dir = std::env::temp_dir().join(format!("fake-nvml-knobs-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let mut json = serde_json::to_value(&s).unwrap();
+        json["faults"] = serde_json::json!([
+            {"fail": {"function": "f", "code": 19}},
+            {"fail": {"function": "g", "code": "no_permission"}},
+        ]);
+        fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let codes: Vec<NvmlReturn> = FakeState::load(&path)
+            .unwrap()
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                FakeFault::Fail { code, .. } => Some(*code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(codes, [NvmlReturn::InUse, NvmlReturn::NoPermission]);
+
+        s.driver.process_info_bytes = 28;
+        s.save(&path).unwrap();
+        let err = FakeState::load(&path).unwrap_err();
+        assert!(err.contains("process_info_bytes is 28"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn the_file_round_trips() {
         let dir = std::env::temp_dir().join(format!("fake-nvml-state-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
