@@ -79,7 +79,16 @@ struct Service {
 }
 
 impl Service {
+    /// Runs workloads unconfined (`--insecure-runtime`): these tests are about reconciling,
+    /// and their workloads run scripts from `tests/data`, which a sandbox does not show.
+    /// [`Service::start_confined`] runs them as the service does by default.
     fn start(repo: &Path, work: &Path, extra: &[&str]) -> Service {
+        let mut extra = extra.to_vec();
+        extra.push("--insecure-runtime");
+        Service::start_confined(repo, work, &extra)
+    }
+
+    fn start_confined(repo: &Path, work: &Path, extra: &[&str]) -> Service {
         std::fs::write(
             work.join("tokens.yaml"),
             format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n  research: {RESEARCH}\n"),
@@ -1100,5 +1109,50 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
         reservation(&service).is_null().then_some(())
     });
     stop_workloads(&service);
+    service.stop();
+}
+
+/// The attacks of issue 20 from inside a workload the service itself runs, confined as it is by
+/// default: the command tries each and reports those that worked; none may. Writing the report
+/// into its own checkpoint directory is the control.
+#[test]
+fn a_confined_workload_cannot_reach_the_service_or_other_tenants() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start_confined(repo.path(), work.path(), &[]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+    let pid = service.child.id();
+    let w = work.path().display();
+    let script = format!(
+        r#"report="$TESSERA_CHECKPOINT_DIR/report"
+           : > "$report"
+           try() {{ if sh -c "$2" > /dev/null 2>&1; then echo "$1" >> "$report"; fi; }}
+           try tokens "cat {w}/tokens.yaml"
+           try store "grep -q SQLite {w}/tessera.db"
+           try store-write "grep -q SQLite {w}/tessera.db && echo x >> {w}/tessera.db"
+           try mirror "grep -q . {w}/state/mirror.git/config"
+           try proc "cat /proc/{pid}/environ"
+           try proc-root "cat /proc/{pid}/root{w}/tokens.yaml"
+           try kill "kill -9 {pid}"
+           try environment "env | grep -q -e CARGO -e HOME"
+           try system "touch /usr/pwned || touch /etc/pwned"
+           echo done >> "$report""#
+    );
+    let mut job = small_inference();
+    job["command"] = json!(["sh", "-c", script]);
+    assert_eq!(service.submit(PRODUCT, "hostile", job).0, 201);
+    let ended = eventually("the workload ended", || {
+        let w = service.workload(PRODUCT, "hostile");
+        matches!(phase(&w), "succeeded" | "failed").then_some(w)
+    });
+    assert_eq!(phase(&ended), "succeeded", "{ended}");
+    let report =
+        std::fs::read_to_string(work.path().join("state/checkpoints/hostile/report")).unwrap();
+    assert_eq!(report, "done\n", "attacks that worked: {report}");
+    // The service lives, and its store is what it wrote.
+    assert!(service.status()["revision"].is_string());
     service.stop();
 }

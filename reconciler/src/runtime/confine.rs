@@ -126,8 +126,11 @@ impl Sandbox {
         }
         let cgroups = Cgroups::detect(instance).map_err(|e| missing.push(e)).ok();
         let (Some(bwrap), Some(setpriv), Some(env), Some(cgroups), true) =
-            (bwrap, setpriv, env, cgroups, missing.is_empty())
+            (bwrap, setpriv, env, cgroups.clone(), missing.is_empty())
         else {
+            if let Some(cgroups) = cgroups {
+                cgroups.remove_parents_if_empty();
+            }
             return Err(refusal(&missing));
         };
         let sandbox = Sandbox {
@@ -146,8 +149,12 @@ impl Sandbox {
             .stdin(Stdio::null())
             .env_clear()
             .output()
-            .map_err(|e| refusal(&[format!("a working bwrap ({e})")]))?;
+            .map_err(|e| {
+                sandbox.cgroups.remove_parents_if_empty();
+                refusal(&[format!("a working bwrap ({e})")])
+            })?;
         if !out.status.success() {
+            sandbox.cgroups.remove_parents_if_empty();
             return Err(refusal(&[format!(
                 "user namespaces for unprivileged users (a trial sandbox failed: {}; check \
                  sysctl kernel.unprivileged_userns_clone and AppArmor's \

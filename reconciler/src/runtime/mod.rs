@@ -522,6 +522,16 @@ impl Drop for Runtime {
         // Replicas keep running (a restart must not stop the fleet); only an emptied parent
         // group is tidied away.
         if let Mode::Confined(sandbox) = &self.mode {
+            for group in &self.stale_groups {
+                // Killed members take a moment to leave; a group still busy after that stays,
+                // and the next runtime on this root empties it before reusing its name.
+                for _ in 0..100 {
+                    if group.remove() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
             sandbox.cgroups.remove_parents_if_empty();
         }
     }
