@@ -31,6 +31,9 @@ impl Host {
     fn new() -> Host {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
+        // Private, as the service makes it.
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
         let files = [
             ("tessera.db", "SQLite format 3"),
             ("tokens.yaml", "operator: s3cret-operator-token"),

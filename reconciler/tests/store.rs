@@ -602,9 +602,20 @@ fn interrupted_starts_are_counted_per_workload_since_its_submission() {
     close(start("crasher"), 14, interrupted);
     let done = store.begin_action(1, &start("crasher"), 15).unwrap();
     store.complete_action(done, 15).unwrap();
-    assert_eq!(store.interrupted_starts("crasher", 10, interrupted).unwrap(), 2);
-    assert_eq!(store.interrupted_starts("other", 0, interrupted).unwrap(), 1);
-    assert_eq!(store.interrupted_starts("nobody", 0, interrupted).unwrap(), 0);
+    assert_eq!(
+        store
+            .interrupted_starts("crasher", 10, interrupted)
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        store.interrupted_starts("other", 0, interrupted).unwrap(),
+        1
+    );
+    assert_eq!(
+        store.interrupted_starts("nobody", 0, interrupted).unwrap(),
+        0
+    );
 }
 
 #[test]

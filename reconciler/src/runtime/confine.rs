@@ -1,21 +1,24 @@
 //! Confining a replica: what the host must offer, checked once, and the command line that runs
 //! a replica inside its sandbox.
 //!
-//! The sandbox is bubblewrap (`bwrap`), run unprivileged under the replica's own uid: it makes a
-//! user, PID, IPC, UTS and cgroup namespace and a mount view built from an allow-list (the
+//! The sandbox is bubblewrap (`bwrap`), run by the (root) service without a user namespace:
+//! it makes a PID, IPC, UTS and cgroup namespace and a mount view built from an allow-list (the
 //! system directories read-only, a private `/tmp` and `/dev`, the replica's own work and
-//! checkpoint directories writable, its GPUs' device nodes). bubblewrap rather than raw
-//! namespaces: it is the small, audited tool Flatpak and others trust with the same job, it
-//! gets the ordering subtleties right (mount propagation, `pivot_root`, dropping capabilities,
-//! a reaping init as PID 1), and it needs no privileges, so the privileged part of a start is
-//! only what must be privileged: making the cgroups and switching to the replica's uid
-//! (`setpriv`, util-linux). The chain, under the runtime's `sh` wrapper (`wrapper.rs`):
+//! checkpoint directories writable, its GPUs' device nodes); inside, `setpriv` (util-linux)
+//! switches to the replica's uid with no groups, no capabilities (bounding set included) and
+//! `no_new_privs` before the command runs. bubblewrap rather than raw namespaces: it is the
+//! small, audited tool Flatpak and others trust with the same job, and it gets the ordering
+//! subtleties right (mount propagation, `pivot_root`, a reaping init as PID 1). It runs as root
+//! rather than unprivileged in a user namespace because it must reach the bind sources under
+//! the service's private (0700) state directory, and because hosts that restrict unprivileged
+//! user namespaces (Ubuntu's AppArmor policy) are then supported as they are. The chain, under
+//! the runtime's `sh` wrapper (`wrapper.rs`):
 //!
-//! `env --ignore-signal=… setpriv --reuid U … -- bwrap … -- env --default-signal=… program`
+//! `env --ignore-signal=… bwrap … -- setpriv --reuid U … -- env --default-signal=… program`
 //!
-//! A checkpoint signal goes to the wrapper's process group; `setpriv` and `bwrap` must not die
-//! of it while the command saves its work, so they run with the checkpoint signals ignored,
-//! and the command gets the defaults back at its `exec`.
+//! A checkpoint signal goes to the wrapper's process group; `bwrap` must not die of it while
+//! the command saves its work, so it runs with the checkpoint signals ignored, and the command
+//! gets the defaults back at its `exec`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -89,7 +92,8 @@ impl Sandbox {
         let mut missing = Vec::new();
         if !nix::unistd::geteuid().is_root() {
             missing.push(
-                "root (the service switches each workload to its own uid and makes its cgroups)"
+                "root (the service makes each workload's namespaces and cgroups and switches it to \
+                 its own uid)"
                     .to_string(),
             );
         }
@@ -140,9 +144,8 @@ impl Sandbox {
             setpriv,
             env,
         };
-        // The tools are there; whether the kernel lets an unprivileged user make namespaces
-        // (`kernel.unprivileged_userns_clone`, AppArmor's userns restriction) shows only by
-        // trying.
+        // The tools are there; whether the kernel lets them make namespaces (a container
+        // without CAP_SYS_ADMIN, a seccomp policy) shows only by trying.
         let uid = sandbox.config.uids.first;
         let mut trial = sandbox.command(uid, &[], &[], Path::new("/"), Path::new("/bin/true"), &[]);
         let out = trial
@@ -156,9 +159,8 @@ impl Sandbox {
         if !out.status.success() {
             sandbox.cgroups.remove_parents_if_empty();
             return Err(refusal(&[format!(
-                "user namespaces for unprivileged users (a trial sandbox failed: {}; check \
-                 sysctl kernel.unprivileged_userns_clone and AppArmor's \
-                 kernel.apparmor_restrict_unprivileged_userns)",
+                "namespaces for bwrap (a trial sandbox failed: {}; a container needs \
+                 CAP_SYS_ADMIN and a seccomp profile that allows unshare and mount)",
                 String::from_utf8_lossy(&out.stderr).trim()
             )]));
         }
@@ -179,13 +181,8 @@ impl Sandbox {
         let signals = Signal::ALL.map(Signal::name).join(",");
         let mut cmd = Command::new(&self.env);
         cmd.arg(format!("--ignore-signal={signals}"))
-            .arg(&self.setpriv)
-            .arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={uid}"))
-            .args(["--clear-groups", "--no-new-privs", "--"])
             .arg(&self.bwrap)
             .args([
-                "--unshare-user",
                 "--unshare-pid",
                 "--unshare-ipc",
                 "--unshare-uts",
@@ -194,12 +191,30 @@ impl Sandbox {
         for dir in SYSTEM_DIRS {
             cmd.args(["--ro-bind-try", dir, dir]);
         }
-        cmd.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+        cmd.args(["--proc", "/proc", "--dev", "/dev"])
+            .args(["--perms", "1777", "--tmpfs", "/tmp"]);
         for hidden in self.masked() {
             if hidden.is_dir() {
                 cmd.arg("--tmpfs").arg(hidden);
             } else {
                 cmd.args(["--ro-bind", "/dev/null"]).arg(hidden);
+            }
+        }
+        // bwrap would make the directories above a bind 0700 root, which the replica's uid
+        // could not pass through: made here, traversable but not listable.
+        let masked = self.masked();
+        let mut made = std::collections::BTreeSet::new();
+        for dir in writable {
+            for ancestor in dir
+                .ancestors()
+                .skip(1)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+            {
+                if made_by_sandbox(ancestor, &masked) && made.insert(ancestor.to_path_buf()) {
+                    cmd.args(["--perms", "0711", "--dir"]).arg(ancestor);
+                }
             }
         }
         for dir in writable {
@@ -213,6 +228,16 @@ impl Sandbox {
         cmd.arg("--chdir")
             .arg(work_dir)
             .arg("--")
+            .arg(&self.setpriv)
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={uid}"))
+            .args([
+                "--clear-groups",
+                "--no-new-privs",
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--",
+            ])
             .arg(&self.env)
             .arg(format!("--default-signal={signals}"))
             .arg(program)
@@ -241,6 +266,18 @@ impl Sandbox {
     }
 }
 
+/// Whether `dir` is not in the sandbox until bwrap makes it: below its scratch root, `/tmp` or
+/// a masked path, rather than a mount point or inside a read-only system directory.
+fn made_by_sandbox(dir: &Path, masked: &[PathBuf]) -> bool {
+    let mount_point = dir == Path::new("/")
+        || dir == Path::new("/tmp")
+        || SYSTEM_DIRS.iter().any(|d| dir == Path::new(d))
+        || masked.iter().any(|m| dir == m);
+    let in_system = SYSTEM_DIRS.iter().any(|d| dir.starts_with(d));
+    let in_mask = masked.iter().any(|m| dir.starts_with(m));
+    !mount_point && (!in_system || in_mask)
+}
+
 fn refusal(missing: &[String]) -> String {
     format!(
         "this host cannot confine workloads; missing: {}. Workloads are not started: install \
@@ -248,4 +285,20 @@ fn refusal(missing: &[String]) -> String {
          (any workload can then read the store and tokens and stop the service)",
         missing.join("; ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directories_above_a_bind_are_made_only_where_the_sandbox_has_none() {
+        let masked = [PathBuf::from("/opt/tessera")];
+        let made = |p: &str| made_by_sandbox(Path::new(p), &masked);
+        assert!(made("/tmp/x") && made("/var") && made("/var/lib/tessera"));
+        assert!(made("/opt/tessera/checkpoints"));
+        for existing in ["/", "/tmp", "/opt", "/usr/lib", "/opt/tessera", "/etc"] {
+            assert!(!made(existing), "{existing}");
+        }
+    }
 }

@@ -201,9 +201,9 @@ impl Reconciler {
         record: &WorkloadRecord,
         now: i64,
     ) -> Result<(), crate::store::StoreError> {
-        let count = self
-            .store
-            .interrupted_starts(&record.name, record.submitted_at, INTERRUPTED)?;
+        let count =
+            self.store
+                .interrupted_starts(&record.name, record.submitted_at, INTERRUPTED)?;
         if count >= MAX_INTERRUPTED_STARTS {
             let error = format!(
                 "the service stopped during each of its last {count} starts; not started again \
@@ -711,6 +711,13 @@ impl Reconciler {
         }
         if let Some(e) = &report.error {
             errors.push(e.clone());
+        }
+        // A host that cannot confine workloads runs none: the service is not healthy, whether
+        // or not a start was due this cycle.
+        if self.config.run_commands
+            && let Some(why) = self.runtime.refusal()
+        {
+            errors.push(format!("runtime: {why}"));
         }
         // Failures not yet overcome, this cycle's and earlier ones waiting out their backoff.
         for (key, (count, message)) in &self.failures {
