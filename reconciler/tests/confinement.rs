@@ -432,10 +432,32 @@ fn a_uid_range_that_is_used_up_refuses_the_start() {
         ..SandboxConfig::default()
     };
     let mut rt = Runtime::new(dir.path().join("rt"), Confinement::Sandbox(config)).unwrap();
-    let first = launch(dir.path(), "first", &format!("{IDLE}"));
+    let first = launch(dir.path(), "first", IDLE);
     let pid = rt.start(&first).unwrap().pid;
     let err = rt.start(&launch(dir.path(), "second", "true")).unwrap_err();
     assert!(err.to_string().contains("no uid left"), "{err}");
     rt.kill(pid).unwrap();
     wait_for_exit(&mut rt, pid);
+}
+
+/// On a machine with an NVIDIA GPU (run with `--ignored`): `nvidia-smi` inside the sandbox
+/// works with the GPU assigned, and finds no GPU without it, although `CUDA_VISIBLE_DEVICES`
+/// plays no part in what NVML can open.
+#[test]
+#[ignore = "needs an NVIDIA GPU and its driver"]
+fn a_real_gpu_opens_only_when_assigned() {
+    assert!(Path::new("/dev/nvidia0").exists(), "no /dev/nvidia0 here");
+    let dir = tempfile::tempdir().unwrap();
+    let mut rt = Runtime::new(
+        dir.path().join("rt"),
+        Confinement::Sandbox(SandboxConfig::default()),
+    )
+    .unwrap();
+    if let Some(why) = rt.refusal() {
+        panic!("{why}");
+    }
+    let mut spec = launch(dir.path(), "gpu", "nvidia-smi -L");
+    assert_eq!(run(&mut rt, &spec), ExitStatus::Code(0), "assigned");
+    spec.gpus.clear();
+    assert_ne!(run(&mut rt, &spec), ExitStatus::Code(0), "not assigned");
 }
