@@ -457,6 +457,16 @@ fn a_real_gpu_opens_only_when_assigned() {
         panic!("{why}");
     }
     let mut spec = launch(dir.path(), "gpu", "nvidia-smi -L");
+    // Where NVIDIA's container images put the tool and its library: the spec says so, as a
+    // workload's own spec would; the service's environment is not passed on.
+    spec.env.insert(
+        "PATH".into(),
+        "/usr/local/nvidia/bin:/usr/local/bin:/usr/bin:/bin".into(),
+    );
+    spec.env.insert(
+        "LD_LIBRARY_PATH".into(),
+        "/usr/local/nvidia/lib64:/usr/local/nvidia/lib".into(),
+    );
     assert_eq!(run(&mut rt, &spec), ExitStatus::Code(0), "assigned");
     spec.gpus.clear();
     assert_ne!(run(&mut rt, &spec), ExitStatus::Code(0), "not assigned");
