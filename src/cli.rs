@@ -225,6 +225,12 @@ pub struct ReconcileArgs {
     /// devices but run nothing (a fleet simulation).
     #[arg(long, value_enum, default_value_t = RuntimeKind::Process)]
     pub runtime: RuntimeKind,
+    /// Run workloads unconfined, as the service's own user with its view of the machine,
+    /// where the host cannot sandbox them (no bubblewrap, user namespaces or cgroups). Any
+    /// workload can then read the store and the tokens and stop the service: never on a
+    /// fleet shared by tenants who do not trust each other.
+    #[arg(long)]
+    pub insecure_runtime: bool,
     /// Run cycles until one has nothing left to do now, print the status and what each cycle
     /// did, and exit (0 when Synced and Healthy, 1 otherwise). No API is served.
     #[arg(long)]

@@ -79,7 +79,16 @@ struct Service {
 }
 
 impl Service {
+    /// Runs workloads unconfined (`--insecure-runtime`): these tests are about reconciling,
+    /// and their workloads run scripts from `tests/data`, which a sandbox does not show.
+    /// [`Service::start_confined`] runs them as the service does by default.
     fn start(repo: &Path, work: &Path, extra: &[&str]) -> Service {
+        let mut extra = extra.to_vec();
+        extra.push("--insecure-runtime");
+        Service::start_confined(repo, work, &extra)
+    }
+
+    fn start_confined(repo: &Path, work: &Path, extra: &[&str]) -> Service {
         std::fs::write(
             work.join("tokens.yaml"),
             format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n  research: {RESEARCH}\n"),
@@ -1101,4 +1110,125 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
     });
     stop_workloads(&service);
     service.stop();
+}
+
+/// The attacks of issue 20 from inside a workload the service itself runs, confined as it is by
+/// default: the command tries each and reports those that worked; none may. Writing the report
+/// into its own checkpoint directory is the control.
+#[test]
+fn a_confined_workload_cannot_reach_the_service_or_other_tenants() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::start_confined(repo.path(), work.path(), &[]);
+    eventually("a revision in force", || {
+        service.status()["revision"].as_str().map(|_| ())
+    });
+    let pid = service.child.id();
+    let w = work.path().display();
+    let script = format!(
+        r#"report="$TESSERA_CHECKPOINT_DIR/report"
+           : > "$report"
+           try() {{ if sh -c "$2" > /dev/null 2>&1; then echo "$1" >> "$report"; fi; }}
+           try tokens "cat {w}/tokens.yaml"
+           try store "grep -q SQLite {w}/tessera.db"
+           try store-write "grep -q SQLite {w}/tessera.db && echo x >> {w}/tessera.db"
+           try mirror "grep -q . {w}/state/mirror.git/config"
+           try proc "cat /proc/{pid}/environ"
+           try proc-root "cat /proc/{pid}/root{w}/tokens.yaml"
+           try kill "kill -9 {pid}"
+           try environment "env | grep -q -e CARGO -e HOME"
+           try system "touch /usr/pwned || touch /etc/pwned"
+           echo done >> "$report""#
+    );
+    let mut job = small_inference();
+    job["gpu"] = json!({"migProfile": "3g.40gb"});
+    job["command"] = json!(["sh", "-c", script]);
+    assert_eq!(service.submit(PRODUCT, "hostile", job).0, 201);
+    let ended = eventually("the workload ended", || {
+        let w = service.workload(PRODUCT, "hostile");
+        matches!(phase(&w), "succeeded" | "failed").then_some(w)
+    });
+    let log = std::fs::read_to_string(work.path().join("state/runtime/hostile/0.log"));
+    assert_eq!(phase(&ended), "succeeded", "{ended}\nlog: {log:?}");
+    let report =
+        std::fs::read_to_string(work.path().join("state/checkpoints/hostile/report")).unwrap();
+    assert_eq!(report, "done\n", "attacks that worked: {report}");
+    // The service lives, and its store is what it wrote.
+    assert!(service.status()["revision"].is_string());
+    service.stop();
+}
+
+/// A start the service died during (its intent still open at the next start) is not blindly
+/// retried: each is counted, the workload waits out a back-off, and after the third it fails
+/// with the reason instead of taking the service down again.
+#[test]
+fn a_start_the_service_keeps_dying_during_is_failed_after_three() {
+    use tessera_compiler::model::{Binding, WorkloadSpec};
+    use tessera_reconciler::store::{Origin, Phase, Store};
+
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let db = work.path().join("tessera.db");
+    let once = || {
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["reconcile", "--repo"])
+            .arg(repo.path())
+            .args(["--branch", "main", "--path", "policy", "--driver", "sim"])
+            .arg("--nodes")
+            .arg(data("nodes.yaml"))
+            .arg("--db")
+            .arg(&db)
+            .arg("--state-dir")
+            .arg(work.path().join("state"))
+            .args(["--runtime", "none", "--once"])
+            .output()
+            .unwrap()
+    };
+    once();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    let mut job = small_inference();
+    job["gpu"] = json!({"migProfile": "3g.40gb"});
+    let spec: WorkloadSpec = serde_json::from_value(job).unwrap();
+    Store::open(&db)
+        .unwrap()
+        .submit("crasher", &spec, Origin::Submitted, now())
+        .unwrap();
+    for round in 1..=3 {
+        {
+            // What a service killed in the middle of starting it leaves.
+            let store = Store::open(&db).unwrap();
+            let binding = Binding {
+                node: "i0".into(),
+                gpus: vec![0],
+                mig_start: Some(0),
+                share: None,
+            };
+            store.mark_starting("crasher", &[binding], now()).unwrap();
+            let intent = json!({"action": "start", "workload": "crasher", "bindings": []});
+            store.begin_action(1, &intent, now()).unwrap();
+        }
+        let out = once();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let record = Store::open(&db).unwrap().workload("crasher").unwrap();
+        if round < 3 {
+            assert_eq!(record.phase, Phase::Pending, "round {round}: {text}");
+            assert!(
+                text.contains(&format!(
+                    "the service stopped while starting it ({round} times)"
+                )),
+                "round {round}: {text}"
+            );
+        } else {
+            assert_eq!(record.phase, Phase::Failed, "{text}");
+            let end = serde_json::to_string(&record.end).unwrap();
+            assert!(end.contains("not started again"), "{end}");
+        }
+    }
 }

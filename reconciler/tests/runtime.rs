@@ -1,5 +1,7 @@
 //! The embedded runtime with real `sh` scripts: environment, checkpoint signal, kill after the
-//! grace period, adoption of orphans left by a previous service process, and the errors.
+//! grace period, adoption of orphans left by a previous service process, and the errors. Every
+//! test runs its workloads confined, as the service does (these tests need root, bubblewrap and
+//! cgroups, as CI has); the attacks a hostile tenant tried are in `tests/confinement.rs`.
 //!
 //! Scripts signal readiness with files and the tests wait for files or exits in polling loops
 //! with a generous bound; nothing asserts how long anything takes.
@@ -8,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tessera_reconciler::runtime::{ExitStatus, Exited, LaunchSpec, Runtime, RuntimeError, Signal};
+use tessera_reconciler::runtime::{
+    Confinement, ExitStatus, Exited, LaunchSpec, Runtime, RuntimeError, SandboxConfig, Signal,
+};
 
 /// Far above anything these scripts need, so that a loaded machine never fails a test.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -25,11 +29,23 @@ fn launch(dir: &Path, workload: &str, script: &str) -> LaunchSpec {
         command: vec!["sh".into(), "-c".into(), script.into()],
         env: Default::default(),
         devices: vec!["MIG-aaaa".into(), "MIG-bbbb".into()],
+        gpus: Vec::new(),
         mps_thread_percentage: None,
+        cpu_millis: 0,
+        memory_bytes: 0,
         work_dir: dir.join("work").join(workload),
         checkpoint_dir: dir.join("checkpoints").join(workload),
         resume_from: None,
     }
+}
+
+/// A confined runtime; fails the test, saying what is missing, where the host cannot sandbox.
+fn runtime(root: impl Into<PathBuf>) -> Runtime {
+    let rt = Runtime::new(root, Confinement::Sandbox(SandboxConfig::default())).unwrap();
+    if let Some(why) = rt.refusal() {
+        panic!("{why}");
+    }
+    rt
 }
 
 fn wait_for_file(path: &Path) {
@@ -65,7 +81,7 @@ fn run_to_end(rt: &mut Runtime, spec: &LaunchSpec) -> ExitStatus {
 #[test]
 fn the_command_sees_its_devices_and_checkpoint_dirs() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     let mut spec = launch(
         dir.path(),
         "envs",
@@ -109,7 +125,7 @@ fn the_command_sees_its_devices_and_checkpoint_dirs() {
 #[test]
 fn exit_codes_and_signals_are_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     let cases = [
         ("exit 0", ExitStatus::Code(0)),
         ("exit 3", ExitStatus::Code(3)),
@@ -126,7 +142,7 @@ fn exit_codes_and_signals_are_reported() {
 #[test]
 fn a_checkpoint_signal_is_handled_and_the_exit_is_clean() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     let spec = launch(
         dir.path(),
         "ckpt",
@@ -157,7 +173,7 @@ fn a_checkpoint_signal_is_handled_and_the_exit_is_clean() {
 #[test]
 fn a_group_signal_reaches_the_command_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     let spec = launch(
         dir.path(),
         "count",
@@ -184,7 +200,7 @@ fn a_group_signal_reaches_the_command_exactly_once() {
 #[test]
 fn a_command_ignoring_its_checkpoint_signal_is_killed_after_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     let spec = launch(
         dir.path(),
         "stubborn",
@@ -210,7 +226,7 @@ fn a_command_ignoring_its_checkpoint_signal_is_killed_after_the_grace_period() {
 #[test]
 fn a_replica_runs_once_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     let spec = launch(dir.path(), "once", &format!("touch ready; {IDLE}; exit 99"));
     let pid = rt.start(&spec).unwrap().pid;
     assert!(matches!(
@@ -231,16 +247,16 @@ fn a_fresh_runtime_in_the_same_process_adopts_and_reaps() {
     let root = dir.path().join("rt");
     let spec = launch(dir.path(), "same", &format!("touch ready; {IDLE}; exit 7"));
     let pid = {
-        let mut first = Runtime::new(&root).unwrap();
+        let mut first = runtime(&root);
         first.start(&spec).unwrap().pid
     };
     wait_for_file(&spec.work_dir.join("ready"));
-    let mut second = Runtime::new(&root).unwrap();
+    let mut second = runtime(&root);
     assert_eq!(second.pids_of("same"), [pid], "found from its pid file");
     second.adopt("same", 0, pid).unwrap();
     std::fs::write(spec.work_dir.join("stop"), "").unwrap();
     assert_eq!(wait_for_exit(&mut second, pid).status, ExitStatus::Code(7));
-    let mut third = Runtime::new(&root).unwrap();
+    let mut third = runtime(&root);
     assert!(
         third.pids_of("same").is_empty(),
         "a reported exit is not adopted again"
@@ -261,7 +277,7 @@ fn orphan_parent() {
         return;
     };
     let dir = PathBuf::from(&root);
-    let mut rt = Runtime::new(dir.join("rt")).unwrap();
+    let mut rt = runtime(dir.join("rt"));
     let spec = launch(
         &dir,
         "orphan",
@@ -302,7 +318,7 @@ fn start_orphan(dir: &Path) -> u32 {
 fn an_adopted_orphan_reports_its_exit_through_the_exit_file() {
     let dir = tempfile::tempdir().unwrap();
     let pid = start_orphan(dir.path());
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     rt.adopt("orphan", 0, pid).unwrap();
     assert!(rt.poll().is_empty(), "it still runs");
     rt.signal(pid, Signal::Usr1).unwrap();
@@ -317,7 +333,7 @@ fn an_adopted_orphan_reports_its_exit_through_the_exit_file() {
 fn an_adopted_orphan_killed_by_us_reads_as_killed() {
     let dir = tempfile::tempdir().unwrap();
     let pid = start_orphan(dir.path());
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     assert_eq!(rt.pids_of("orphan"), [pid], "adopted from its pid file");
     rt.kill(pid).unwrap();
     assert_eq!(wait_for_exit(&mut rt, pid).status, ExitStatus::Signal(9));
@@ -342,7 +358,7 @@ fn signal_names_parse_or_fail_clearly() {
 #[test]
 fn bad_specs_fail_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rt = Runtime::new(dir.path().join("rt")).unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
     let base = launch(dir.path(), "bad", "exit 0");
 
     let mut missing = base.clone();

@@ -579,3 +579,58 @@ fn events_page_by_id() {
     assert_eq!(rest.len(), 3);
     assert_eq!((rest[0].at, rest[0].workload.as_deref()), (2, None));
 }
+
+#[test]
+fn interrupted_starts_are_counted_per_workload_since_its_submission() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("t.db")).unwrap();
+    let interrupted = "interrupted: the service stopped";
+    let start = |w: &str| json!({"action": "start", "workload": w, "bindings": []});
+    let close = |action: serde_json::Value, at: i64, error: &str| {
+        let id = store.begin_action(1, &action, at).unwrap();
+        store.fail_action(id, error, at).unwrap();
+    };
+    close(start("crasher"), 5, interrupted); // before this submission: not counted
+    close(start("crasher"), 10, interrupted);
+    close(start("crasher"), 11, "start failed: no such command"); // failed, not interrupted
+    close(start("other"), 12, interrupted);
+    close(
+        json!({"action": "stop", "workload": "crasher", "reason": "x"}),
+        13,
+        interrupted,
+    );
+    close(start("crasher"), 14, interrupted);
+    let done = store.begin_action(1, &start("crasher"), 15).unwrap();
+    store.complete_action(done, 15).unwrap();
+    assert_eq!(
+        store
+            .interrupted_starts("crasher", 10, interrupted)
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        store.interrupted_starts("other", 0, interrupted).unwrap(),
+        1
+    );
+    assert_eq!(
+        store.interrupted_starts("nobody", 0, interrupted).unwrap(),
+        0
+    );
+}
+
+#[test]
+fn the_database_is_private_to_the_service() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    // A file left world-readable (an older build, a copy) is narrowed on open.
+    std::fs::write(&path, "").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let store = Store::open(&path).unwrap();
+    store.begin_action(1, &json!({"action": "x"}), 1).unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let file = dir.path().join(format!("t.db{suffix}"));
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+}

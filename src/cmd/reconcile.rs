@@ -13,6 +13,7 @@ use tessera_reconciler::driver::faults::FaultPlan;
 use tessera_reconciler::driver::nvml::NvmlDriver;
 use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
 use tessera_reconciler::repo::Source;
+use tessera_reconciler::runtime::{Confinement, SandboxConfig};
 use tessera_reconciler::service::{
     Config, CycleReport, OnceOptions, ServeOptions, Status, run_once, serve,
 };
@@ -40,6 +41,14 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     config.restart_backoff_max = duration("restart-backoff-max", &args.restart_backoff_max)?;
     config.incremental = !args.full_cycles_only;
     config.run_commands = args.runtime == RuntimeKind::Process;
+    config.confinement = if args.insecure_runtime {
+        Confinement::Insecure
+    } else {
+        let mut sandbox = SandboxConfig::default();
+        // The state directory and the store are hidden by the service itself.
+        sandbox.hidden.extend(args.tokens.iter().cloned());
+        Confinement::Sandbox(sandbox)
+    };
     if config.cycle_period.is_zero() {
         bail!("--cycle-period must be at least 1s");
     }

@@ -3,15 +3,17 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::cgroup::{Group, Limits};
+use super::confine::{self, Sandbox};
 use super::wrapper::{self, Files};
-use super::{LaunchSpec, RuntimeError};
+use super::{LaunchSpec, RuntimeError, devices, uids};
 
-/// Searched when neither the spec nor the service has a `PATH`.
+/// The command's `PATH` unless its spec sets one (the service's own is not passed on).
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// Whether a workload name can name a directory: the `PendingWorkload` name rule
@@ -32,9 +34,22 @@ pub fn check_name(name: &str) -> Result<(), RuntimeError> {
     }
 }
 
+/// A replica ready to spawn: the wrapper command and, when confined, what confines it.
+pub struct Prepared {
+    pub cmd: Command,
+    pub uid: Option<u32>,
+    pub group: Option<Group>,
+}
+
 /// Builds the wrapper command for `spec`, with its replica's files; creates the directories
-/// it needs.
-pub fn command(spec: &LaunchSpec, files: &Files) -> Result<Command, RuntimeError> {
+/// it needs. Confined (`sandbox` with the replica's `uid`), the command runs in its sandbox
+/// and its cgroup; either way its environment is only what the spec sets, `PATH`, and the
+/// runtime's own variables: nothing of the service's.
+pub fn command(
+    spec: &LaunchSpec,
+    files: &Files,
+    confined: Option<(&Sandbox, u32)>,
+) -> Result<Prepared, RuntimeError> {
     let invalid = |reason: String| RuntimeError::InvalidSpec {
         workload: spec.workload.clone(),
         replica: spec.replica,
@@ -46,6 +61,11 @@ pub fn command(spec: &LaunchSpec, files: &Files) -> Result<Command, RuntimeError
                 "environment variable {key:?} cannot be set"
             )));
         }
+    }
+    if let Some(arg) = spec.command.iter().find(|a| a.contains('\0')) {
+        return Err(invalid(format!(
+            "command argument {arg:?} contains a NUL byte"
+        )));
     }
     if let Some(device) = spec
         .devices
@@ -69,16 +89,26 @@ pub fn command(spec: &LaunchSpec, files: &Files) -> Result<Command, RuntimeError
     };
     let work_dir = absolute(&spec.work_dir)?;
     let checkpoint_dir = absolute(&spec.checkpoint_dir)?;
-    let program = resolve(spec, &work_dir)?;
     for dir in [&work_dir, &checkpoint_dir] {
         create_dir(dir)?;
     }
+    // Canonical, because the sandbox binds them at these paths and resolves its own.
+    let canonical = |p: &Path| {
+        p.canonicalize().map_err(|source| RuntimeError::Io {
+            path: p.to_path_buf(),
+            source,
+        })
+    };
+    let work_dir = canonical(&work_dir)?;
+    let checkpoint_dir = canonical(&checkpoint_dir)?;
+    let program = resolve(spec, &work_dir)?;
     if let Some(parent) = files.log.parent() {
-        create_dir(parent)?;
+        create_private_dir(parent)?;
     }
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&files.log)
         .map_err(|source| RuntimeError::Io {
             path: files.log.clone(),
@@ -94,34 +124,105 @@ pub fn command(spec: &LaunchSpec, files: &Files) -> Result<Command, RuntimeError
         .arg(wrapper::script())
         .arg(wrapper::NAME)
         .arg(&files.pid)
-        .arg(&files.exit)
-        .arg(program)
-        .args(&spec.command[1..])
-        .current_dir(&work_dir)
-        .stdin(Stdio::null())
+        .arg(&files.exit);
+    let mut uid = None;
+    let mut group = None;
+    let mut procs = Vec::new();
+    match confined {
+        None => {
+            cmd.arg(&program)
+                .args(&spec.command[1..])
+                .current_dir(&work_dir);
+        }
+        Some((sandbox, replica_uid)) => {
+            let writable = [work_dir.as_path(), checkpoint_dir.as_path()];
+            if !sandbox.shows(&program, &writable) {
+                return Err(invalid(format!(
+                    "program {} is outside what the sandbox shows (the system directories {} \
+                     and the work directory {}): install it there",
+                    program.display(),
+                    confine::SYSTEM_DIRS.join(", "),
+                    work_dir.display()
+                )));
+            }
+            let devices = devices::nodes(
+                &spec.gpus,
+                &sandbox.config.device_root,
+                &sandbox.config.mig_minors,
+            )
+            .map_err(invalid)?;
+            for dir in writable {
+                uids::chown_tree(dir, replica_uid).map_err(|source| RuntimeError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+            }
+            let replica_group = sandbox.cgroups.group(&spec.workload, spec.replica);
+            let cgroup_io = |source: std::io::Error| RuntimeError::Cgroup {
+                workload: spec.workload.clone(),
+                replica: spec.replica,
+                source,
+            };
+            replica_group
+                .create(&Limits {
+                    cpu_millis: spec.cpu_millis,
+                    memory_bytes: spec.memory_bytes,
+                    pids: sandbox.config.pids_max,
+                })
+                .map_err(cgroup_io)?;
+            procs = replica_group.procs_files().map_err(cgroup_io)?;
+            let inner = sandbox.command(
+                replica_uid,
+                &writable,
+                &devices,
+                &work_dir,
+                &program,
+                &spec.command[1..],
+            );
+            cmd.arg(inner.get_program())
+                .args(inner.get_args())
+                .current_dir("/");
+            uid = Some(replica_uid);
+            group = Some(replica_group);
+        }
+    }
+    cmd.stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
-        // Its own group: a signal to the group reaches the command and all it spawned, and
-        // nothing sent to the service's group (a terminal's ^C) reaches it.
-        .process_group(0)
+        .env_clear()
+        .env("PATH", DEFAULT_PATH)
         .envs(&spec.env);
+    // SAFETY: between fork and exec only async-signal-safe calls: write(2) to files opened
+    // before the fork, and setsid(2).
+    unsafe {
+        cmd.pre_exec(move || {
+            // Into the replica's cgroups before anything of the command runs, so that all it
+            // ever forks is inside.
+            for file in &procs {
+                nix::unistd::write(file, b"0")?;
+            }
+            // Its own session and process group: a signal to the group reaches the command and
+            // all it spawned, and nothing sent to the service's group or terminal reaches it.
+            nix::unistd::setsid()?;
+            Ok(())
+        });
+    }
     // Set after the spec's environment, so that a spec cannot widen its own devices.
     cmd.env("CUDA_VISIBLE_DEVICES", spec.devices.join(","))
         .env("TESSERA_WORKLOAD", &spec.workload)
         .env("TESSERA_REPLICA", spec.replica.to_string())
         .env("TESSERA_CHECKPOINT_DIR", &checkpoint_dir);
-    match spec.mps_thread_percentage {
-        Some(p) => cmd.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", p.to_string()),
-        None => cmd.env_remove("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
-    };
-    match &spec.resume_from {
-        Some(dir) => cmd.env("TESSERA_RESUME_FROM", absolute(dir)?),
-        None => cmd.env_remove("TESSERA_RESUME_FROM"),
-    };
-    Ok(cmd)
+    if let Some(p) = spec.mps_thread_percentage {
+        cmd.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", p.to_string());
+    }
+    if let Some(dir) = &spec.resume_from {
+        let dir = dir.canonicalize().or_else(|_| absolute(dir))?;
+        cmd.env("TESSERA_RESUME_FROM", dir);
+    }
+    Ok(Prepared { cmd, uid, group })
 }
 
-/// The command's program as a path: searched in `PATH` (the spec's, else the service's) when
+/// The command's program as a path: searched in `PATH` (the spec's, else [`DEFAULT_PATH`]) when
 /// it has no `/`, else taken relative to the work directory.
 fn resolve(spec: &LaunchSpec, work_dir: &Path) -> Result<PathBuf, RuntimeError> {
     let Some(program) = spec.command.first().filter(|p| !p.is_empty()) else {
@@ -175,7 +276,6 @@ fn resolve(spec: &LaunchSpec, work_dir: &Path) -> Result<PathBuf, RuntimeError> 
 fn search_path(env: &BTreeMap<String, String>) -> String {
     env.get("PATH")
         .cloned()
-        .or_else(|| std::env::var("PATH").ok())
         .unwrap_or_else(|| DEFAULT_PATH.to_string())
 }
 
@@ -190,4 +290,16 @@ fn create_dir(dir: &Path) -> Result<(), RuntimeError> {
         path: dir.to_path_buf(),
         source,
     })
+}
+
+/// A directory only the service may enter (the runtime's own files).
+pub fn create_private_dir(dir: &Path) -> Result<(), RuntimeError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| RuntimeError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
 }

@@ -2,6 +2,11 @@
 //! devices in `CUDA_VISIBLE_DEVICES`, signals it to checkpoint, kills it, and reports how it
 //! ended, including for processes a previous instance of the service started.
 //!
+//! Every replica runs confined ([`Confinement::Sandbox`], `confine.rs`): its own uid, its own
+//! mount view, PID namespace and cgroup, only its GPUs' device nodes, a clean environment.
+//! A host that cannot sandbox gets every start refused with what it lacks, unless the
+//! operator chose [`Confinement::Insecure`]; nothing ever runs unconfined by default.
+//!
 //! Every command runs under a small `sh` wrapper (`wrapper.rs`) that leads its own process
 //! group and writes the command's exit status to a file, so the runtime learns how a process
 //! ended whether it is its own child ([`Runtime::start`]) or an orphan it adopted
@@ -9,10 +14,16 @@
 //! processes running: the service's restart must not stop the fleet's work.
 //!
 //! Layout under the root: `<workload>/<replica>.log` (stdout and stderr, appended across
-//! attempts), `<replica>.pid` (until its exit is reported), `<replica>.exit`.
+//! attempts), `<replica>.pid` (until its exit is reported), `<replica>.exit`, `<replica>.uid`
+//! (the uid a confined replica runs as). The root and its files are the service's alone (0700,
+//! 0600); the sandbox never shows them.
 
+mod cgroup;
+mod confine;
+mod devices;
 mod launch;
 mod signal;
+mod uids;
 mod wrapper;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +34,13 @@ use nix::errno::Errno;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+pub use confine::{Confinement, SYSTEM_DIRS, SandboxConfig};
+pub use devices::GpuDevice;
 pub use signal::Signal;
+pub use uids::UidRange;
+
+use cgroup::Group;
+use confine::Sandbox;
 
 /// What to start: one replica of a workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,8 +53,15 @@ pub struct LaunchSpec {
     pub env: BTreeMap<String, String>,
     /// `GPU-...` or `MIG-...` UUIDs: `CUDA_VISIBLE_DEVICES` (empty: no GPU visible).
     pub devices: Vec<String>,
+    /// The GPUs whose device nodes the sandbox shows (the same devices as `devices`, by
+    /// index and MIG instance).
+    pub gpus: Vec<GpuDevice>,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` for an MPS share, 1 to 100.
     pub mps_thread_percentage: Option<u32>,
+    /// CPU limit in thousandths of a core; 0: none.
+    pub cpu_millis: u64,
+    /// Memory limit in bytes; 0: none.
+    pub memory_bytes: u64,
     /// The command's working directory (created if missing).
     pub work_dir: PathBuf,
     /// `TESSERA_CHECKPOINT_DIR`: where it saves checkpoints (created if missing).
@@ -140,6 +164,21 @@ pub enum RuntimeError {
         signal: &'static str,
         source: Errno,
     },
+    #[error("{0}")]
+    CannotConfine(String),
+    #[error("{workload}/{replica}: no uid left in the range {first}..{end} for its sandbox", end = u64::from(*first) + u64::from(*count))]
+    NoUidLeft {
+        workload: String,
+        replica: u32,
+        first: u32,
+        count: u32,
+    },
+    #[error("{workload}/{replica}: its cgroup: {source}")]
+    Cgroup {
+        workload: String,
+        replica: u32,
+        source: std::io::Error,
+    },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -150,12 +189,24 @@ pub enum RuntimeError {
 /// The processes of this service instance.
 pub struct Runtime {
     root: PathBuf,
+    mode: Mode,
     processes: BTreeMap<u32, Process>,
+    /// Groups of ended replicas that still had dying members when last removed.
+    stale_groups: Vec<Group>,
+}
+
+enum Mode {
+    Confined(Box<Sandbox>),
+    /// Confinement was asked for and the host cannot provide it: why, for every start.
+    Refused(String),
+    Insecure,
 }
 
 struct Process {
     workload: String,
     replica: u32,
+    /// The uid a confined replica runs as.
+    uid: Option<u32>,
     handle: Handle,
     /// Sent `SIGKILL` by us: an adopted process gone without an exit file died of it.
     killed: bool,
@@ -172,18 +223,34 @@ impl Runtime {
     /// A runtime keeping its files under `root` (created if missing). Replicas whose pid file
     /// a predecessor left are adopted at once, so that none is forgotten, even one started
     /// just before the predecessor could record it.
-    pub fn new(root: impl Into<PathBuf>) -> Result<Runtime, RuntimeError> {
+    ///
+    /// Under [`Confinement::Sandbox`] the host is checked here; if it cannot sandbox, the
+    /// runtime is still made (it adopts, signals and kills as ever) but refuses every start
+    /// with the reason ([`Runtime::refusal`]).
+    pub fn new(
+        root: impl Into<PathBuf>,
+        confinement: Confinement,
+    ) -> Result<Runtime, RuntimeError> {
         let root = root.into();
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| RuntimeError::Io { path, source }
         };
-        std::fs::create_dir_all(&root).map_err(io(&root))?;
+        launch::create_private_dir(&root)?;
         // Absolute, because wrappers are recognised by the exit path in their arguments.
         let root = root.canonicalize().map_err(io(&root))?;
+        let mode = match confinement {
+            Confinement::Insecure => Mode::Insecure,
+            Confinement::Sandbox(config) => match Sandbox::probe(config, &instance_name(&root)) {
+                Ok(sandbox) => Mode::Confined(Box::new(sandbox)),
+                Err(why) => Mode::Refused(why),
+            },
+        };
         let mut runtime = Runtime {
             root,
+            mode,
             processes: BTreeMap::new(),
+            stale_groups: Vec::new(),
         };
         runtime.adopt_recorded()?;
         Ok(runtime)
@@ -191,6 +258,19 @@ impl Runtime {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Why starts are refused, when confinement was asked for and the host cannot provide it.
+    pub fn refusal(&self) -> Option<&str> {
+        match &self.mode {
+            Mode::Refused(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// Whether replicas run confined.
+    pub fn is_confined(&self) -> bool {
+        matches!(self.mode, Mode::Confined(_))
     }
 
     /// Starts one replica. Fails before spawning anything if the spec is invalid or its
@@ -209,18 +289,51 @@ impl Runtime {
             });
         }
         let files = wrapper::Files::new(&self.root, &spec.workload, spec.replica);
-        let mut cmd = launch::command(spec, &files)?;
+        let confined = match &self.mode {
+            Mode::Refused(why) => return Err(RuntimeError::CannotConfine(why.clone())),
+            Mode::Insecure => None,
+            Mode::Confined(sandbox) => {
+                let range = sandbox.config.uids;
+                let uid = range
+                    .allocate(self.processes.values().filter_map(|p| p.uid))
+                    .ok_or_else(|| RuntimeError::NoUidLeft {
+                        workload: spec.workload.clone(),
+                        replica: spec.replica,
+                        first: range.first,
+                        count: range.count,
+                    })?;
+                Some((sandbox.as_ref(), uid))
+            }
+        };
+        let launch::Prepared {
+            mut cmd,
+            uid,
+            group,
+        } = launch::command(spec, &files, confined)?;
         // A previous attempt's files would be read as this one's.
-        for path in [&files.pid, &files.exit] {
+        for path in [&files.pid, &files.exit, &files.uid] {
             wrapper::remove(path).map_err(|source| RuntimeError::Io {
                 path: path.clone(),
                 source,
             })?;
         }
-        let child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
-            workload: spec.workload.clone(),
-            replica: spec.replica,
-            source,
+        if let Some(uid) = uid {
+            wrapper::write_private(&files.uid, &uid.to_string()).map_err(|source| {
+                RuntimeError::Io {
+                    path: files.uid.clone(),
+                    source,
+                }
+            })?;
+        }
+        let child = cmd.spawn().map_err(|source| {
+            if let Some(group) = &group {
+                group.remove();
+            }
+            RuntimeError::Spawn {
+                workload: spec.workload.clone(),
+                replica: spec.replica,
+                source,
+            }
         })?;
         let pid = child.id();
         self.processes.insert(
@@ -228,6 +341,7 @@ impl Runtime {
             Process {
                 workload: spec.workload.clone(),
                 replica: spec.replica,
+                uid,
                 handle: Handle::Child(child),
                 killed: false,
             },
@@ -249,11 +363,14 @@ impl Runtime {
                 replica: p.replica,
             });
         }
+        let files = wrapper::Files::new(&self.root, workload, replica);
+        let uid = wrapper::read_pid(&files.uid);
         self.processes.insert(
             pid,
             Process {
                 workload: workload.to_string(),
                 replica,
+                uid,
                 handle: Handle::Adopted,
                 killed: false,
             },
@@ -266,8 +383,17 @@ impl Runtime {
         self.send(pid, signal.to_nix(), signal.name())
     }
 
-    /// Sends `SIGKILL` to the replica's whole process group.
+    /// Kills the replica: its whole cgroup when confined (whatever left its process group
+    /// with `setsid` or a double fork dies too), and its process group.
     pub fn kill(&mut self, pid: u32) -> Result<(), RuntimeError> {
+        if let (Some(p), Mode::Confined(sandbox)) = (self.processes.get(&pid), &self.mode) {
+            let group = sandbox.cgroups.group(&p.workload, p.replica);
+            group.kill().map_err(|source| RuntimeError::Cgroup {
+                workload: p.workload.clone(),
+                replica: p.replica,
+                source,
+            })?;
+        }
         self.send(pid, nix::sys::signal::Signal::SIGKILL, "SIGKILL")?;
         if let Some(p) = self.processes.get_mut(&pid) {
             p.killed = true;
@@ -311,7 +437,15 @@ impl Runtime {
         }
         for e in &exited {
             self.processes.remove(&e.pid);
+            if let Mode::Confined(sandbox) = &self.mode {
+                // What the command left behind (a detached child) ends with it.
+                let group = sandbox.cgroups.group(&e.workload, e.replica);
+                let _ = group.kill();
+                self.stale_groups.push(group);
+            }
         }
+        // A group empties only once its members have died; until then it is kept to retry.
+        self.stale_groups.retain(|g| !g.remove());
         exited
     }
 
@@ -381,6 +515,41 @@ impl Runtime {
             }),
         }
     }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Replicas keep running (a restart must not stop the fleet); only an emptied parent
+        // group is tidied away.
+        if let Mode::Confined(sandbox) = &self.mode {
+            for group in &self.stale_groups {
+                // Killed members take a moment to leave; a group still busy after that stays,
+                // and the next runtime on this root empties it before reusing its name.
+                for _ in 0..100 {
+                    if group.remove() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            sandbox.cgroups.remove_parents_if_empty();
+        }
+    }
+}
+
+/// Names this runtime's cgroups: the same for every instance on the same root (so that a
+/// successor finds its predecessor's groups), different for two services on one host.
+fn instance_name(root: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    // FNV-1a: stable across builds and platforms, unlike the standard library's hasher.
+    let hash = root
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{hash:016x}")
 }
 
 impl Process {

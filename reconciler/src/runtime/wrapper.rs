@@ -6,6 +6,7 @@
 //! group, with the command as a foreground child in the same group:
 //!
 //! - it writes its pid to `<replica>.pid`, so that a successor finds replicas it never recorded;
+//! - its files are private (`umask 077`), and so are the command's unless it widens them;
 //! - it traps every [`Signal`] with a no-op. A group signal reaches the command directly, once;
 //!   the wrapper neither dies of it nor forwards it (a trapped signal is reset to its default in
 //!   the command at `exec`, where an ignored one would stay ignored). While a foreground
@@ -33,6 +34,7 @@ pub fn script() -> String {
         .collect();
     format!(
         "trap : {}\n\
+         umask 077\n\
          pid_file=$1\n\
          exit_file=$2\n\
          shift 2\n\
@@ -51,6 +53,7 @@ pub struct Files {
     pub pid: PathBuf,
     pub exit: PathBuf,
     pub log: PathBuf,
+    pub uid: PathBuf,
 }
 
 impl Files {
@@ -60,11 +63,12 @@ impl Files {
             pid: dir.join(format!("{replica}.pid")),
             exit: dir.join(format!("{replica}.exit")),
             log: dir.join(format!("{replica}.log")),
+            uid: dir.join(format!("{replica}.uid")),
         }
     }
 }
 
-/// The pid a wrapper wrote, if the file is there and complete.
+/// The number in a pid (or uid) file, if the file is there and complete.
 pub fn read_pid(path: &Path) -> Option<u32> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -88,6 +92,19 @@ pub fn from_shell_status(status: i32) -> ExitStatus {
     } else {
         ExitStatus::Code(status)
     }
+}
+
+/// Writes a file only the service may read.
+pub fn write_private(path: &Path, text: &str) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())
 }
 
 /// Removes a file if it exists.

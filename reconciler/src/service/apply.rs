@@ -14,7 +14,7 @@ use tessera_solver::decision::ReplicaBinding;
 
 use crate::actions::Action;
 use crate::driver::{DriverError, GpuRef, NodeDriver, Observation};
-use crate::runtime::{LaunchSpec, Runtime, Signal};
+use crate::runtime::{GpuDevice, LaunchSpec, Runtime, Signal};
 use crate::store::{ReplicaProcess, Store, WorkloadRecord};
 
 /// What an action failed with.
@@ -114,8 +114,7 @@ fn start(
     // Resolve every replica's devices before starting any: a gang starts whole or not at all.
     let mut launches = Vec::with_capacity(bindings.len());
     for (replica, b) in bindings.iter().enumerate() {
-        let (devices, gi) = devices(cx.observation, b)?;
-        launches.push((replica as u32, b, devices, gi));
+        launches.push((replica as u32, b, devices(cx.observation, b)?));
     }
     let plain: Vec<Binding> = bindings.iter().map(to_binding).collect();
     cx.store.mark_starting(workload, &plain, cx.now)?;
@@ -125,13 +124,16 @@ fn start(
         (record.attempts > 0 && dir_has_entries(&checkpoint_dir)).then(|| checkpoint_dir.clone());
     let mut replicas = Vec::with_capacity(launches.len());
     if cx.run_commands && !record.spec.command.is_empty() {
-        for (replica, b, devices, gi) in &launches {
+        for (replica, b, ReplicaDevices { uuids, gi, gpus }) in &launches {
             let spec = LaunchSpec {
                 workload: workload.to_string(),
                 replica: *replica,
                 command: record.spec.command.clone(),
                 env: record.spec.env.clone(),
-                devices: devices.clone(),
+                devices: uuids.clone(),
+                gpus: gpus.clone(),
+                cpu_millis: record.spec.cpu.0,
+                memory_bytes: record.spec.memory.0,
                 mps_thread_percentage: b.share.map(|s| {
                     // MPS takes a whole percentage; a share never rounds to 0.
                     ((s.as_f64() * 100.0).round() as u32).clamp(1, 100)
@@ -152,7 +154,7 @@ fn start(
                     replicas.push(ReplicaProcess {
                         replica: *replica,
                         pid: Some(started.pid),
-                        devices: devices.clone(),
+                        devices: uuids.clone(),
                     });
                 }
                 Err(e) => {
@@ -170,11 +172,11 @@ fn start(
             }
         }
     } else {
-        for (replica, _, devices, _) in &launches {
+        for (replica, _, devices) in &launches {
             replicas.push(ReplicaProcess {
                 replica: *replica,
                 pid: None,
-                devices: devices.clone(),
+                devices: devices.uuids.clone(),
             });
         }
     }
@@ -210,11 +212,17 @@ pub fn find_gi(observation: &Observation, gpu: &GpuRef, start: u8) -> Option<u32
         .map(|gi| gi.id)
 }
 
-/// The UUIDs `CUDA_VISIBLE_DEVICES` names for one replica, and its GPU instance for a MIG one.
-fn devices(
-    observation: &Observation,
-    b: &ReplicaBinding,
-) -> Result<(Vec<String>, Option<u32>), ApplyError> {
+/// One replica's devices, resolved from the observation.
+struct ReplicaDevices {
+    /// What `CUDA_VISIBLE_DEVICES` names.
+    uuids: Vec<String>,
+    /// The GPU instance of a MIG replica.
+    gi: Option<u32>,
+    /// The devices whose nodes its sandbox shows.
+    gpus: Vec<GpuDevice>,
+}
+
+fn devices(observation: &Observation, b: &ReplicaBinding) -> Result<ReplicaDevices, ApplyError> {
     let node = observation
         .nodes
         .iter()
@@ -245,7 +253,15 @@ fn devices(
                 "{gpu}: the GPU instance at memory slice {start} has no compute instance"
             ))
         })?;
-        return Ok((vec![ci.uuid.clone()], Some(gi.id)));
+        let device = GpuDevice {
+            index,
+            mig: Some((gi.id, ci.id)),
+        };
+        return Ok(ReplicaDevices {
+            uuids: vec![ci.uuid.clone()],
+            gi: Some(gi.id),
+            gpus: vec![device],
+        });
     }
     let mut uuids = Vec::with_capacity(b.gpus.len());
     for &index in &b.gpus {
@@ -254,7 +270,16 @@ fn devices(
         })?;
         uuids.push(gpu.uuid.clone());
     }
-    Ok((uuids, None))
+    let gpus = b
+        .gpus
+        .iter()
+        .map(|&index| GpuDevice { index, mig: None })
+        .collect();
+    Ok(ReplicaDevices {
+        uuids,
+        gi: None,
+        gpus,
+    })
 }
 
 pub fn to_binding(b: &ReplicaBinding) -> Binding {

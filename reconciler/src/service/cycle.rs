@@ -21,6 +21,12 @@ use crate::snapshot::{self, RunningFacts, Tracked};
 use crate::store::carried::Carried;
 use crate::store::{EndReason, Origin, Phase, RevisionStatus, Store, WorkloadRecord};
 
+/// How recovery closes an action the service stopped during.
+const INTERRUPTED: &str = "interrupted: the service stopped before this action completed";
+
+/// Starts of one workload the service may die during before the workload is failed instead.
+pub const MAX_INTERRUPTED_STARTS: u32 = 3;
+
 /// What a cycle's decision leaves for the next.
 enum Next {
     /// A full cycle's session, kept if its decision is carried out whole.
@@ -138,12 +144,14 @@ impl Reconciler {
     pub fn recover(&mut self, now: i64) -> Result<usize, crate::store::StoreError> {
         let observation = self.driver.observe().ok();
         let open = self.store.open_actions()?;
+        let mut interrupted_starts = BTreeSet::new();
         for entry in &open {
-            self.store.fail_action(
-                entry.id,
-                "interrupted: the service stopped before this action completed",
-                now,
-            )?;
+            self.store.fail_action(entry.id, INTERRUPTED, now)?;
+            if let Ok(Action::Start { workload, .. }) =
+                serde_json::from_value::<Action>(entry.action.clone())
+            {
+                interrupted_starts.insert(workload);
+            }
         }
         for record in self.store.live()? {
             for r in &record.replicas {
@@ -173,11 +181,59 @@ impl Reconciler {
                     let _ = self.runtime.kill(pid);
                     self.driver.process_ended(pid);
                 }
-                self.store
-                    .requeue(&record.name, "interrupted while starting", now)?;
+                if interrupted_starts.contains(&record.name) {
+                    self.after_interrupted_start(&record, now)?;
+                } else {
+                    self.store
+                        .requeue(&record.name, "interrupted while starting", now)?;
+                }
             }
         }
         Ok(open.len())
+    }
+
+    /// A start the service died during may be what killed it: it is counted (in the journal),
+    /// retried after a back-off that doubles with each such start, and after
+    /// [`MAX_INTERRUPTED_STARTS`] the workload fails with the reason instead of taking the
+    /// service down again.
+    fn after_interrupted_start(
+        &mut self,
+        record: &WorkloadRecord,
+        now: i64,
+    ) -> Result<(), crate::store::StoreError> {
+        let count =
+            self.store
+                .interrupted_starts(&record.name, record.submitted_at, INTERRUPTED)?;
+        if count >= MAX_INTERRUPTED_STARTS {
+            let error = format!(
+                "the service stopped during each of its last {count} starts; not started again \
+                 (submit it anew once the cause is found)"
+            );
+            self.store
+                .finish(&record.name, EndReason::StartFailed { error }, now)?;
+            return Ok(());
+        }
+        self.store.requeue(
+            &record.name,
+            &format!("interrupted while starting ({count} so far)"),
+            now,
+        )?;
+        let key = format!("workload/{}", record.name);
+        let base = self.config.backoff_base.as_secs().max(1);
+        let delay = base
+            .saturating_mul(1u64 << count.saturating_sub(1).min(20))
+            .min(self.config.backoff_max.as_secs().max(base));
+        self.throttle
+            .backoff
+            .insert(key.clone(), now.saturating_add(delay as i64));
+        self.failures.insert(
+            key,
+            (
+                count,
+                format!("start: the service stopped while starting it ({count} times)"),
+            ),
+        );
+        Ok(())
     }
 
     /// Fetches the branch and offers its head to the tracker. Errors are reported in the
@@ -655,6 +711,13 @@ impl Reconciler {
         }
         if let Some(e) = &report.error {
             errors.push(e.clone());
+        }
+        // A host that cannot confine workloads runs none: the service is not healthy, whether
+        // or not a start was due this cycle.
+        if self.config.run_commands
+            && let Some(why) = self.runtime.refusal()
+        {
+            errors.push(format!("runtime: {why}"));
         }
         // Failures not yet overcome, this cycle's and earlier ones waiting out their backoff.
         for (key, (count, message)) in &self.failures {

@@ -24,6 +24,7 @@ use tessera_compiler::model::{ClusterStateSpec, WorkloadSpec};
 use crate::auth::Principal;
 use crate::metrics::Metrics;
 use crate::repo::Source;
+use crate::runtime::{Confinement, SandboxConfig};
 use crate::store::{Origin, Store, StoreError, WorkloadRecord};
 
 pub use cycle::{CycleReport, Reconciler};
@@ -56,6 +57,9 @@ pub struct Config {
     /// (the solver's session) when nothing else changed, instead of re-deciding the queue;
     /// see `standing.rs`.
     pub incremental: bool,
+    /// How workloads run: confined (the default, its `hidden` paths extended with the state
+    /// directory and the store), or unconfined where the operator asked for it.
+    pub confinement: Confinement,
 }
 
 impl Config {
@@ -72,6 +76,7 @@ impl Config {
             solve_time_limit: Duration::from_secs(2),
             run_commands: true,
             incremental: true,
+            confinement: Confinement::Sandbox(SandboxConfig::default()),
         }
     }
 }

@@ -13,7 +13,7 @@ use super::{Config, Handle, Reconciler, Shared, Wake};
 use crate::auth::Tokens;
 use crate::driver::NodeDriver;
 use crate::repo::Mirror;
-use crate::runtime::Runtime;
+use crate::runtime::{Confinement, Runtime};
 use crate::snapshot;
 use crate::store::Store;
 
@@ -61,7 +61,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         driver,
         on_listen,
     } = options;
-    std::fs::create_dir_all(&config.state_dir)?;
+    private_dir(&config.state_dir)?;
     let open_store = || {
         Store::open(&db).map_err(|source| ServeError::Store {
             path: db.display().to_string(),
@@ -71,8 +71,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let store = open_store()?;
     let api_store = open_store()?;
     let mirror = Mirror::open(config.source.clone(), &config.state_dir.join("mirror.git"))?;
-    let runtime = Runtime::new(config.state_dir.join("runtime"))
-        .map_err(|e| ServeError::Runtime(e.to_string()))?;
+    let runtime = runtime(&config, &db)?;
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
     let handle = Handle::new(shared.clone(), api_store);
@@ -241,14 +240,13 @@ pub fn run_once(
         driver,
         max_cycles,
     } = options;
-    std::fs::create_dir_all(&config.state_dir)?;
+    private_dir(&config.state_dir)?;
     let store = Store::open(&db).map_err(|source| ServeError::Store {
         path: db.display().to_string(),
         source,
     })?;
     let mirror = Mirror::open(config.source.clone(), &config.state_dir.join("mirror.git"))?;
-    let runtime = Runtime::new(config.state_dir.join("runtime"))
-        .map_err(|e| ServeError::Runtime(e.to_string()))?;
+    let runtime = runtime(&config, &db)?;
     let (tx, _rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
     let mut reconciler = Reconciler::new(config, store, driver, runtime, mirror, shared.clone());
@@ -273,4 +271,32 @@ pub fn run_once(
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     Ok((status, reports))
+}
+
+/// The workload runtime, confined unless the operator chose otherwise; the sandbox hides the
+/// state directory and the store wherever they are.
+fn runtime(config: &Config, db: &std::path::Path) -> Result<Runtime, ServeError> {
+    let confinement = match &config.confinement {
+        Confinement::Insecure => Confinement::Insecure,
+        Confinement::Sandbox(sandbox) => {
+            let mut sandbox = sandbox.clone();
+            sandbox.hidden.push(config.state_dir.clone());
+            sandbox.hidden.push(db.to_path_buf());
+            Confinement::Sandbox(sandbox)
+        }
+    };
+    Runtime::new(config.state_dir.join("runtime"), confinement)
+        .map_err(|e| ServeError::Runtime(e.to_string()))
+}
+
+/// Creates the state directory, or narrows an existing one, to the service alone (0700): it
+/// holds the mirror, the workloads' logs and checkpoints.
+fn private_dir(dir: &std::path::Path) -> Result<(), ServeError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(())
 }

@@ -117,6 +117,26 @@ impl Store {
             .collect()
     }
 
+    /// How many starts of `workload` begun at or after `since` were cut short by the service
+    /// stopping (closed with an error starting `interrupted_prefix` at recovery): a start that
+    /// keeps killing the service shows here however often the service restarts.
+    pub fn interrupted_starts(
+        &self,
+        workload: &str,
+        since: i64,
+        interrupted_prefix: &str,
+    ) -> Result<u32, StoreError> {
+        let count: i64 = self.conn.query_row(
+            "SELECT COUNT(*) FROM journal WHERE state = 'failed' AND begun_at >= ?1 \
+             AND substr(error, 1, length(?2)) = ?2 \
+             AND json_extract(action, '$.action') = 'start' \
+             AND json_extract(action, '$.workload') = ?3",
+            params![since, interrupted_prefix, workload],
+            |r| r.get(0),
+        )?;
+        Ok(u32::try_from(count).unwrap_or(u32::MAX))
+    }
+
     /// Deletes closed entries that ended before `before`; returns how many. Open intents are
     /// always kept.
     pub fn prune_journal(&self, before: i64) -> Result<usize, StoreError> {

@@ -35,6 +35,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// What a store call failed with.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The database file could not be created (or narrowed to) mode 0600.
+    #[error("{path}: cannot make it private to the service (0600): {source}")]
+    Private {
+        path: String,
+        source: std::io::Error,
+    },
     /// The named workload (or journal action) does not exist.
     #[error("not found: {0}")]
     NotFound(String),
@@ -114,6 +120,10 @@ impl Store {
 
     /// Like [`Store::open`], choosing what a commit must survive.
     pub fn open_with(path: &Path, durability: Durability) -> Result<Store, StoreError> {
+        make_private(path).map_err(|source| StoreError::Private {
+            path: path.display().to_string(),
+            source,
+        })?;
         let conn = Connection::open(path)?;
         // WAL lets readers (the API) proceed while the cycle writes. SQLite answers with the
         // mode in force: a filesystem without shared-memory support keeps the rollback
@@ -189,4 +199,28 @@ fn from_json<T: serde::de::DeserializeOwned>(
         row,
         source,
     })
+}
+
+/// Creates the database file 0600, or narrows an existing one, before SQLite opens it: SQLite
+/// creates its `-wal` and `-shm` files with the database's own mode, so they follow.
+fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if path.as_os_str().is_empty() || path == Path::new(":memory:") {
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    for suffix in ["-wal", "-shm"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        match std::fs::set_permissions(&side, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
 }
