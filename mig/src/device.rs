@@ -335,8 +335,9 @@ impl MigDevice {
         Ok(())
     }
 
-    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2`: where an instance of the profile could
-    /// be created now (NVML's answer, not nvml-wrapper's always-empty one).
+    /// Where an instance of the profile could be created now. Not what
+    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` answers: that lists every placement of
+    /// the profile, occupied or not (nvml.h), and the fake library answers so.
     pub fn gpu_instance_possible_placements(
         &self,
         profile_id: u32,
