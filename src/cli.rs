@@ -133,7 +133,7 @@ pub enum Command {
         /// Only this tenant's workloads.
         #[arg(long)]
         tenant: Option<String>,
-        #[arg(long, value_enum, default_value_t = GetFormat::Human)]
+        #[arg(short, long, value_enum, default_value_t = GetFormat::Human)]
         output: GetFormat,
         #[command(flatten)]
         server: ServerArgs,
@@ -142,7 +142,7 @@ pub enum Command {
     /// reservation's expected start, checkpoints and recent events.
     Describe {
         name: String,
-        #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
+        #[arg(short, long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
         #[command(flatten)]
         server: ServerArgs,

@@ -265,6 +265,11 @@ fn script(name: &str) -> Value {
     json!(["sh", data(name).display().to_string()])
 }
 
+/// An RFC 3339 instant of the API as Unix seconds.
+fn unix(v: &Value) -> Option<i64> {
+    v.as_str().and_then(tessera_compiler::units::parse_rfc3339)
+}
+
 fn phase(v: &Value) -> &str {
     v["phase"].as_str().unwrap_or("")
 }
@@ -973,7 +978,7 @@ fn a_crash_looping_committed_service_backs_off() {
     let mut backing_off = false;
     eventually("three runs ended", || {
         let w = service.workload(ADMIN, "crash");
-        if let (Some(s), Some(e)) = (w["submittedAt"].as_i64(), w["endedAt"].as_i64())
+        if let (Some(s), Some(e)) = (unix(&w["submittedAt"]), unix(&w["endedAt"]))
             && runs.last() != Some(&(s, e))
         {
             assert_eq!(w["end"], json!({"kind": "exited", "code": 3}), "{w}");
@@ -1020,7 +1025,7 @@ fn a_workload_is_stopped_at_its_max_duration() {
         json!({"kind": "timedOut", "limitSeconds": 2}),
         "{ended}"
     );
-    let ran = ended["endedAt"].as_i64().unwrap() - ended["startedAt"].as_i64().unwrap();
+    let ran = unix(&ended["endedAt"]).unwrap() - unix(&ended["startedAt"]).unwrap();
     assert!(ran >= 2, "{ended}");
     eventually("the process gone", || {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None)
@@ -1054,6 +1059,7 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
         "pool": "train",
         "gpu": {"count": 1},
         "command": script("serve.sh"),
+        "maxDuration": "1h",
     });
     assert_eq!(service.submit(PRODUCT, "finetune", one).0, 201);
     service.await_phase(PRODUCT, "finetune", "running");
@@ -1093,6 +1099,14 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
     );
     let waiting = service.workload(RESEARCH, "pretrain");
     assert_eq!(phase(&waiting), "pending", "{waiting}");
+    // The tenant sees why, and when the work in the way declares it ends.
+    assert_eq!(waiting["reason"], "reserving", "{waiting}");
+    let started = unix(&service.workload(PRODUCT, "finetune")["startedAt"]).unwrap();
+    assert_eq!(
+        unix(&waiting["expectedStart"]),
+        Some(started + 3600),
+        "{waiting}"
+    );
 
     let (code, _) = service.call("DELETE", "/v1/workloads/finetune", Some(PRODUCT), None);
     assert_eq!(code, 200);
@@ -1156,7 +1170,10 @@ fn a_tenant_sees_why_its_workload_waits() {
         Some(&wrong.to_string()),
     );
     assert_eq!(code, 422, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("kind: Workload"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("kind: Workload"),
+        "{body}"
+    );
 
     let waiting = eventually("a reason for too-big", || {
         let w = service.workload(RESEARCH, "too-big");
@@ -1177,23 +1194,43 @@ fn a_tenant_sees_why_its_workload_waits() {
     let (code, text) = cli(&service, RESEARCH, &["get"]);
     assert_eq!(code, 0, "{text}");
     let header = text.lines().next().unwrap();
-    assert!(header.starts_with("NAME") && header.contains("REASON"), "{text}");
+    assert!(
+        header.starts_with("NAME") && header.contains("REASON"),
+        "{text}"
+    );
     let row = text.lines().find(|l| l.starts_with("too-big")).unwrap();
     for cell in ["research", "training", "pending", "1x8", reason.as_str()] {
         assert!(row.contains(cell), "{cell} missing: {text}");
     }
     let (code, text) = cli(&service, PRODUCT, &["get", "workloads"]);
     assert_eq!(code, 0, "{text}");
-    assert_eq!(text, "No workloads.\n", "another tenant's workloads are not listed");
+    assert_eq!(
+        text, "No workloads.\n",
+        "another tenant's workloads are not listed"
+    );
     let (code, text) = cli(&service, PRODUCT, &["get", "--tenant", "research"]);
     assert_eq!(code, 1, "{text}");
-    let (code, text) = cli(&service, ADMIN, &["get", "--tenant", "research", "-o", "wide"]);
+    let (code, text) = cli(
+        &service,
+        ADMIN,
+        &["get", "--tenant", "research", "-o", "wide"],
+    );
     assert_eq!(code, 0, "{text}");
-    assert!(text.contains("EXPECTED-START") && text.contains("too-big"), "{text}");
+    assert!(
+        text.contains("EXPECTED-START") && text.contains("too-big"),
+        "{text}"
+    );
 
     let (code, text) = cli(&service, RESEARCH, &["describe", "too-big"]);
     assert_eq!(code, 0, "{text}");
-    for wanted in ["Reason:", &reason, "Message:", "Spec:", "Events:", "submitted"] {
+    for wanted in [
+        "Reason:",
+        &reason,
+        "Message:",
+        "Spec:",
+        "Events:",
+        "submitted",
+    ] {
         assert!(text.contains(wanted), "{wanted} missing: {text}");
     }
     let (code, text) = cli(&service, PRODUCT, &["describe", "too-big"]);
@@ -1221,7 +1258,13 @@ fn status_details_need_a_token_and_a_lost_gpu_degrades_the_service() {
 
     let public = service.call("GET", "/status", None, None).1;
     assert_eq!(public["health"], "Degraded");
-    for hidden in ["lastError", "conditions", "diagnostics", "driver", "lostGpus"] {
+    for hidden in [
+        "lastError",
+        "conditions",
+        "diagnostics",
+        "driver",
+        "lostGpus",
+    ] {
         assert!(public.get(hidden).is_none(), "{hidden} shown: {public}");
     }
     let tenant = service.call("GET", "/status", Some(PRODUCT), None).1;
@@ -1255,9 +1298,7 @@ fn submissions_are_capped_per_tenant() {
         work.path(),
         &["--max-submitted-per-tenant", "2"],
     );
-    let big = |tenant: &str| {
-        json!({"tenant": tenant, "sloClass": "training", "pool": "train", "gpu": {"count": 8}})
-    };
+    let big = |tenant: &str| json!({"tenant": tenant, "sloClass": "training", "pool": "train", "gpu": {"count": 8}});
     assert_eq!(service.submit(RESEARCH, "r1", big("research")).0, 201);
     assert_eq!(service.submit(RESEARCH, "r2", big("research")).0, 201);
     let (code, body) = service.submit(RESEARCH, "r3", big("research"));
@@ -1297,9 +1338,16 @@ fn fetch_failures_hold_until_a_fetch_succeeds_and_a_deleted_branch_is_noticed() 
         (s["head"].is_null() && s["health"] == "Degraded").then_some(s)
     });
     assert_eq!(gone["sync"], "OutOfSync", "{gone}");
-    assert_eq!(gone["revision"], first.as_str(), "the revision in force stays");
+    assert_eq!(
+        gone["revision"],
+        first.as_str(),
+        "the revision in force stays"
+    );
     assert!(
-        gone["lastError"].as_str().unwrap().contains("does not exist"),
+        gone["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
         "{gone}"
     );
     let commit = repo.repo.find_commit(oid).unwrap();

@@ -137,12 +137,14 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        bearer(&state.tokens, &parts.headers)?.map(Caller).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing `Authorization: Bearer <token>` header",
-            )
-        })
+        bearer(&state.tokens, &parts.headers)?
+            .map(Caller)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "missing `Authorization: Bearer <token>` header",
+                )
+            })
     }
 }
 
@@ -208,7 +210,10 @@ impl Submission {
                 if d.kind != "Workload" {
                     return Err(ApiError::new(
                         StatusCode::UNPROCESSABLE_ENTITY,
-                        format!("kind: {:?} cannot be submitted; send `kind: Workload`", d.kind),
+                        format!(
+                            "kind: {:?} cannot be submitted; send `kind: Workload`",
+                            d.kind
+                        ),
                     ));
                 }
                 if d.api_version != API_VERSION {
@@ -230,10 +235,7 @@ impl Submission {
 /// error would only say that no shape matched).
 fn parse_submission(value: serde_json::Value) -> Result<Submission, ApiError> {
     let malformed = |e: serde_json::Error| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("malformed workload: {e}"),
-        )
+        ApiError::new(StatusCode::BAD_REQUEST, format!("malformed workload: {e}"))
     };
     if value.get("kind").is_some() || value.get("apiVersion").is_some() {
         serde_json::from_value(value)
@@ -387,4 +389,51 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map_err(ApiError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> serde_json::Value {
+        json!({"tenant": "a", "sloClass": "batch", "gpu": {"count": 1}})
+    }
+
+    #[test]
+    fn a_submission_is_a_name_and_spec_or_a_workload_document() {
+        let named = parse_submission(json!({"name": "w", "spec": spec()})).unwrap();
+        assert_eq!(named.into_parts().unwrap().0, "w");
+        let document = json!({
+            "apiVersion": API_VERSION,
+            "kind": "Workload",
+            "metadata": {"name": "w", "labels": {"team": "x"}},
+            "spec": spec(),
+        });
+        let (name, parsed) = parse_submission(document).unwrap().into_parts().unwrap();
+        assert_eq!((name.as_str(), parsed.tenant.as_str()), ("w", "a"));
+    }
+
+    #[test]
+    fn a_document_of_another_kind_or_version_is_refused_with_what_to_send() {
+        let refuse = |body: serde_json::Value| {
+            parse_submission(body)
+                .and_then(Submission::into_parts)
+                .unwrap_err()
+        };
+        let e = refuse(json!({
+            "apiVersion": API_VERSION, "kind": "Tenant", "metadata": {"name": "w"}, "spec": spec(),
+        }));
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.message.contains("kind: Workload"), "{}", e.message);
+        let e = refuse(json!({
+            "apiVersion": "tessera/v0", "kind": "Workload", "metadata": {"name": "w"},
+            "spec": spec(),
+        }));
+        assert!(e.message.contains(API_VERSION), "{}", e.message);
+        let e = refuse(json!({"name": "w", "spec": spec(), "extra": 1}));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("extra"), "{}", e.message);
+        let e = refuse(json!({"kind": "Workload", "metadata": {"name": "w"}, "spec": spec()}));
+        assert!(e.message.contains("apiVersion"), "{}", e.message);
+    }
 }

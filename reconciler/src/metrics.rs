@@ -413,7 +413,10 @@ impl Metrics {
             let lost = if node.health == Health::Lost {
                 node.gpus.len()
             } else {
-                node.gpus.iter().filter(|g| g.health == Health::Lost).count()
+                node.gpus
+                    .iter()
+                    .filter(|g| g.health == Health::Lost)
+                    .count()
             };
             *per_pool.entry(node.pool.clone()).or_default() += i64::try_from(lost).unwrap_or(0);
         }

@@ -190,7 +190,11 @@ fn human_status(v: &Value) -> String {
     out
 }
 
-pub fn get(tenant: Option<&str>, output: GetFormat, server: &ServerArgs) -> anyhow::Result<ExitCode> {
+pub fn get(
+    tenant: Option<&str>,
+    output: GetFormat,
+    server: &ServerArgs,
+) -> anyhow::Result<ExitCode> {
     let path = match tenant {
         Some(t) => format!("/v1/workloads?tenant={}", percent_encode(t)),
         None => "/v1/workloads".to_string(),

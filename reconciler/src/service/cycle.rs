@@ -150,7 +150,10 @@ impl Reconciler {
     /// Reports a condition from outside a cycle (the recovery): logged now, in the status
     /// until the next cycle has published it.
     pub fn note(&mut self, condition: Condition) {
-        warn!(tenant = condition.tenant.as_deref(), "{}", condition.message);
+        warn!(
+            tenant = condition.tenant.as_deref(),
+            "{}", condition.message
+        );
         {
             let mut s = self.status_mut();
             s.health = Health::Degraded;
@@ -835,7 +838,10 @@ fn log_outcome(report: &CycleReport) {
             "cycle done"
         );
     } else {
-        tracing::debug!(waiting = report.plan.waits.len(), "cycle done, nothing to do");
+        tracing::debug!(
+            waiting = report.plan.waits.len(),
+            "cycle done, nothing to do"
+        );
     }
 }
 

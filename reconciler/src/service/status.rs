@@ -222,7 +222,13 @@ mod tests {
     fn anyone_sees_sync_and_health_only() {
         let view = serde_json::to_value(degraded().view_for(None)).unwrap();
         assert_eq!(view["health"], "Degraded");
-        for hidden in ["lastError", "conditions", "diagnostics", "driver", "lostGpus"] {
+        for hidden in [
+            "lastError",
+            "conditions",
+            "diagnostics",
+            "driver",
+            "lostGpus",
+        ] {
             assert!(view.get(hidden).is_none(), "{hidden} shown: {view}");
         }
     }
