@@ -448,6 +448,7 @@ impl Reconciler {
             let id = self.store.begin_action(self.cycle, action, now)?;
             let span = action_span(id, action);
             let _entered = span.enter();
+            let why = preempted_because(report.decision.as_ref(), action);
             let mut cx = apply::Context {
                 driver: self.driver.as_mut(),
                 runtime: &mut self.runtime,
@@ -463,7 +464,10 @@ impl Reconciler {
             match outcome {
                 Ok(()) => {
                     self.store.complete_action(id, now)?;
-                    info!("applied: {action}");
+                    match &why {
+                        Some(why) => info!("applied: {action}: {why}"),
+                        None => info!("applied: {action}"),
+                    }
                     self.failures.remove(&action.key());
                     self.throttle.backoff.remove(&action.key());
                     if is_disruptive(action)
@@ -861,6 +865,22 @@ fn action_span(id: crate::store::ActionId, action: &Action) -> Span {
         node = node.as_deref(),
         workload = workload_of(action)
     )
+}
+
+/// For a checkpoint signal, the decision's sentence on why the workload is preempted, so that
+/// the log says why as well as what.
+fn preempted_because(decision: Option<&Decision>, action: &Action) -> Option<String> {
+    let Action::Checkpoint { workload, .. } = action else {
+        return None;
+    };
+    decision?
+        .workloads
+        .iter()
+        .find(|w| &w.name == workload)
+        .and_then(|w| match &w.outcome {
+            tessera_solver::decision::Outcome::Preempt { message, .. } => Some(message.clone()),
+            _ => None,
+        })
 }
 
 fn workload_of(action: &Action) -> Option<&str> {

@@ -248,4 +248,38 @@ mod tests {
         assert!(admin["lastError"].as_str().unwrap().contains("fetch:"));
         assert_eq!(admin["diagnostics"][0], "policy/t.yaml:1:1: error");
     }
+
+    proptest::proptest! {
+        /// Whatever the conditions, a tenant sees exactly those marked with its name, in order,
+        /// and the public view none.
+        #[test]
+        fn a_tenant_sees_exactly_its_own_conditions(
+            marks in proptest::collection::vec(proptest::option::of(0usize..3), 0..8),
+            who in 0usize..3,
+        ) {
+            let tenants = ["a", "b", "c"];
+            let conditions: Vec<Condition> = marks
+                .iter()
+                .enumerate()
+                .map(|(i, m)| match m {
+                    Some(t) => Condition::tenant(tenants[*t], format!("c{i}")),
+                    None => Condition::service(format!("c{i}")),
+                })
+                .collect();
+            let mut s = Status::starting("sim");
+            s.set_conditions(conditions.clone());
+            let StatusView::Tenant(view) =
+                s.view_for(Some(&Principal::Tenant(tenants[who].to_string())))
+            else {
+                panic!("a tenant's view");
+            };
+            let expected: Vec<Condition> = conditions
+                .into_iter()
+                .filter(|c| c.tenant.as_deref() == Some(tenants[who]))
+                .collect();
+            proptest::prop_assert_eq!(&view.conditions, &expected);
+            proptest::prop_assert_eq!(view.last_error.is_none(), expected.is_empty());
+            proptest::prop_assert!(matches!(s.view_for(None), StatusView::Public(_)));
+        }
+    }
 }
