@@ -53,6 +53,17 @@ pub struct CycleReport {
     pub error: Option<String>,
 }
 
+impl std::fmt::Display for Decided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decided::Not => f.write_str("not"),
+            Decided::Full { why: None } => f.write_str("full"),
+            Decided::Full { why: Some(why) } => write!(f, "full ({why})"),
+            Decided::Session { arrivals } => write!(f, "session ({arrivals} arrivals)"),
+        }
+    }
+}
+
 /// How a cycle reached its decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Decided {
@@ -838,7 +849,7 @@ fn log_outcome(report: &CycleReport) {
             failed = report.failed.len(),
             skipped = report.skipped.len(),
             waiting = report.plan.waits.len(),
-            decided = ?report.decided,
+            decided = %report.decided,
             "cycle done"
         );
     } else {
