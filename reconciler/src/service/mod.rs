@@ -333,7 +333,7 @@ impl Handle {
         let decisions = self.shared.decisions();
         Ok(records
             .into_iter()
-            .map(|r| WorkloadView::of(r, decisions.as_deref()))
+            .map(|r| WorkloadView::for_viewer(r, decisions.as_deref(), viewer(who)))
             .collect())
     }
 
@@ -351,7 +351,7 @@ impl Handle {
             (record, events)
         };
         let decisions = self.shared.decisions();
-        let mut view = WorkloadView::of(record, decisions.as_deref());
+        let mut view = WorkloadView::for_viewer(record, decisions.as_deref(), viewer(who));
         view.events = Some(events.into_iter().map(EventView::from).collect());
         Ok(view)
     }
@@ -370,7 +370,11 @@ impl Handle {
         let record = self.store().cancel(name, crate::snapshot::now())?;
         info!(workload = %name, tenant = %record.tenant, phase = %record.phase, "cancel requested");
         self.shared.wake(Wake::Workloads);
-        Ok(WorkloadView::of(record, self.shared.decisions().as_deref()))
+        Ok(WorkloadView::for_viewer(
+            record,
+            self.shared.decisions().as_deref(),
+            viewer(who),
+        ))
     }
 
     pub fn status(&self) -> Status {
@@ -405,6 +409,14 @@ impl Handle {
             .unwrap_or_else(|e| e.into_inner())
             .suspended = suspended;
         self.shared.wake(Wake::Forced);
+    }
+}
+
+/// The tenant whose eyes a view is for; `None` for the operator, who sees everything.
+fn viewer(who: &Principal) -> Option<&str> {
+    match who {
+        Principal::Admin => None,
+        Principal::Tenant(t) => Some(t),
     }
 }
 

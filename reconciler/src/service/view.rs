@@ -34,6 +34,9 @@ pub struct DecisionIndex {
     /// The decision's instant (RFC 3339).
     pub at: String,
     pub workloads: BTreeMap<String, Decided>,
+    /// Each workload's tenant, to keep other tenants' workload names out of what one tenant
+    /// reads.
+    pub owners: BTreeMap<String, String>,
 }
 
 impl DecisionIndex {
@@ -73,10 +76,41 @@ impl DecisionIndex {
                 (w.name.clone(), decided)
             })
             .collect();
+        let owners = decision
+            .workloads
+            .iter()
+            .map(|w| (w.name.clone(), w.tenant.clone()))
+            .collect();
         DecisionIndex {
             at: decision.now.clone(),
             workloads,
+            owners,
         }
+    }
+
+    /// `message` as tenant `viewer` may read it: the solver's sentences name workloads in
+    /// backticks (the one preempting, the protected ones, a reservation's gang), and another
+    /// tenant's workload is not named to it.
+    pub fn redact(&self, message: &str, viewer: &str) -> String {
+        let parts: Vec<&str> = message.split('`').collect();
+        let mut out = String::with_capacity(message.len());
+        for (i, part) in parts.iter().enumerate() {
+            // Odd parts are quoted, unless the last backtick is unpaired.
+            let quoted = i % 2 == 1;
+            let closed = i + 1 < parts.len();
+            if !quoted {
+                out.push_str(part);
+            } else if closed && self.owners.get(*part).is_some_and(|o| o != viewer) {
+                out.push_str("(another tenant's workload)");
+            } else {
+                out.push('`');
+                out.push_str(part);
+                if closed {
+                    out.push('`');
+                }
+            }
+        }
+        out
     }
 }
 
@@ -153,8 +187,22 @@ impl From<Event> for EventView {
 }
 
 impl WorkloadView {
-    /// `record` as shown, with what `decisions` says about it when it has not ended (an ended
-    /// workload's last decision is history, not a reason).
+    /// `record` as shown to `viewer` (a tenant, or `None` for the operator), with what
+    /// `decisions` says about it when it has not ended (an ended workload's last decision is
+    /// history, not a reason).
+    pub fn for_viewer(
+        record: WorkloadRecord,
+        decisions: Option<&DecisionIndex>,
+        viewer: Option<&str>,
+    ) -> WorkloadView {
+        let mut view = WorkloadView::of(record, decisions);
+        if let (Some(d), Some(viewer), Some(message)) = (decisions, viewer, &view.message) {
+            view.message = Some(d.redact(message, viewer));
+        }
+        view
+    }
+
+    /// `record` as the operator sees it.
     pub fn of(record: WorkloadRecord, decisions: Option<&DecisionIndex>) -> WorkloadView {
         let decided = decisions
             .filter(|_| !record.phase.is_ended())
@@ -206,4 +254,39 @@ fn gpus(spec: &WorkloadSpec) -> String {
         "-".to_string()
     };
     format!("{}x{each}", spec.replicas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index() -> DecisionIndex {
+        DecisionIndex {
+            owners: [("mine", "a"), ("theirs", "b")]
+                .into_iter()
+                .map(|(w, t)| (w.to_string(), t.to_string()))
+                .collect(),
+            ..DecisionIndex::default()
+        }
+    }
+
+    #[test]
+    fn another_tenants_workload_is_not_named_to_a_tenant() {
+        let d = index();
+        assert_eq!(
+            d.redact("preempted for `theirs` of higher priority 5", "a"),
+            "preempted for (another tenant's workload) of higher priority 5"
+        );
+        assert_eq!(
+            d.redact("`mine` and `theirs` in pool `train`", "a"),
+            "`mine` and (another tenant's workload) in pool `train`"
+        );
+        assert_eq!(
+            d.redact("`mine` and `theirs` in pool `train`", "b"),
+            "(another tenant's workload) and `theirs` in pool `train`"
+        );
+        assert_eq!(d.redact("unpaired `theirs", "a"), "unpaired `theirs");
+        assert_eq!(d.redact("no quotes", "a"), "no quotes");
+        assert_eq!(d.redact("", "a"), "");
+    }
 }
