@@ -165,7 +165,7 @@ pub fn status(server: &ServerArgs, output: TextOrJson) -> anyhow::Result<ExitCod
 fn human_status(v: &Value) -> String {
     let s = |k: &str| v[k].as_str().unwrap_or("-").to_string();
     let mut out = format!(
-        "sync:      {}\nhealth:    {}{}\nrevision:  {}\nhead:      {}\ndriver:    {}\ncycles:    {} (last at {})\n",
+        "sync:      {}\nhealth:    {}{}\nrevision:  {}\nhead:      {}\n",
         s("sync"),
         s("health"),
         if v["suspended"] == true {
@@ -175,10 +175,16 @@ fn human_status(v: &Value) -> String {
         },
         s("revision"),
         s("head"),
-        s("driver"),
-        v["cycles"],
-        s("lastCycleAt"),
     );
+    // Only the operator's token shows the driver.
+    if v["driver"].is_string() {
+        out.push_str(&format!("driver:    {}\n", s("driver")));
+    }
+    out.push_str(&format!(
+        "cycles:    {} (last at {})\n",
+        v["cycles"],
+        s("lastCycleAt")
+    ));
     if let Some(e) = v["lastError"].as_str() {
         out.push_str(&format!("error:     {e}\n"));
     }
