@@ -127,8 +127,33 @@ pub enum Command {
         #[command(flatten)]
         server: ServerArgs,
     },
+    /// List workloads, like `squeue` or `kubectl get`: name, tenant, class, pool, phase, age,
+    /// GPUs and why each waits. A tenant's token lists its own; the operator's every tenant's.
+    Get {
+        /// What to list; only `workloads` is (the word may be left out).
+        #[arg(value_parser = ["workloads", "workload", "wl"], default_value = "workloads")]
+        resource: String,
+        /// Only this tenant's workloads.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(short, long, value_enum, default_value_t = GetFormat::Human)]
+        output: GetFormat,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// One workload in full: spec, bindings, why it waits (from the last decision), a
+    /// reservation's expected start, checkpoints and recent events.
+    Describe {
+        name: String,
+        #[arg(short, long, value_enum, default_value_t = TextOrJson::Human)]
+        output: TextOrJson,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
     /// The service's sync and health, revision and last error. Exit 0 when Synced and
-    /// Healthy, 1 otherwise (2 when the service cannot be reached).
+    /// Healthy, 1 otherwise (2 when the service cannot be reached). Without a token only sync
+    /// and health are shown; a tenant's token adds its own workloads' errors, the operator's
+    /// everything.
     Status {
         #[command(flatten)]
         server: ServerArgs,
@@ -215,6 +240,10 @@ pub struct ReconcileArgs {
     /// The longest wait before a crash-looping committed workload is queued again.
     #[arg(long, default_value = "5m")]
     pub restart_backoff_max: String,
+    /// The most submitted workloads one tenant may have that have not ended; a submission
+    /// past it is refused (HTTP 429) until some end or are cancelled.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_submitted_per_tenant: u32,
     /// Decide every cycle from scratch. By default, workloads submitted since the last full
     /// cycle are decided against its standing decision when nothing else changed (one
     /// arrival in milliseconds instead of a whole queue re-decided); a full cycle still runs
@@ -340,6 +369,16 @@ pub enum DiagnosticFormat {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CompileFormat {
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GetFormat {
+    /// A table: name, tenant, class, pool, phase, age, GPUs, reason.
+    Human,
+    /// The table with origin, nodes, attempts, expected start and the reason's sentence.
+    Wide,
+    /// The API's JSON.
     Json,
 }
 

@@ -198,8 +198,9 @@ impl Service {
         });
     }
 
+    /// The status as the operator sees it.
     fn status(&self) -> Value {
-        self.call("GET", "/status", None, None).1
+        self.call("GET", "/status", Some(ADMIN), None).1
     }
 
     fn workload(&self, token: &str, name: &str) -> Value {
@@ -271,6 +272,11 @@ fn faults(work: &Path, plan: &str) -> String {
 
 fn script(name: &str) -> Value {
     json!(["sh", data(name).display().to_string()])
+}
+
+/// An RFC 3339 instant of the API as Unix seconds.
+fn unix(v: &Value) -> Option<i64> {
+    v.as_str().and_then(tessera_compiler::units::parse_rfc3339)
 }
 
 fn phase(v: &Value) -> &str {
@@ -981,7 +987,7 @@ fn a_crash_looping_committed_service_backs_off() {
     let mut backing_off = false;
     eventually("three runs ended", || {
         let w = service.workload(ADMIN, "crash");
-        if let (Some(s), Some(e)) = (w["submittedAt"].as_i64(), w["endedAt"].as_i64())
+        if let (Some(s), Some(e)) = (unix(&w["submittedAt"]), unix(&w["endedAt"]))
             && runs.last() != Some(&(s, e))
         {
             assert_eq!(w["end"], json!({"kind": "exited", "code": 3}), "{w}");
@@ -1028,7 +1034,7 @@ fn a_workload_is_stopped_at_its_max_duration() {
         json!({"kind": "timedOut", "limitSeconds": 2}),
         "{ended}"
     );
-    let ran = ended["endedAt"].as_i64().unwrap() - ended["startedAt"].as_i64().unwrap();
+    let ran = unix(&ended["endedAt"]).unwrap() - unix(&ended["startedAt"]).unwrap();
     assert!(ran >= 2, "{ended}");
     eventually("the process gone", || {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None)
@@ -1062,6 +1068,7 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
         "pool": "train",
         "gpu": {"count": 1},
         "command": script("serve.sh"),
+        "maxDuration": "1h",
     });
     assert_eq!(service.submit(PRODUCT, "finetune", one).0, 201);
     service.await_phase(PRODUCT, "finetune", "running");
@@ -1101,6 +1108,14 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
     );
     let waiting = service.workload(RESEARCH, "pretrain");
     assert_eq!(phase(&waiting), "pending", "{waiting}");
+    // The tenant sees why, and when the work in the way declares it ends.
+    assert_eq!(waiting["reason"], "reserving", "{waiting}");
+    let started = unix(&service.workload(PRODUCT, "finetune")["startedAt"]).unwrap();
+    assert_eq!(
+        unix(&waiting["expectedStart"]),
+        Some(started + 3600),
+        "{waiting}"
+    );
 
     let (code, _) = service.call("DELETE", "/v1/workloads/finetune", Some(PRODUCT), None);
     assert_eq!(code, 200);
@@ -1231,4 +1246,271 @@ fn a_start_the_service_keeps_dying_during_is_failed_after_three() {
             assert!(end.contains("not started again"), "{end}");
         }
     }
+}
+
+/// Runs the CLI against `service` with `token`; returns the exit code and stdout + stderr.
+fn cli(service: &Service, token: &str, args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .args(["--server", &service.base])
+        .env("TESSERA_TOKEN", token)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// A tenant finds out why its workload waits: `GET /v1/workloads` and `tessera get` give the
+/// reason the last decision gave, `tessera describe` its sentence and the events; every
+/// instant is RFC 3339. A `kind: Workload` document is accepted as the body too.
+#[test]
+fn a_tenant_sees_why_its_workload_waits() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let document = json!({
+        "apiVersion": "tessera/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": "too-big"},
+        "spec": {"tenant": "research", "sloClass": "training", "pool": "train",
+                 "gpu": {"count": 8}},
+    });
+    let (code, body) = service.call(
+        "POST",
+        "/v1/workloads",
+        Some(RESEARCH),
+        Some(&document.to_string()),
+    );
+    assert_eq!(code, 201, "{body}");
+    let submitted = body["submittedAt"].as_str().unwrap();
+    assert!(
+        tessera_compiler::units::parse_rfc3339(submitted).is_some(),
+        "{submitted}"
+    );
+    let mut wrong = document.clone();
+    wrong["kind"] = json!("Tenant");
+    let (code, body) = service.call(
+        "POST",
+        "/v1/workloads",
+        Some(RESEARCH),
+        Some(&wrong.to_string()),
+    );
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("kind: Workload"),
+        "{body}"
+    );
+
+    let waiting = eventually("a reason for too-big", || {
+        let w = service.workload(RESEARCH, "too-big");
+        w["reason"].as_str().is_some().then_some(w)
+    });
+    assert_eq!(waiting["phase"], "pending");
+    assert!(waiting["message"].as_str().unwrap().len() > 10, "{waiting}");
+    assert!(
+        waiting["decidedAt"]
+            .as_str()
+            .and_then(tessera_compiler::units::parse_rfc3339)
+            .is_some(),
+        "{waiting}"
+    );
+    assert_eq!(waiting["events"][0]["kind"], "submitted", "{waiting}");
+    let reason = waiting["reason"].as_str().unwrap().to_string();
+
+    let (code, text) = cli(&service, RESEARCH, &["get"]);
+    assert_eq!(code, 0, "{text}");
+    let header = text.lines().next().unwrap();
+    assert!(
+        header.starts_with("NAME") && header.contains("REASON"),
+        "{text}"
+    );
+    let row = text.lines().find(|l| l.starts_with("too-big")).unwrap();
+    for cell in ["research", "training", "pending", "1x8", reason.as_str()] {
+        assert!(row.contains(cell), "{cell} missing: {text}");
+    }
+    let (code, text) = cli(&service, PRODUCT, &["get", "workloads"]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        text, "No workloads.\n",
+        "another tenant's workloads are not listed"
+    );
+    let (code, text) = cli(&service, PRODUCT, &["get", "--tenant", "research"]);
+    assert_eq!(code, 1, "{text}");
+    let (code, text) = cli(
+        &service,
+        ADMIN,
+        &["get", "--tenant", "research", "-o", "wide"],
+    );
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("EXPECTED-START") && text.contains("too-big"),
+        "{text}"
+    );
+
+    let (code, text) = cli(&service, RESEARCH, &["describe", "too-big"]);
+    assert_eq!(code, 0, "{text}");
+    for wanted in [
+        "Reason:",
+        &reason,
+        "Message:",
+        "Spec:",
+        "Events:",
+        "submitted",
+    ] {
+        assert!(text.contains(wanted), "{wanted} missing: {text}");
+    }
+    let (code, text) = cli(&service, PRODUCT, &["describe", "too-big"]);
+    assert_eq!(code, 1, "another tenant's workload reads as absent: {text}");
+    service.stop();
+}
+
+/// Without a token `/status` says sync and health only; a tenant's token adds the conditions
+/// about its own workloads and nothing of the service's; the operator sees every condition.
+/// A lost GPU degrades the service with its name, and is counted in a metric.
+#[test]
+fn status_details_need_a_token_and_a_lost_gpu_degrades_the_service() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let faults_arg = faults(work.path(), "faults:\n  - lose: {node: t0, gpu: 1}\n");
+    let service = Service::ready(repo.path(), work.path(), &["--faults", &faults_arg]);
+    let degraded = eventually("the lost GPU reported", || {
+        let s = service.status();
+        (s["health"] == "Degraded").then_some(s)
+    });
+    let error = degraded["lastError"].as_str().unwrap();
+    assert!(error.contains("lost hardware: t0/1"), "{error}");
+    assert_eq!(degraded["lostGpus"], json!(["t0/1"]));
+
+    let public = service.call("GET", "/status", None, None).1;
+    assert_eq!(public["health"], "Degraded");
+    for hidden in [
+        "lastError",
+        "conditions",
+        "diagnostics",
+        "driver",
+        "lostGpus",
+    ] {
+        assert!(public.get(hidden).is_none(), "{hidden} shown: {public}");
+    }
+    let tenant = service.call("GET", "/status", Some(PRODUCT), None).1;
+    assert_eq!(tenant["health"], "Degraded");
+    assert_eq!(tenant["conditions"], json!([]), "{tenant}");
+    assert_eq!(tenant["lastError"], Value::Null, "{tenant}");
+    let (code, _) = service.call("GET", "/status", Some("not-a-token-0123456789"), None);
+    assert_eq!(code, 401);
+
+    let metrics = service.call("GET", "/metrics", None, None).1;
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tessera_pool_lost_gpus{pool=\"train\"} 1"),
+        "{metrics}"
+    );
+    service.stop();
+}
+
+/// A tenant may have at most `--max-submitted-per-tenant` submitted workloads that have not
+/// ended: the next is refused with 429 and what to do, other tenants are not affected, and a
+/// cancellation makes room.
+#[test]
+fn submissions_are_capped_per_tenant() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(
+        repo.path(),
+        work.path(),
+        &["--max-submitted-per-tenant", "2"],
+    );
+    let big = |tenant: &str| json!({"tenant": tenant, "sloClass": "training", "pool": "train", "gpu": {"count": 8}});
+    assert_eq!(service.submit(RESEARCH, "r1", big("research")).0, 201);
+    assert_eq!(service.submit(RESEARCH, "r2", big("research")).0, 201);
+    let (code, body) = service.submit(RESEARCH, "r3", big("research"));
+    assert_eq!(code, 429, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("tessera cancel"), "{error}");
+    assert!(service.workload(RESEARCH, "r3").get("error").is_some());
+    let (code, body) = service.call("DELETE", "/v1/workloads/r1", Some(RESEARCH), None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(service.submit(RESEARCH, "r3", big("research")).0, 201);
+    service.stop();
+}
+
+/// A fetch that fails keeps the service Degraded, cycle after cycle, until a fetch succeeds,
+/// and a vanished local repository is named as such; a deleted branch makes the service
+/// OutOfSync and Degraded (its head is gone), and recreating it recovers.
+#[test]
+fn fetch_failures_hold_until_a_fetch_succeeds_and_a_deleted_branch_is_noticed() {
+    let mut repo = PolicyRepo::new();
+    let first = repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    eventually("synced", || {
+        (service.status()["sync"] == "Synced").then_some(())
+    });
+
+    // The branch deleted: HEAD detached first, as a branch that is HEAD cannot be deleted.
+    let oid = repo.repo.head().unwrap().target().unwrap();
+    repo.repo.set_head_detached(oid).unwrap();
+    repo.repo
+        .find_branch("main", git2::BranchType::Local)
+        .unwrap()
+        .delete()
+        .unwrap();
+    let gone = eventually("the deleted branch noticed", || {
+        let s = service.status();
+        (s["head"].is_null() && s["health"] == "Degraded").then_some(s)
+    });
+    assert_eq!(gone["sync"], "OutOfSync", "{gone}");
+    assert_eq!(
+        gone["revision"],
+        first.as_str(),
+        "the revision in force stays"
+    );
+    assert!(
+        gone["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{gone}"
+    );
+    let commit = repo.repo.find_commit(oid).unwrap();
+    repo.repo.branch("main", &commit, false).unwrap();
+    repo.repo.set_head("refs/heads/main").unwrap();
+    eventually("the branch back", || {
+        let s = service.status();
+        (s["sync"] == "Synced" && s["health"] == "Healthy").then_some(())
+    });
+
+    // The repository moved away: the condition holds across cycles, whatever runs between.
+    let moved = work.path().join("moved-away");
+    std::fs::rename(repo.path(), &moved).unwrap();
+    let degraded = eventually("the vanished repository noticed", || {
+        let s = service.status();
+        (s["health"] == "Degraded").then_some(s)
+    });
+    let error = degraded["lastError"].as_str().unwrap();
+    assert!(error.contains("does not exist"), "{error}");
+    assert!(!error.contains("unsupported URL protocol"), "{error}");
+    let from = degraded["cycles"].as_u64().unwrap();
+    let mut samples = 0;
+    eventually("three more cycles", || {
+        let s = service.status();
+        assert_eq!(s["health"], "Degraded", "the condition flickered: {s}");
+        samples += 1;
+        (s["cycles"].as_u64().unwrap() >= from + 3).then_some(())
+    });
+    assert!(samples > 0);
+    std::fs::rename(&moved, repo.path()).unwrap();
+    eventually("healthy once the repository is back", || {
+        let s = service.status();
+        (s["health"] == "Healthy" && s["lastError"].is_null()).then_some(())
+    });
+    service.stop();
 }

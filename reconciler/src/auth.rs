@@ -10,13 +10,15 @@
 //! ```
 //!
 //! Only SHA-256 digests are kept in memory, and a presented token is compared by digest in
-//! constant time, so neither the comparison's timing nor a memory dump gives a token away.
+//! constant time (`subtle`), so neither the comparison's timing nor a memory dump gives a token
+//! away.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 /// Who a request acts for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +110,7 @@ impl Tokens {
         let presented = digest(token);
         let mut found = None;
         for (d, who) in &self.entries {
-            if constant_time_eq(d, &presented) {
+            if bool::from(d.ct_eq(&presented)) {
                 found = Some(who.clone());
             }
         }
@@ -118,14 +120,6 @@ impl Tokens {
 
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
-}
-
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
-    }
-    diff == 0
 }
 
 #[cfg(test)]

@@ -79,6 +79,7 @@ pub struct Metrics {
     fair_share: Family<ShareLabels, FloatGauge>,
     fair_share_history: Family<ShareLabels, FloatGauge>,
     reservations: Family<PoolLabels, Gauge>,
+    lost_gpus: Family<PoolLabels, Gauge>,
     reserved_idle_gpus: Family<PoolLabels, Gauge>,
     reserved_idle_gpu_seconds: Family<PoolLabels, Counter<f64, AtomicU64>>,
     pending: Family<ReasonLabels, Gauge>,
@@ -104,6 +105,7 @@ struct Seen {
     usage: Vec<UsageLabels>,
     shares: Vec<ShareLabels>,
     reasons: Vec<ReasonLabels>,
+    lost_pools: Vec<PoolLabels>,
     /// GPUs held idle per pool by the last decision, and its instant: held capacity is
     /// integrated over the time until the next decision.
     held: Vec<(PoolLabels, u32)>,
@@ -130,6 +132,7 @@ impl Metrics {
             fair_share: Family::default(),
             fair_share_history: Family::default(),
             reservations: Family::default(),
+            lost_gpus: Family::default(),
             reserved_idle_gpus: Family::default(),
             reserved_idle_gpu_seconds: Family::default(),
             pending: Family::default(),
@@ -191,6 +194,11 @@ impl Metrics {
             "tenant_fair_share_history",
             "A tenant's decayed dominant borrowed share of the fleet",
             m.fair_share_history.clone(),
+        );
+        registry.register(
+            "pool_lost_gpus",
+            "GPUs the driver reports lost (those of a lost node included), per pool",
+            m.lost_gpus.clone(),
         );
         registry.register(
             "pool_reservations",
@@ -395,6 +403,35 @@ impl Metrics {
             seen.held.push((labels, held));
         }
         seen.held_since = Some(now);
+    }
+
+    /// The lost GPUs of an observation, per pool; a pool with none reads 0.
+    pub fn record_lost(&self, observation: &crate::driver::Observation) {
+        use tessera_compiler::model::Health;
+        let mut per_pool: BTreeMap<String, i64> = BTreeMap::new();
+        for node in &observation.nodes {
+            let lost = if node.health == Health::Lost {
+                node.gpus.len()
+            } else {
+                node.gpus
+                    .iter()
+                    .filter(|g| g.health == Health::Lost)
+                    .count()
+            };
+            *per_pool.entry(node.pool.clone()).or_default() += i64::try_from(lost).unwrap_or(0);
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        for old in &seen.lost_pools {
+            if !per_pool.contains_key(&old.pool) {
+                self.lost_gpus.get_or_create(old).set(0);
+            }
+        }
+        seen.lost_pools.clear();
+        for (pool, lost) in per_pool {
+            let labels = PoolLabels { pool };
+            self.lost_gpus.get_or_create(&labels).set(lost);
+            seen.lost_pools.push(labels);
+        }
     }
 
     pub fn record_action(&self, action: &str, ok: bool, geometry: bool) {

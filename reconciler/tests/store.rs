@@ -634,3 +634,46 @@ fn the_database_is_private_to_the_service() {
         assert_eq!(mode, 0o600, "{}", file.display());
     }
 }
+
+#[test]
+fn a_tenants_live_submissions_are_counted_apart_from_committed_and_ended_ones() {
+    let store = Store::open_in_memory().unwrap();
+    store
+        .submit("a1", &spec("a"), Origin::Submitted, 1)
+        .unwrap();
+    store
+        .submit("a2", &spec("a"), Origin::Submitted, 1)
+        .unwrap();
+    store
+        .submit("a3", &spec("a"), Origin::Committed, 1)
+        .unwrap();
+    store
+        .submit("b1", &spec("b"), Origin::Submitted, 1)
+        .unwrap();
+    assert_eq!(store.live_submitted("a").unwrap(), 2);
+    store.cancel("a1", 2).unwrap();
+    assert_eq!(store.live_submitted("a").unwrap(), 1);
+    assert_eq!(store.live_submitted("b").unwrap(), 1);
+    assert_eq!(store.live_submitted("nobody").unwrap(), 0);
+}
+
+#[test]
+fn a_workloads_recent_events_are_the_last_ones_oldest_first() {
+    let store = Store::open_in_memory().unwrap();
+    store.submit("w", &spec("a"), Origin::Submitted, 1).unwrap();
+    store.cancel("w", 2).unwrap();
+    store.submit("w", &spec("a"), Origin::Submitted, 3).unwrap();
+    store
+        .submit("other", &spec("a"), Origin::Submitted, 4)
+        .unwrap();
+    let kinds = |limit| -> Vec<String> {
+        store
+            .recent_workload_events("w", limit)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect()
+    };
+    assert_eq!(kinds(10), ["submitted", "cancelled", "submitted"]);
+    assert_eq!(kinds(2), ["cancelled", "submitted"]);
+}

@@ -83,6 +83,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Observe(args) => observe::run(&args),
         Command::Submit { file, server } => client::submit(&file, &server),
         Command::Cancel { name, server } => client::cancel(&name, &server),
+        Command::Get {
+            resource: _,
+            tenant,
+            output,
+            server,
+        } => client::get(tenant.as_deref(), output, &server),
+        Command::Describe {
+            name,
+            output,
+            server,
+        } => client::describe(&name, output, &server),
         Command::Status { server, output } => client::status(&server, output),
     }
 }

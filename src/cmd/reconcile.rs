@@ -22,6 +22,7 @@ use crate::cli::{DriverKind, ReconcileArgs, RuntimeKind, TextOrJson};
 use crate::output::emit;
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
     let duration = |flag: &str, value: &str| -> anyhow::Result<Duration> {
         match units::Duration::parse(value) {
             Some(d) => Ok(Duration::from_secs(d.seconds())),
@@ -40,6 +41,8 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     config.restart_backoff_base = duration("restart-backoff", &args.restart_backoff)?;
     config.restart_backoff_max = duration("restart-backoff-max", &args.restart_backoff_max)?;
     config.incremental = !args.full_cycles_only;
+    config.limits.max_live_submitted_per_tenant =
+        usize::try_from(args.max_submitted_per_tenant).unwrap_or(usize::MAX);
     config.run_commands = args.runtime == RuntimeKind::Process;
     config.confinement = if args.insecure_runtime {
         Confinement::Insecure
@@ -102,6 +105,20 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         })),
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (`info` when unset or unreadable): one line per
+/// cycle that changed something and per action, with the cycle's number and revision, and the
+/// action's journal id, node and workload.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Fails only when a subscriber is already set, which leaves that one in force.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 fn driver(args: &ReconcileArgs) -> anyhow::Result<Box<dyn NodeDriver>> {

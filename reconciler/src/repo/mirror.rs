@@ -30,8 +30,16 @@ pub enum RepoError {
         branch: String,
         source: git2::Error,
     },
-    #[error("branch {branch:?} does not exist in {url}")]
+    #[error(
+        "branch {branch:?} does not exist in {url} (deleted or renamed?): the revision in \
+         force stays until the branch is back or the service follows another one (--branch)"
+    )]
     NoBranch { url: String, branch: String },
+    #[error(
+        "the policy repository {path} does not exist (moved or deleted?): restore it or \
+         point --repo at it"
+    )]
+    MissingLocalRepository { path: String },
     #[error(transparent)]
     Tree(#[from] TreeError),
 }
@@ -71,6 +79,14 @@ impl Mirror {
             branch: branch.clone(),
             source,
         };
+        // libgit2 reads a path it cannot find as a URL and reports "unsupported URL protocol".
+        if let Some(path) = local_path(&self.source.url)
+            && !path.exists()
+        {
+            return Err(RepoError::MissingLocalRepository {
+                path: path.display().to_string(),
+            });
+        }
         let mut remote = self.repo.find_remote("origin").map_err(fetch_err)?;
         let mut callbacks = RemoteCallbacks::new();
         let config = self.repo.config().ok();
@@ -94,6 +110,26 @@ impl Mirror {
         remote
             .fetch(&[refspec.as_str()], Some(&mut options), None)
             .map_err(fetch_err)?;
+        // A refspec whose branch is gone fetches nothing and leaves the tracking ref where it
+        // was: ask what the remote advertised, and forget the branch if it is not there.
+        let wanted = format!("refs/heads/{branch}");
+        let advertised = remote
+            .list()
+            .map_err(fetch_err)?
+            .iter()
+            .any(|head| head.name() == wanted);
+        if !advertised {
+            if let Ok(mut tracking) = self
+                .repo
+                .find_reference(&format!("refs/remotes/origin/{branch}"))
+            {
+                tracking.delete().map_err(fetch_err)?;
+            }
+            return Err(RepoError::NoBranch {
+                url: self.source.url.clone(),
+                branch: branch.clone(),
+            });
+        }
         self.head()
     }
 

@@ -9,8 +9,11 @@ use std::time::Instant;
 use tessera_solver::session::Session;
 use tessera_solver::{Decision, SolveOptions};
 
+use tracing::{Span, info, info_span, warn};
+
+use super::error::{CycleError, FetchError, RecoveryError};
 use super::standing::Standing;
-use super::status::{Health, Status, Sync};
+use super::status::{Condition, Health, Status, Sync};
 use super::{Config, Shared, TenantView, apply};
 use crate::actions::{self, Action, ActionPlan, LivePhase, Throttle, Wait, WorkloadView};
 use crate::driver::{GpuRef, NodeDriver, Observation};
@@ -56,6 +59,17 @@ pub struct CycleReport {
     pub error: Option<String>,
 }
 
+impl std::fmt::Display for Decided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decided::Not => f.write_str("not"),
+            Decided::Full { why: None } => f.write_str("full"),
+            Decided::Full { why: Some(why) } => write!(f, "full ({why})"),
+            Decided::Session { arrivals } => write!(f, "session ({arrivals} arrivals)"),
+        }
+    }
+}
+
 /// How a cycle reached its decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Decided {
@@ -80,18 +94,34 @@ pub struct Reconciler {
     throttle: Throttle,
     /// Per action key, consecutive failures and the last error: the service stays Degraded
     /// until the key's next action succeeds.
-    failures: BTreeMap<String, (u32, String)>,
+    failures: BTreeMap<String, Failure>,
     /// GPUs waiting to drain, with the instant their pool's drain timeout runs out.
     drain_deadline: BTreeMap<GpuRef, i64>,
     shared: Arc<Shared>,
     cycle: u64,
     /// Exits polled between cycles, reaped by the next one.
     exits: Vec<Exited>,
-    /// Committed workloads that keep ending after short runs, with when they are queued again
-    /// and how the last run ended.
-    restarts: BTreeMap<String, (i64, String)>,
+    /// Committed workloads that keep ending after short runs, with when they are queued again,
+    /// how the last run ended and their tenant.
+    restarts: BTreeMap<String, (i64, String, String)>,
     /// The last full cycle's decision, while it stands (`standing.rs`).
     standing: Option<Standing>,
+    /// The last fetch's error: held (the service Degraded) until a fetch succeeds, so that the
+    /// condition does not come and go with the cycles in between.
+    fetch_error: Option<String>,
+    /// Conditions from outside a cycle (the recovery), shown by the next cycle's status.
+    notes: Vec<Condition>,
+    /// GPUs the last observation reported lost (`node/index`), and whole nodes lost.
+    lost: Vec<String>,
+}
+
+/// Consecutive failures of the actions on one key.
+#[derive(Debug, Clone, Default)]
+struct Failure {
+    count: u32,
+    message: String,
+    /// The tenant of the workload the key is about; `None` for a GPU.
+    tenant: Option<String>,
 }
 
 impl Reconciler {
@@ -118,6 +148,9 @@ impl Reconciler {
             exits: Vec::new(),
             restarts: BTreeMap::new(),
             standing: None,
+            fetch_error: None,
+            notes: Vec::new(),
+            lost: Vec::new(),
         }
     }
 
@@ -131,17 +164,27 @@ impl Reconciler {
         !self.exits.is_empty()
     }
 
-    /// Reports an error outside a cycle (a fetch, the recovery) in the status.
-    pub fn note_error(&self, message: String) {
-        let mut s = self.status_mut();
-        s.health = Health::Degraded;
-        s.last_error = Some(message);
+    /// Reports a condition from outside a cycle (the recovery): logged now, in the status
+    /// until the next cycle has published it.
+    pub fn note(&mut self, condition: Condition) {
+        warn!(
+            tenant = condition.tenant.as_deref(),
+            "{}", condition.message
+        );
+        {
+            let mut s = self.status_mut();
+            s.health = Health::Degraded;
+            let mut conditions = s.conditions.clone();
+            conditions.push(condition.clone());
+            s.set_conditions(conditions);
+        }
+        self.notes.push(condition);
     }
 
     /// At start: close what a killed predecessor left open. Intents without an outcome are
     /// marked interrupted (the next cycle re-plans from what the nodes show, which is the only
     /// truth about a half-applied step), and the processes of running workloads are adopted.
-    pub fn recover(&mut self, now: i64) -> Result<usize, crate::store::StoreError> {
+    pub fn recover(&mut self, now: i64) -> Result<usize, RecoveryError> {
         let observation = self.driver.observe().ok();
         let open = self.store.open_actions()?;
         let mut interrupted_starts = BTreeSet::new();
@@ -157,7 +200,10 @@ impl Reconciler {
             for r in &record.replicas {
                 let Some(pid) = r.pid else { continue };
                 if let Err(e) = self.runtime.adopt(&record.name, r.replica, pid) {
-                    self.note_error(format!("recovery: cannot adopt {}: {e}", record.name));
+                    self.note(Condition::tenant(
+                        record.tenant.clone(),
+                        format!("recovery: cannot adopt {}: {e}", record.name),
+                    ));
                 }
                 if let Some(b) = record.bindings.get(r.replica as usize) {
                     for &index in &b.gpus {
@@ -186,8 +232,15 @@ impl Reconciler {
                 } else {
                     self.store
                         .requeue(&record.name, "interrupted while starting", now)?;
+                    info!(workload = %record.name, "requeued: interrupted while starting");
                 }
             }
+        }
+        if !open.is_empty() {
+            info!(
+                interrupted = open.len(),
+                "recovery: journal actions left open by the previous run marked interrupted"
+            );
         }
         Ok(open.len())
     }
@@ -228,42 +281,76 @@ impl Reconciler {
             .insert(key.clone(), now.saturating_add(delay as i64));
         self.failures.insert(
             key,
-            (
+            Failure {
                 count,
-                format!("start: the service stopped while starting it ({count} times)"),
-            ),
+                message: format!("start: the service stopped while starting it ({count} times)"),
+                tenant: Some(record.tenant.clone()),
+            },
         );
+        warn!(workload = %record.name, count, "the service stopped during this workload's start; backing off");
         Ok(())
     }
 
-    /// Fetches the branch and offers its head to the tracker. Errors are reported in the
-    /// status; the revision in force stays.
-    pub fn sync_repository(&mut self, now: i64) -> Result<Offer, String> {
-        let head = self.mirror.fetch().map_err(|e| e.to_string())?;
+    /// Fetches the branch and offers its head to the tracker; the revision in force stays
+    /// whatever happens. A failure is held in the status until a fetch succeeds; a branch that
+    /// no longer exists also clears the head, so the service reads OutOfSync.
+    pub fn sync_repository(&mut self, now: i64) -> Result<Offer, FetchError> {
+        let result = self.fetch_and_offer(now);
+        match &result {
+            Ok(_) => {
+                if self.fetch_error.take().is_some() {
+                    info!("fetch: the branch can be fetched again");
+                }
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if self.fetch_error.as_deref() != Some(message.as_str()) {
+                    warn!("{message}");
+                }
+                self.fetch_error = Some(message);
+                if e.branch_gone() {
+                    self.status_mut().head = None;
+                }
+            }
+        }
+        result
+    }
+
+    fn fetch_and_offer(&mut self, now: i64) -> Result<Offer, FetchError> {
+        let head = self.mirror.fetch()?;
+        self.status_mut().head = Some(head.clone());
         if self.tracker.latest_commit() == Some(head.as_str()) {
             return Ok(Offer::Unchanged);
         }
-        let snapshot = self.mirror.snapshot(&head).map_err(|e| e.to_string())?;
+        let snapshot = self.mirror.snapshot(&head)?;
         let offer = self.tracker.offer(&head, snapshot.loaded);
         let record = match &offer {
             Offer::Applied { commit } => {
+                info!(revision = %short(commit), "revision applied");
                 self.publish_tenants();
                 Some((commit.clone(), RevisionStatus::Applied, Vec::new()))
             }
-            Offer::Rejected(r) => Some((
-                r.commit.clone(),
-                RevisionStatus::Rejected,
-                r.diagnostics.clone(),
-            )),
+            Offer::Rejected(r) => {
+                warn!(
+                    revision = %short(&r.commit),
+                    errors = r.diagnostics.len(),
+                    "revision rejected; the revision in force stays"
+                );
+                for d in &r.diagnostics {
+                    warn!(revision = %short(&r.commit), "{d}");
+                }
+                Some((
+                    r.commit.clone(),
+                    RevisionStatus::Rejected,
+                    r.diagnostics.clone(),
+                ))
+            }
             Offer::Unchanged => None,
         };
         if let Some((commit, status, diagnostics)) = record {
             self.store
-                .record_revision(&commit, status, &diagnostics, now)
-                .map_err(|e| e.to_string())?;
+                .record_revision(&commit, status, &diagnostics, now)?;
         }
-        let mut s = self.status_mut();
-        s.head = Some(head);
         Ok(offer)
     }
 
@@ -299,42 +386,50 @@ impl Reconciler {
     pub fn cycle(&mut self, now: i64) -> CycleReport {
         let started = Instant::now();
         self.cycle += 1;
+        let span = info_span!(
+            "cycle",
+            cycle = self.cycle,
+            revision = tracing::field::Empty
+        );
+        let _entered = span.enter();
         let mut report = CycleReport {
             cycle: self.cycle,
             ..CycleReport::default()
         };
         let result = self.cycle_inner(now, &mut report);
         if let Err(e) = &result {
-            report.error = Some(e.clone());
+            warn!("cycle stopped: {e}");
+            report.error = Some(e.to_string());
         }
         self.publish(now, &report, started.elapsed().as_secs_f64());
+        log_outcome(&report);
         report
     }
 
-    fn cycle_inner(&mut self, now: i64, report: &mut CycleReport) -> Result<(), String> {
+    fn cycle_inner(&mut self, now: i64, report: &mut CycleReport) -> Result<(), CycleError> {
         self.throttle
             .reconfigured
             .retain(|_, &mut until| until > now);
         self.throttle.backoff.retain(|_, &mut until| until > now);
-        self.reap(now, report).map_err(|e| e.to_string())?;
-        self.stop_overdue(now, report).map_err(|e| e.to_string())?;
+        self.reap(now, report)?;
+        self.stop_overdue(now, report)?;
         let Some(applied) = self.tracker.applied().cloned() else {
             return Err(match self.tracker.rejected() {
-                Some(r) => format!(
-                    "revision {} rejected; no earlier revision to keep",
-                    short(&r.commit)
-                ),
-                None => "no policy revision fetched yet".to_string(),
+                Some(r) => CycleError::RejectedWithoutFallback {
+                    commit: short(&r.commit).to_string(),
+                },
+                None => CycleError::NoRevision,
             });
         };
+        Span::current().record("revision", short(&applied.commit));
         report.revision = Some(applied.commit.clone());
-        self.sync_committed(&applied.policy, now)
-            .map_err(|e| e.to_string())?;
+        self.sync_committed(&applied.policy, now)?;
 
-        let mut observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
-        let records = self.store.live().map_err(|e| e.to_string())?;
+        let mut observation = self.driver.observe().map_err(CycleError::Observe)?;
+        self.note_lost(&observation);
+        let records = self.store.live()?;
         let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
-        let carried = self.store.carried().map_err(|e| e.to_string())?;
+        let carried = self.store.carried()?;
         let state = snapshot::cluster_state(&observation, &tracked, &carried, now);
         *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
 
@@ -359,8 +454,7 @@ impl Reconciler {
                         time_limit: self.config.solve_time_limit,
                         now: Some(now),
                     },
-                )
-                .map_err(|e| format!("solve: {e}"))?;
+                )?;
                 report.decided = Decided::Full {
                     why: stale.and_then(|r| r.err()).map(|e| e.to_string()),
                 };
@@ -378,9 +472,7 @@ impl Reconciler {
             reservations: decision.reservations.iter().map(|r| r.record()).collect(),
         };
         if carried_next != carried {
-            self.store
-                .set_carried(&carried_next, now)
-                .map_err(|e| e.to_string())?;
+            self.store.set_carried(&carried_next, now)?;
         }
 
         let views: Vec<WorkloadView> = records.iter().map(|r| view(r, &applied.policy)).collect();
@@ -398,6 +490,7 @@ impl Reconciler {
             }))
             .collect();
         self.failures.retain(|k, _| wanted.contains(k));
+        self.shared.publish_decision(&decision);
         report.decision = Some(decision);
 
         if self.shared.suspended.load(Ordering::SeqCst) {
@@ -417,15 +510,14 @@ impl Reconciler {
             if matches!(action, Action::Start { .. }) && !observed_after_geometry {
                 // New compute instances have UUIDs only the driver knows.
                 if plan.actions.iter().any(Action::is_geometry) {
-                    observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
+                    observation = self.driver.observe().map_err(CycleError::Observe)?;
                 }
                 observed_after_geometry = true;
             }
-            let intent = serde_json::to_value(action).map_err(|e| e.to_string())?;
-            let id = self
-                .store
-                .begin_action(self.cycle, &intent, now)
-                .map_err(|e| e.to_string())?;
+            let id = self.store.begin_action(self.cycle, action, now)?;
+            let span = action_span(id, action);
+            let _entered = span.enter();
+            let why = preempted_because(report.decision.as_ref(), action);
             let mut cx = apply::Context {
                 driver: self.driver.as_mut(),
                 runtime: &mut self.runtime,
@@ -440,9 +532,11 @@ impl Reconciler {
             let name = action_name(action);
             match outcome {
                 Ok(()) => {
-                    self.store
-                        .complete_action(id, now)
-                        .map_err(|e| e.to_string())?;
+                    self.store.complete_action(id, now)?;
+                    match &why {
+                        Some(why) => info!("applied: {action}: {why}"),
+                        None => info!("applied: {action}"),
+                    }
                     self.failures.remove(&action.key());
                     self.throttle.backoff.remove(&action.key());
                     if is_disruptive(action)
@@ -463,10 +557,12 @@ impl Reconciler {
                 }
                 Err(e) => {
                     let message = e.to_string();
-                    self.store
-                        .fail_action(id, &message, now)
-                        .map_err(|e| e.to_string())?;
-                    self.back_off(action, &message, now);
+                    self.store.fail_action(id, &message, now)?;
+                    let tenant = workload_of(action)
+                        .and_then(|w| records.iter().find(|r| r.name == w))
+                        .map(|r| r.tenant.clone());
+                    self.back_off(action, &message, tenant, now);
+                    warn!("failed: {action}: {message}");
                     failed_keys.insert(action.key());
                     self.shared
                         .metrics
@@ -480,8 +576,8 @@ impl Reconciler {
         let keep = self.config.incremental && whole && !matches!(next, Next::None);
         if !plan.actions.is_empty() || keep {
             // `/state` shows the fleet as this cycle left it, not as it found it.
-            let observation = self.driver.observe().map_err(|e| format!("observe: {e}"))?;
-            let records = self.store.live().map_err(|e| e.to_string())?;
+            let observation = self.driver.observe().map_err(CycleError::Observe)?;
+            let records = self.store.live()?;
             let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
             let after = snapshot::cluster_state(&observation, &tracked, &carried_next, now);
             *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(after.clone());
@@ -633,22 +729,25 @@ impl Reconciler {
                         .end
                         .as_ref()
                         .map_or_else(|| "ended".to_string(), ToString::to_string);
-                    self.restarts.insert(name.clone(), (at, how));
+                    self.restarts
+                        .insert(name.clone(), (at, how, spec.tenant.clone()));
                 }
                 _ => {
                     self.store.submit(name, spec, Origin::Committed, now)?;
+                    info!(workload = %name, tenant = %spec.tenant, "committed workload queued");
                 }
             }
         }
         Ok(())
     }
 
-    fn back_off(&mut self, action: &Action, message: &str, now: i64) {
+    fn back_off(&mut self, action: &Action, message: &str, tenant: Option<String>, now: i64) {
         let key = action.key();
         let entry = self.failures.entry(key.clone()).or_default();
-        entry.0 += 1;
-        entry.1 = format!("{}: {message}", action_name(action));
-        let failures = &entry.0;
+        entry.count += 1;
+        entry.message = format!("{}: {message}", action_name(action));
+        entry.tenant = tenant;
+        let failures = &entry.count;
         let base = self.config.backoff_base.as_secs().max(1);
         let delay = base
             .saturating_mul(1u64 << (*failures - 1).min(20))
@@ -682,7 +781,7 @@ impl Reconciler {
         }
     }
 
-    fn publish(&self, now: i64, report: &CycleReport, seconds: f64) {
+    fn publish(&mut self, now: i64, report: &CycleReport, seconds: f64) {
         let stuck: Vec<String> = self
             .drain_deadline
             .iter()
@@ -690,6 +789,7 @@ impl Reconciler {
             .map(|(g, _)| g.to_string())
             .collect();
         let rejected = self.tracker.rejected().cloned();
+        let notes = std::mem::take(&mut self.notes);
         let mut s = self.status_mut();
         s.cycles = self.cycle;
         s.last_cycle_at = Some(snapshot::rfc3339(now));
@@ -700,46 +800,62 @@ impl Reconciler {
             .as_ref()
             .map(|r| r.diagnostics.clone())
             .unwrap_or_default();
-        let mut errors = Vec::new();
+        let mut errors = notes;
+        if let Some(e) = &self.fetch_error {
+            errors.push(Condition::service(e.clone()));
+        }
         if let Some(r) = &rejected {
-            errors.push(format!(
+            errors.push(Condition::service(format!(
                 "revision {} rejected ({} errors); {} stays in force",
                 short(&r.commit),
                 r.diagnostics.len(),
                 s.revision.as_deref().map(short).unwrap_or("nothing")
-            ));
+            )));
         }
         if let Some(e) = &report.error {
-            errors.push(e.clone());
+            errors.push(Condition::service(e.clone()));
+        }
+        if !self.lost.is_empty() {
+            errors.push(Condition::service(format!(
+                "lost hardware: {} (the driver reports it lost: replace or reset it)",
+                self.lost.join(", ")
+            )));
         }
         // A host that cannot confine workloads runs none: the service is not healthy, whether
         // or not a start was due this cycle.
         if self.config.run_commands
             && let Some(why) = self.runtime.refusal()
         {
-            errors.push(format!("runtime: {why}"));
+            errors.push(Condition::service(format!("runtime: {why}")));
         }
         // Failures not yet overcome, this cycle's and earlier ones waiting out their backoff.
-        for (key, (count, message)) in &self.failures {
-            let times = if *count > 1 {
-                format!(" ({count} attempts)")
+        for (key, f) in &self.failures {
+            let times = if f.count > 1 {
+                format!(" ({} attempts)", f.count)
             } else {
                 String::new()
             };
-            errors.push(format!("{key}: {message}{times}"));
+            let message = format!("{key}: {}{times}", f.message);
+            errors.push(match &f.tenant {
+                Some(t) => Condition::tenant(t.clone(), message),
+                None => Condition::service(message),
+            });
         }
-        for (name, (at, how)) in &self.restarts {
-            errors.push(format!(
-                "committed workload {name} keeps ending after short runs (last: {how}): \
-                 back-off, queued again at {}",
-                snapshot::rfc3339(*at)
+        for (name, (at, how, tenant)) in &self.restarts {
+            errors.push(Condition::tenant(
+                tenant.clone(),
+                format!(
+                    "committed workload {name} keeps ending after short runs (last: {how}): \
+                     back-off, queued again at {}",
+                    snapshot::rfc3339(*at)
+                ),
             ));
         }
         if !stuck.is_empty() {
-            errors.push(format!(
+            errors.push(Condition::service(format!(
                 "not drained within the pool's drainTimeout: {}",
                 stuck.join(", ")
-            ));
+            )));
         }
         s.health = if !errors.is_empty() {
             Health::Degraded
@@ -748,7 +864,8 @@ impl Reconciler {
         } else {
             Health::Healthy
         };
-        s.last_error = (!errors.is_empty()).then(|| errors.join("; "));
+        s.set_conditions(errors);
+        s.lost_gpus = self.lost.clone();
         let at_head = s.revision.is_some() && s.revision == s.head;
         s.sync = if at_head && report.plan.actions.is_empty() && report.plan.waits.is_empty() {
             Sync::Synced
@@ -760,6 +877,94 @@ impl Reconciler {
         drop(s);
         self.shared.metrics.record_status(sync, health);
         self.shared.metrics.record_cycle(seconds);
+    }
+}
+
+/// The lost GPUs (and nodes) of an observation, for the status and the metric.
+impl Reconciler {
+    fn note_lost(&mut self, observation: &Observation) {
+        use tessera_compiler::model::Health as Hw;
+        let mut lost = Vec::new();
+        for node in &observation.nodes {
+            if node.health == Hw::Lost {
+                lost.push(format!("node {}", node.name));
+                continue;
+            }
+            for g in node.gpus.iter().filter(|g| g.health == Hw::Lost) {
+                lost.push(format!("{}/{}", node.name, g.index));
+            }
+        }
+        if lost != self.lost && !lost.is_empty() {
+            warn!(lost = %lost.join(", "), "hardware reported lost");
+        }
+        self.shared.metrics.record_lost(observation);
+        self.lost = lost;
+    }
+}
+
+/// One line per cycle that did something, and one per workload that ended.
+fn log_outcome(report: &CycleReport) {
+    for (name, how) in &report.exits {
+        info!(workload = %name, "ended: {how}");
+    }
+    let changed = !report.plan.actions.is_empty() || !report.exits.is_empty();
+    if changed {
+        info!(
+            actions = report.plan.actions.len(),
+            failed = report.failed.len(),
+            skipped = report.skipped.len(),
+            waiting = report.plan.waits.len(),
+            decided = %report.decided,
+            "cycle done"
+        );
+    } else {
+        tracing::debug!(
+            waiting = report.plan.waits.len(),
+            "cycle done, nothing to do"
+        );
+    }
+}
+
+/// The span one action is applied in: its journal id, and the node and workload it is on.
+fn action_span(id: crate::store::ActionId, action: &Action) -> Span {
+    let node = match action {
+        Action::Start { bindings, .. } => {
+            let nodes: BTreeSet<&str> = bindings.iter().map(|b| b.node.as_str()).collect();
+            Some(nodes.into_iter().collect::<Vec<_>>().join(","))
+        }
+        other => gpu_of(other).map(|g| g.node.clone()),
+    };
+    info_span!(
+        "action",
+        id,
+        action = action_name(action),
+        node = node.as_deref(),
+        workload = workload_of(action)
+    )
+}
+
+/// For a checkpoint signal, the decision's sentence on why the workload is preempted, so that
+/// the log says why as well as what.
+fn preempted_because(decision: Option<&Decision>, action: &Action) -> Option<String> {
+    let Action::Checkpoint { workload, .. } = action else {
+        return None;
+    };
+    decision?
+        .workloads
+        .iter()
+        .find(|w| &w.name == workload)
+        .and_then(|w| match &w.outcome {
+            tessera_solver::decision::Outcome::Preempt { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+}
+
+fn workload_of(action: &Action) -> Option<&str> {
+    match action {
+        Action::Checkpoint { workload, .. }
+        | Action::Stop { workload, .. }
+        | Action::Start { workload, .. } => Some(workload),
+        _ => None,
     }
 }
 

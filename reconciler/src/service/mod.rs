@@ -8,10 +8,12 @@
 
 pub mod apply;
 pub mod cycle;
+pub mod error;
 pub mod restart;
 pub mod run;
 pub mod standing;
 pub mod status;
+pub mod view;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,16 +22,19 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tessera_compiler::model::{ClusterStateSpec, WorkloadSpec};
+use tessera_solver::Decision;
+use tracing::info;
 
 use crate::auth::Principal;
 use crate::metrics::Metrics;
 use crate::repo::Source;
 use crate::runtime::{Confinement, SandboxConfig};
-use crate::store::{Origin, Store, StoreError, WorkloadRecord};
+use crate::store::{Origin, Store, StoreError};
 
 pub use cycle::{CycleReport, Reconciler};
 pub use run::{OnceOptions, ServeError, ServeOptions, run_once, serve};
-pub use status::{Health, Status, Sync};
+pub use status::{Condition, Health, Status, StatusView, Sync};
+pub use view::{DecisionIndex, EventView, WorkloadView};
 
 /// How the service runs.
 #[derive(Debug, Clone)]
@@ -60,7 +65,29 @@ pub struct Config {
     /// How workloads run: confined (the default, its `hidden` paths extended with the state
     /// directory and the store), or unconfined where the operator asked for it.
     pub confinement: Confinement,
+    /// What one tenant may ask of the API.
+    pub limits: Limits,
 }
+
+/// What one tenant may ask of the API, so that one tenant cannot fill the store or the queue
+/// for everyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Submitted workloads of one tenant that have not ended (committed ones are the
+    /// repository's business and not counted). A submission past it is refused with 429.
+    pub max_live_submitted_per_tenant: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_live_submitted_per_tenant: 1000,
+        }
+    }
+}
+
+/// How many of a workload's recent events `GET /v1/workloads/{name}` shows.
+pub const RECENT_EVENTS: u32 = 20;
 
 impl Config {
     pub fn new(source: Source, state_dir: PathBuf) -> Config {
@@ -77,6 +104,7 @@ impl Config {
             run_commands: true,
             incremental: true,
             confinement: Confinement::Sandbox(SandboxConfig::default()),
+            limits: Limits::default(),
         }
     }
 }
@@ -107,6 +135,9 @@ pub enum ServiceError {
     Forbidden(String),
     #[error("{0}")]
     NotReady(String),
+    /// A tenant's limit is reached; retrying later (after some of its work ends) succeeds.
+    #[error("{0}")]
+    TooMany(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -129,6 +160,8 @@ pub struct Shared {
     pub tenants: RwLock<Option<Vec<TenantView>>>,
     pub metrics: Metrics,
     pub suspended: AtomicBool,
+    /// What the last decision said about each workload, for the API's reasons.
+    pub decisions: RwLock<Option<Arc<DecisionIndex>>>,
     wake: Mutex<Sender<Wake>>,
 }
 
@@ -148,8 +181,22 @@ impl Shared {
             tenants: RwLock::new(None),
             metrics: Metrics::new(),
             suspended: AtomicBool::new(false),
+            decisions: RwLock::new(None),
             wake: Mutex::new(wake),
         }
+    }
+
+    /// Keeps what `decision` says about each workload for the API.
+    pub fn publish_decision(&self, decision: &Decision) {
+        let index = Arc::new(DecisionIndex::of(decision));
+        *self.decisions.write().unwrap_or_else(|e| e.into_inner()) = Some(index);
+    }
+
+    fn decisions(&self) -> Option<Arc<DecisionIndex>> {
+        self.decisions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn wake(&self, why: Wake) {
@@ -164,13 +211,15 @@ impl Shared {
 pub struct Handle {
     shared: Arc<Shared>,
     store: Arc<Mutex<Store>>,
+    limits: Limits,
 }
 
 impl Handle {
-    pub fn new(shared: Arc<Shared>, store: Store) -> Handle {
+    pub fn new(shared: Arc<Shared>, store: Store, limits: Limits) -> Handle {
         Handle {
             shared,
             store: Arc::new(Mutex::new(store)),
+            limits,
         }
     }
 
@@ -183,7 +232,7 @@ impl Handle {
         who: &Principal,
         name: &str,
         spec: WorkloadSpec,
-    ) -> Result<WorkloadRecord, ServiceError> {
+    ) -> Result<WorkloadView, ServiceError> {
         if !who.may_act_for(&spec.tenant) {
             return Err(ServiceError::Forbidden(format!(
                 "your token is not tenant {:?}'s: submit under your own tenant",
@@ -192,11 +241,25 @@ impl Handle {
         }
         check_name(name)?;
         self.check_spec(&spec)?;
-        let record = self
-            .store()
-            .submit(name, &spec, Origin::Submitted, crate::snapshot::now())?;
+        let record = {
+            // One lock over the count and the insert: concurrent submissions cannot both
+            // take the last place.
+            let store = self.store();
+            let cap = self.limits.max_live_submitted_per_tenant;
+            let live = store.live_submitted(&spec.tenant)?;
+            if live >= cap {
+                return Err(ServiceError::TooMany(format!(
+                    "tenant {:?} has {live} submitted workloads that have not ended, the most \
+                     it may have: wait for some to end or cancel some (`tessera cancel NAME`), \
+                     or ask the operator to raise --max-submitted-per-tenant",
+                    spec.tenant
+                )));
+            }
+            store.submit(name, &spec, Origin::Submitted, crate::snapshot::now())?
+        };
+        info!(workload = %name, tenant = %record.tenant, "submitted");
         self.shared.wake(Wake::Workloads);
-        Ok(record)
+        Ok(WorkloadView::of(record, None))
     }
 
     fn check_spec(&self, spec: &WorkloadSpec) -> Result<(), ServiceError> {
@@ -254,33 +317,69 @@ impl Handle {
         Ok(())
     }
 
-    pub fn list(&self, who: &Principal) -> Result<Vec<WorkloadRecord>, ServiceError> {
-        let tenant = match who {
-            Principal::Admin => None,
-            Principal::Tenant(t) => Some(t.as_str()),
+    /// The workloads `who` may see (the operator: all; a tenant: its own, or only `tenant`'s
+    /// when given), ended ones included, in submission order.
+    pub fn list(
+        &self,
+        who: &Principal,
+        tenant: Option<&str>,
+    ) -> Result<Vec<WorkloadView>, ServiceError> {
+        let tenant = match (who, tenant) {
+            (Principal::Admin, t) => t,
+            (Principal::Tenant(own), None) => Some(own.as_str()),
+            (Principal::Tenant(own), Some(t)) if t == own => Some(t),
+            (Principal::Tenant(_), Some(t)) => {
+                return Err(ServiceError::Forbidden(format!(
+                    "your token is not tenant {t:?}'s: list your own tenant's workloads"
+                )));
+            }
         };
-        Ok(self.store().list(tenant)?)
+        let records = self.store().list(tenant)?;
+        let decisions = self.shared.decisions();
+        Ok(records
+            .into_iter()
+            .map(|r| WorkloadView::for_viewer(r, decisions.as_deref(), viewer(who)))
+            .collect())
     }
 
-    pub fn get(&self, who: &Principal, name: &str) -> Result<WorkloadRecord, ServiceError> {
-        let record = self.store().get(name)?;
-        // Another tenant's workload reads as absent: its existence is not confirmed.
-        match record {
-            Some(r) if who.may_act_for(&r.tenant) => Ok(r),
-            _ => Err(ServiceError::NotFound(format!("no workload {name:?}"))),
-        }
+    /// One workload with its recent events.
+    pub fn get(&self, who: &Principal, name: &str) -> Result<WorkloadView, ServiceError> {
+        let (record, events) = {
+            let store = self.store();
+            let record = store.get(name)?;
+            // Another tenant's workload reads as absent: its existence is not confirmed.
+            let record = match record {
+                Some(r) if who.may_act_for(&r.tenant) => r,
+                _ => return Err(ServiceError::NotFound(format!("no workload {name:?}"))),
+            };
+            let events = store.recent_workload_events(name, RECENT_EVENTS)?;
+            (record, events)
+        };
+        let decisions = self.shared.decisions();
+        let mut view = WorkloadView::for_viewer(record, decisions.as_deref(), viewer(who));
+        view.events = Some(events.into_iter().map(EventView::from).collect());
+        Ok(view)
     }
 
-    pub fn cancel(&self, who: &Principal, name: &str) -> Result<WorkloadRecord, ServiceError> {
-        let record = self.get(who, name)?;
+    pub fn cancel(&self, who: &Principal, name: &str) -> Result<WorkloadView, ServiceError> {
+        let current = self.store().get(name)?;
+        let record = match current {
+            Some(r) if who.may_act_for(&r.tenant) => r,
+            _ => return Err(ServiceError::NotFound(format!("no workload {name:?}"))),
+        };
         if record.origin == Origin::Committed {
             return Err(ServiceError::Invalid(format!(
                 "{name:?} is committed to the policy repository: remove it there"
             )));
         }
         let record = self.store().cancel(name, crate::snapshot::now())?;
+        info!(workload = %name, tenant = %record.tenant, phase = %record.phase, "cancel requested");
         self.shared.wake(Wake::Workloads);
-        Ok(record)
+        Ok(WorkloadView::for_viewer(
+            record,
+            self.shared.decisions().as_deref(),
+            viewer(who),
+        ))
     }
 
     pub fn status(&self) -> Status {
@@ -315,6 +414,14 @@ impl Handle {
             .unwrap_or_else(|e| e.into_inner())
             .suspended = suspended;
         self.shared.wake(Wake::Forced);
+    }
+}
+
+/// The tenant whose eyes a view is for; `None` for the operator, who sees everything.
+fn viewer(who: &Principal) -> Option<&str> {
+    match who {
+        Principal::Admin => None,
+        Principal::Tenant(t) => Some(t),
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
 
+use super::status::Condition;
 use super::{Config, Handle, Reconciler, Shared, Wake};
 use crate::auth::Tokens;
 use crate::driver::NodeDriver;
@@ -74,7 +75,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let runtime = runtime(&config, &db)?;
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
-    let handle = Handle::new(shared.clone(), api_store);
+    let handle = Handle::new(shared.clone(), api_store, config.limits);
 
     // A commit to a repository on this machine is seen at once, not at the next fetch.
     let _watcher = match mirror.local_git_dir() {
@@ -174,7 +175,7 @@ const TICK: Duration = Duration::from_millis(250);
 pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
     let now = snapshot::now();
     if let Err(e) = reconciler.recover(now) {
-        reconciler.note_error(format!("recovery: {e}"));
+        reconciler.note(Condition::service(e.to_string()));
     }
     let period = reconciler.config().cycle_period;
     let fetch_interval = reconciler.config().fetch_interval;
@@ -184,9 +185,8 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
     let mut last_fetch = Instant::now();
     loop {
         if fetch_due {
-            if let Err(e) = reconciler.sync_repository(snapshot::now()) {
-                reconciler.note_error(format!("fetch: {e}"));
-            }
+            // A failure is held in the status and logged by the reconciler.
+            let _ = reconciler.sync_repository(snapshot::now());
             last_fetch = Instant::now();
             fetch_due = false;
             cycle_due = true;
@@ -251,11 +251,10 @@ pub fn run_once(
     let shared = Arc::new(Shared::new(driver.kind(), tx));
     let mut reconciler = Reconciler::new(config, store, driver, runtime, mirror, shared.clone());
     if let Err(e) = reconciler.recover(snapshot::now()) {
-        reconciler.note_error(format!("recovery: {e}"));
+        reconciler.note(Condition::service(e.to_string()));
     }
-    if let Err(e) = reconciler.sync_repository(snapshot::now()) {
-        reconciler.note_error(format!("fetch: {e}"));
-    }
+    // A failure is held in the status and logged by the reconciler.
+    let _ = reconciler.sync_repository(snapshot::now());
     let mut reports = Vec::new();
     for _ in 0..max_cycles.max(1) {
         let report = reconciler.cycle(snapshot::now());

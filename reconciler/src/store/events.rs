@@ -59,6 +59,22 @@ impl Store {
         )
     }
 
+    /// The last `limit` (at most [`MAX_LIMIT`]) events of workloads named `workload`, oldest
+    /// first.
+    pub fn recent_workload_events(
+        &self,
+        workload: &str,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        let mut events = self.read_events(
+            "SELECT id, at, kind, workload, message FROM events
+             WHERE workload = ?1 ORDER BY id DESC LIMIT ?2",
+            params![workload, limit.min(MAX_LIMIT)],
+        )?;
+        events.reverse();
+        Ok(events)
+    }
+
     fn read_events(
         &self,
         sql: &str,

@@ -92,6 +92,11 @@ const MIGRATIONS: &[&str] = &[
         updated_at INTEGER NOT NULL
     );
     "#,
+    // 3: a tenant's live workloads counted without reading its history (the API's cap on
+    // submissions per tenant).
+    r#"
+    CREATE INDEX workloads_live_tenant ON workloads (tenant, origin) WHERE ended_at IS NULL;
+    "#,
 ];
 
 /// The schema version this build writes.

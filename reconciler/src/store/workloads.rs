@@ -316,6 +316,18 @@ impl Store {
         }
     }
 
+    /// How many workloads submitted through the API for `tenant` have not ended.
+    pub fn live_submitted(&self, tenant: &str) -> Result<usize, StoreError> {
+        let n: i64 = self.conn.query_row(
+            "SELECT count(*) FROM workloads
+             WHERE tenant = ?1 AND origin = 'submitted' AND ended_at IS NULL",
+            [tenant],
+            |r| r.get(0),
+        )?;
+        // A count of rows fits usize.
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     /// The workloads that have not ended, in submission order.
     pub fn live(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
         self.select("WHERE ended_at IS NULL ORDER BY id", [])

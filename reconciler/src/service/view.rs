@@ -1,0 +1,292 @@
+//! Workloads as the API shows them: the stored record with every instant in RFC 3339, and what
+//! the last decision said about each (its pool, why it waits, when a reservation expects it to
+//! start). `GET /v1/workloads` and `tessera get` list [`WorkloadView`]s; `GET
+//! /v1/workloads/{name}` and `tessera describe` add the recent events.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use tessera_compiler::model::{Binding, WorkloadSpec};
+use tessera_solver::Decision;
+use tessera_solver::decision::Outcome;
+
+use crate::snapshot::rfc3339;
+use crate::store::{EndReason, Event, Origin, Phase, ReplicaProcess, WorkloadRecord};
+
+/// What the last decision said about one workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The pool it runs or will run in.
+    pub pool: Option<String>,
+    /// `keep`, `admit`, `preempt` or `pending`.
+    pub outcome: &'static str,
+    /// Why it waits or was preempted: the reason's kind (`no_capacity`, `quota_exceeded`, ...).
+    pub reason: Option<String>,
+    /// The solver's sentence for it.
+    pub message: Option<String>,
+    /// RFC 3339: when the work in the way of its reservation is declared to end.
+    pub expected_start: Option<String>,
+}
+
+/// The last decision, by workload name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DecisionIndex {
+    /// The decision's instant (RFC 3339).
+    pub at: String,
+    pub workloads: BTreeMap<String, Decided>,
+    /// Each workload's tenant, to keep other tenants' workload names out of what one tenant
+    /// reads.
+    pub owners: BTreeMap<String, String>,
+}
+
+impl DecisionIndex {
+    pub fn of(decision: &Decision) -> DecisionIndex {
+        let eta: BTreeMap<&str, &str> = decision
+            .reservations
+            .iter()
+            .filter_map(|r| r.eta.as_deref().map(|eta| (r.workload.as_str(), eta)))
+            .collect();
+        let workloads = decision
+            .workloads
+            .iter()
+            .map(|w| {
+                let (outcome, reason, message) = match &w.outcome {
+                    Outcome::Keep { .. } => ("keep", None, None),
+                    Outcome::Admit { .. } => ("admit", None, None),
+                    Outcome::Preempt {
+                        reason, message, ..
+                    } => (
+                        "preempt",
+                        serde_json::to_value(reason).ok().and_then(|v| tag_of(&v)),
+                        Some(message.clone()),
+                    ),
+                    Outcome::Pending { reason, message } => (
+                        "pending",
+                        Some(crate::metrics::reason_kind(reason)),
+                        Some(message.clone()),
+                    ),
+                };
+                let decided = Decided {
+                    pool: w.pool.clone(),
+                    outcome,
+                    reason,
+                    message,
+                    expected_start: eta.get(w.name.as_str()).map(|s| s.to_string()),
+                };
+                (w.name.clone(), decided)
+            })
+            .collect();
+        let owners = decision
+            .workloads
+            .iter()
+            .map(|w| (w.name.clone(), w.tenant.clone()))
+            .collect();
+        DecisionIndex {
+            at: decision.now.clone(),
+            workloads,
+            owners,
+        }
+    }
+
+    /// `message` as tenant `viewer` may read it: the solver's sentences name workloads in
+    /// backticks (the one preempting, the protected ones, a reservation's gang), and another
+    /// tenant's workload is not named to it.
+    pub fn redact(&self, message: &str, viewer: &str) -> String {
+        let parts: Vec<&str> = message.split('`').collect();
+        let mut out = String::with_capacity(message.len());
+        for (i, part) in parts.iter().enumerate() {
+            // Odd parts are quoted, unless the last backtick is unpaired.
+            let quoted = i % 2 == 1;
+            let closed = i + 1 < parts.len();
+            if !quoted {
+                out.push_str(part);
+            } else if closed && self.owners.get(*part).is_some_and(|o| o != viewer) {
+                out.push_str("(another tenant's workload)");
+            } else {
+                out.push('`');
+                out.push_str(part);
+                if closed {
+                    out.push('`');
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The variant of a serialised enum: a unit variant's string, or an internally tagged one's
+/// `kind`.
+fn tag_of(value: &serde_json::Value) -> Option<String> {
+    value
+        .as_str()
+        .or_else(|| value.get("kind").and_then(|k| k.as_str()))
+        .map(str::to_string)
+}
+
+/// One workload for the API.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadView {
+    pub name: String,
+    pub tenant: String,
+    pub slo_class: String,
+    pub origin: Origin,
+    pub phase: Phase,
+    /// The pool it runs in, will run in, or asked for.
+    pub pool: Option<String>,
+    /// What it asks for, e.g. `2x4` (replicas × GPUs), `1x1g.10gb`, `1x0.25`.
+    pub gpus: String,
+    /// While it waits: the kind of reason the last decision gave, and its sentence.
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    /// RFC 3339: a waiting gang's reservation's expected start, when the work in its way
+    /// declares when it ends.
+    pub expected_start: Option<String>,
+    /// RFC 3339 of the decision `reason` comes from.
+    pub decided_at: Option<String>,
+    pub submitted_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub end: Option<EndReason>,
+    /// How it ended, in words.
+    pub end_message: Option<String>,
+    pub cancel_requested_at: Option<String>,
+    /// When it was sent its checkpoint signal, and when it is stopped (checkpointing only).
+    pub signalled_at: Option<String>,
+    pub grace_deadline: Option<String>,
+    pub attempts: u32,
+    pub checkpoint_dir: Option<String>,
+    pub last_checkpoint_at: Option<String>,
+    pub bindings: Vec<Binding>,
+    pub replicas: Vec<ReplicaProcess>,
+    pub spec: WorkloadSpec,
+    /// The most recent events of workloads of this name, oldest first (one workload only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<EventView>>,
+}
+
+/// One event for the API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventView {
+    pub id: i64,
+    pub at: String,
+    pub kind: String,
+    pub message: String,
+}
+
+impl From<Event> for EventView {
+    fn from(e: Event) -> EventView {
+        EventView {
+            id: e.id,
+            at: rfc3339(e.at),
+            kind: e.kind,
+            message: e.message,
+        }
+    }
+}
+
+impl WorkloadView {
+    /// `record` as shown to `viewer` (a tenant, or `None` for the operator), with what
+    /// `decisions` says about it when it has not ended (an ended workload's last decision is
+    /// history, not a reason).
+    pub fn for_viewer(
+        record: WorkloadRecord,
+        decisions: Option<&DecisionIndex>,
+        viewer: Option<&str>,
+    ) -> WorkloadView {
+        let mut view = WorkloadView::of(record, decisions);
+        if let (Some(d), Some(viewer), Some(message)) = (decisions, viewer, &view.message) {
+            view.message = Some(d.redact(message, viewer));
+        }
+        view
+    }
+
+    /// `record` as the operator sees it.
+    pub fn of(record: WorkloadRecord, decisions: Option<&DecisionIndex>) -> WorkloadView {
+        let decided = decisions
+            .filter(|_| !record.phase.is_ended())
+            .and_then(|d| d.workloads.get(&record.name).map(|w| (d, w)));
+        let pool = decided
+            .and_then(|(_, w)| w.pool.clone())
+            .or_else(|| record.spec.pool.clone());
+        let at = |t: Option<i64>| t.map(rfc3339);
+        WorkloadView {
+            gpus: gpus(&record.spec),
+            slo_class: record.spec.slo_class.clone(),
+            pool,
+            reason: decided.and_then(|(_, w)| w.reason.clone()),
+            message: decided.and_then(|(_, w)| w.message.clone()),
+            expected_start: decided.and_then(|(_, w)| w.expected_start.clone()),
+            decided_at: decided.map(|(d, _)| d.at.clone()),
+            submitted_at: rfc3339(record.submitted_at),
+            started_at: at(record.started_at),
+            ended_at: at(record.ended_at),
+            end_message: record.end.as_ref().map(ToString::to_string),
+            end: record.end,
+            cancel_requested_at: at(record.cancel_requested_at),
+            signalled_at: at(record.signalled_at),
+            grace_deadline: at(record.grace_deadline),
+            attempts: record.attempts,
+            checkpoint_dir: record.checkpoint_dir,
+            last_checkpoint_at: at(record.last_checkpoint_at),
+            bindings: record.bindings,
+            replicas: record.replicas,
+            name: record.name,
+            tenant: record.tenant,
+            origin: record.origin,
+            phase: record.phase,
+            spec: record.spec,
+            events: None,
+        }
+    }
+}
+
+/// `replicas x per-replica request`.
+fn gpus(spec: &WorkloadSpec) -> String {
+    let each = if let Some(n) = spec.gpu.count {
+        n.to_string()
+    } else if let Some(p) = &spec.gpu.mig_profile {
+        p.clone()
+    } else if let Some(f) = spec.gpu.fraction {
+        format!("{f}")
+    } else {
+        "-".to_string()
+    };
+    format!("{}x{each}", spec.replicas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index() -> DecisionIndex {
+        DecisionIndex {
+            owners: [("mine", "a"), ("theirs", "b")]
+                .into_iter()
+                .map(|(w, t)| (w.to_string(), t.to_string()))
+                .collect(),
+            ..DecisionIndex::default()
+        }
+    }
+
+    #[test]
+    fn another_tenants_workload_is_not_named_to_a_tenant() {
+        let d = index();
+        assert_eq!(
+            d.redact("preempted for `theirs` of higher priority 5", "a"),
+            "preempted for (another tenant's workload) of higher priority 5"
+        );
+        assert_eq!(
+            d.redact("`mine` and `theirs` in pool `train`", "a"),
+            "`mine` and (another tenant's workload) in pool `train`"
+        );
+        assert_eq!(
+            d.redact("`mine` and `theirs` in pool `train`", "b"),
+            "(another tenant's workload) and `theirs` in pool `train`"
+        );
+        assert_eq!(d.redact("unpaired `theirs", "a"), "unpaired `theirs");
+        assert_eq!(d.redact("no quotes", "a"), "no quotes");
+        assert_eq!(d.redact("", "a"), "");
+    }
+}
