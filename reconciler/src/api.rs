@@ -12,11 +12,14 @@
 //! | `GET /state` | admin | the `ClusterState` that `tessera plan` reads |
 //! | `GET /metrics` | anyone | Prometheus |
 //! | `GET /healthz` | anyone | liveness |
+//! | `POST /v1/hooks/git` | the forge (HMAC or token) | fetch now ([`hooks`]) |
 //!
 //! A missing or unknown token is 401, a tenant reaching for another tenant's workload gets 404
 //! (the name is not confirmed to exist) or 403 for a submission in another tenant's name, and
 //! neither leaves a trace in the store. Bodies over [`MAX_BODY_BYTES`] are 413. Every error is a
 //! JSON body `{"error": "..."}` that says what to fix.
+
+pub mod hooks;
 
 use std::sync::Arc;
 

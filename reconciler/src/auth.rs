@@ -120,7 +120,7 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let mut diff = 0u8;
     for (x, y) in a.iter().zip(b) {
         diff |= x ^ y;

@@ -183,12 +183,26 @@ impl Reconciler {
     /// Fetches the branch and offers its head to the tracker. Errors are reported in the
     /// status; the revision in force stays.
     pub fn sync_repository(&mut self, now: i64) -> Result<Offer, String> {
+        self.shared.fetch_begins();
         let head = self.mirror.fetch().map_err(|e| e.to_string())?;
         if self.tracker.latest_commit() == Some(head.as_str()) {
             return Ok(Offer::Unchanged);
         }
-        let snapshot = self.mirror.snapshot(&head).map_err(|e| e.to_string())?;
-        let offer = self.tracker.offer(&head, snapshot.loaded);
+        let verdict = match &self.config.trusted_signers {
+            Some(trusted) => {
+                let signature = self.mirror.signature(&head).map_err(|e| e.to_string())?;
+                Some(trusted.verify(&signature.as_signed()))
+            }
+            None => None,
+        };
+        let offer = match &verdict {
+            // Not compiled, not even read: an untrusted commit's files are nobody's policy.
+            Some(v) if !v.is_trusted() => self.tracker.refuse(&head, v.to_string()),
+            _ => {
+                let snapshot = self.mirror.snapshot(&head).map_err(|e| e.to_string())?;
+                self.tracker.offer(&head, snapshot.loaded)
+            }
+        };
         let record = match &offer {
             Offer::Applied { commit } => {
                 self.publish_tenants();
@@ -208,6 +222,7 @@ impl Reconciler {
         }
         let mut s = self.status_mut();
         s.head = Some(head);
+        s.head_signature = verdict.map(|v| v.to_string());
         Ok(offer)
     }
 
@@ -646,12 +661,18 @@ impl Reconciler {
             .unwrap_or_default();
         let mut errors = Vec::new();
         if let Some(r) = &rejected {
-            errors.push(format!(
-                "revision {} rejected ({} errors); {} stays in force",
-                short(&r.commit),
-                r.diagnostics.len(),
-                s.revision.as_deref().map(short).unwrap_or("nothing")
-            ));
+            let kept = s.revision.as_deref().map(short).unwrap_or("nothing");
+            errors.push(match r.diagnostics.as_slice() {
+                [one] => format!(
+                    "revision {} rejected: {one}; {kept} stays in force",
+                    short(&r.commit)
+                ),
+                many => format!(
+                    "revision {} rejected ({} errors); {kept} stays in force",
+                    short(&r.commit),
+                    many.len()
+                ),
+            });
         }
         if let Some(e) = &report.error {
             errors.push(e.clone());

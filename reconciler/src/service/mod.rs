@@ -56,6 +56,9 @@ pub struct Config {
     /// (the solver's session) when nothing else changed, instead of re-deciding the queue;
     /// see `standing.rs`.
     pub incremental: bool,
+    /// Apply only commits signed by one of these keys (`--verify-signatures`); `None`: any
+    /// commit on the branch.
+    pub trusted_signers: Option<crate::repo::TrustedSigners>,
 }
 
 impl Config {
@@ -72,6 +75,7 @@ impl Config {
             solve_time_limit: Duration::from_secs(2),
             run_commands: true,
             incremental: true,
+            trusted_signers: None,
         }
     }
 }
@@ -124,6 +128,8 @@ pub struct Shared {
     pub tenants: RwLock<Option<Vec<TenantView>>>,
     pub metrics: Metrics,
     pub suspended: AtomicBool,
+    /// A fetch was asked for (a push webhook) and the loop has not begun it yet.
+    fetch_requested: AtomicBool,
     wake: Mutex<Sender<Wake>>,
 }
 
@@ -143,8 +149,25 @@ impl Shared {
             tenants: RwLock::new(None),
             metrics: Metrics::new(),
             suspended: AtomicBool::new(false),
+            fetch_requested: AtomicBool::new(false),
             wake: Mutex::new(wake),
         }
+    }
+
+    /// Asks the loop for a fetch. Requests that arrive before the loop begins it make one fetch:
+    /// only the first wakes the loop (`true`); the loop clears the request as its fetch begins,
+    /// so a push that lands during a fetch is fetched once more.
+    pub fn request_fetch(&self) -> bool {
+        let first = !self.fetch_requested.swap(true, Ordering::SeqCst);
+        if first {
+            self.wake(Wake::Repository);
+        }
+        first
+    }
+
+    /// Called as a fetch begins: later requests need another.
+    pub fn fetch_begins(&self) {
+        self.fetch_requested.store(false, Ordering::SeqCst);
     }
 
     pub fn wake(&self, why: Wake) {

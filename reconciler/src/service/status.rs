@@ -30,6 +30,10 @@ pub struct Status {
     pub revision: Option<String>,
     /// The branch's head as last fetched.
     pub head: Option<String>,
+    /// With `--verify-signatures`: the verdict on the head's signature (which commit, which
+    /// key, trusted or why not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_signature: Option<String>,
     /// What went wrong most recently, while it still holds.
     pub last_error: Option<String>,
     /// The rejected revision's diagnostics (`file:line:col: ...`).
@@ -51,6 +55,7 @@ impl Status {
             suspended: false,
             revision: None,
             head: None,
+            head_signature: None,
             last_error: None,
             diagnostics: Vec::new(),
             cycles: 0,
