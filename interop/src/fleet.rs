@@ -128,11 +128,13 @@ impl Fleet {
             })
             .collect();
         for t in &policy.tenants {
-            let constrained = t.quota.iter().any(|(_, q)| {
+            // A limit of the pool's whole CPU or memory (what the root inherits) constrains
+            // nothing; anything else is a quota Kueue would need `cpu`/`memory` for.
+            let constrained = t.quota.iter().any(|(pool, q)| {
+                let capacity = policy.pool(pool).map(|p| p.capacity);
                 q.guarantee.cpu.is_some()
                     || q.guarantee.memory.is_some()
-                    || q.limit.cpu.is_some()
-                    || q.limit.memory.is_some()
+                    || capacity.is_some_and(|c| q.limit.cpu != c.cpu || q.limit.memory != c.memory)
             });
             if constrained {
                 warnings.push(Warning::new(

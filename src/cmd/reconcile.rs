@@ -39,6 +39,24 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     config.restart_backoff_max = duration("restart-backoff-max", &args.restart_backoff_max)?;
     config.incremental = !args.full_cycles_only;
     config.run_commands = args.runtime == RuntimeKind::Process;
+    if args.signatures.verify_signatures {
+        let trusted = crate::cmd::verify::load_trust(&args.signatures.trusted_signers)?;
+        eprintln!(
+            "tessera reconcile: applying only commits signed by {} trusted key(s)",
+            trusted.len()
+        );
+        config.trusted_signers = Some(trusted);
+    }
+    let hooks = match &args.webhook_secret_file {
+        Some(path) if args.once => {
+            bail!(
+                "--webhook-secret-file serves a route; it has no use with --once ({})",
+                path.display()
+            )
+        }
+        Some(path) => Some(tessera_reconciler::api::hooks::HookSecret::load(path)?),
+        None => None,
+    };
     if config.cycle_period.is_zero() {
         bail!("--cycle-period must be at least 1s");
     }
@@ -86,6 +104,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         listen: args.listen,
         tokens,
         driver,
+        hooks,
         on_listen: Some(Box::new(|addr| {
             // Tests and scripts read this line to find a port chosen with :0.
             println!("tessera reconcile: API listening on http://{addr}");

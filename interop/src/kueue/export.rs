@@ -235,13 +235,16 @@ fn add_mig(
     objects: &mut Vec<Value>,
     warnings: &mut Vec<Warning>,
 ) {
-    // Profiles per pool: every profile of its layouts, by name, with compute slices.
-    let mut profiles: BTreeMap<&str, BTreeMap<String, u8>> = BTreeMap::new();
+    // Profiles per pool: every profile of its layouts, by name, with compute slices and how
+    // many fit one GPU.
+    let mut profiles: BTreeMap<&str, BTreeMap<String, (u8, u8)>> = BTreeMap::new();
     for pool in pools {
         let entry = profiles.entry(pool.name.as_str()).or_default();
         for layout in &pool.layouts {
             for i in &layout.instances {
-                entry.insert(i.profile.clone(), i.compute_slices);
+                let per_gpu =
+                    tessera_compiler::mig::shape(i.profile_id).map_or(1, |s| s.max_per_gpu);
+                entry.insert(i.profile.clone(), (i.compute_slices, per_gpu));
             }
         }
         warnings.push(Warning::new(
@@ -272,9 +275,12 @@ fn add_mig(
             }),
         ));
     }
-    let count = |g: Gpus, slices: u8| -> i64 {
-        // Sevenths of a GPU held, divided by the profile's compute slices, rounded down.
-        (g.units() * 7 / Gpus::UNITS_PER_GPU) / i64::from(slices.max(1))
+    let count = |g: Gpus, (slices, per_gpu): (u8, u8)| -> i64 {
+        // Whole GPUs hold `per_gpu` each (two 3g, not 7/3); the rest, in sevenths, what fits.
+        let whole = g.units() / Gpus::UNITS_PER_GPU;
+        let sevenths = (g.units() % Gpus::UNITS_PER_GPU) * 7 / Gpus::UNITS_PER_GPU;
+        let per_gpu = i64::from(per_gpu);
+        whole * per_gpu + (sevenths / i64::from(slices.max(1))).min(per_gpu)
     };
     for object in objects.iter_mut() {
         let kind = object["kind"].as_str().unwrap_or_default().to_string();
@@ -311,28 +317,28 @@ fn add_mig(
             let mut resources = Vec::new();
             for resource in &covered {
                 let profile = &resource[MIG_RESOURCE_PREFIX.len()..];
-                let Some(&slices) = own.get(profile) else {
+                let Some(&fit) = own.get(profile) else {
                     resources.push(json!({ "name": resource, "nominalQuota": "0" }));
                     continue;
                 };
-                let held = count(q.guarantee.gpus, slices);
+                let held = count(q.guarantee.gpus, fit);
                 let kids: i64 = children
                     .iter()
                     .filter_map(|c| c.quota.get(&pool.name))
-                    .map(|cq| count(cq.guarantee.gpus, slices))
+                    .map(|cq| count(cq.guarantee.gpus, fit))
                     .sum();
                 let nominal = if kind == "Cohort" { held - kids } else { held };
                 let mut r = Map::new();
                 r.insert("name".into(), json!(resource));
                 r.insert("nominalQuota".into(), json!(nominal.max(0).to_string()));
                 if tenant.parent.is_some() && Some(q.limit.gpus) != inherited(&pool.name) {
-                    let borrow = count(q.limit.gpus, slices) - held;
+                    let borrow = count(q.limit.gpus, fit) - held;
                     r.insert("borrowingLimit".into(), json!(borrow.max(0).to_string()));
                 }
                 if q.lending_limit.gpus != q.guarantee.gpus {
                     r.insert(
                         "lendingLimit".into(),
-                        json!(count(q.lending_limit.gpus, slices).to_string()),
+                        json!(count(q.lending_limit.gpus, fit).to_string()),
                     );
                 }
                 resources.push(Value::Object(r));
