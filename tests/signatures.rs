@@ -194,12 +194,8 @@ impl PolicyRepo {
     /// A copy of `commit` with its message changed and its signature kept: what an attacker
     /// with push access but no key would make of a signed commit.
     fn tamper(&mut self, commit: &str) -> String {
-        let object = self
-            .repo
-            .odb()
-            .unwrap()
-            .read(Oid::from_str(commit).unwrap())
-            .unwrap();
+        let odb = self.repo.odb().unwrap();
+        let object = odb.read(Oid::from_str(commit).unwrap()).unwrap();
         let text = String::from_utf8(object.data().to_vec()).unwrap();
         assert!(text.contains("gpgsig"), "the commit is signed");
         let (head, message) = text.split_once("\n\n").unwrap();
