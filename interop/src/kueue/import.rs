@@ -245,25 +245,23 @@ pub fn import(files: &[(String, String)]) -> Result<Import, Vec<ImportError>> {
     // Implicit cohorts: named as a parent, never defined.
     let named: Vec<String> = nodes.values().filter_map(|n| n.parent.clone()).collect();
     for parent in named {
-        if !nodes.contains_key(&parent) {
-            if let Err(e) = check_name(&parent) {
-                errors.push(ImportError {
-                    location: parent.clone(),
-                    message: e,
-                });
-                continue;
-            }
-            nodes.insert(
-                parent,
-                Node {
-                    queue: false,
-                    parent: None,
-                    weight: 1.0,
-                    entries: BTreeMap::new(),
-                    source: None,
-                },
-            );
+        if nodes.contains_key(&parent) {
+            continue;
         }
+        if let Err(e) = check_name(&parent) {
+            errors.push(ImportError {
+                location: parent.clone(),
+                message: e,
+            });
+            continue;
+        }
+        nodes.entry(parent).or_insert(Node {
+            queue: false,
+            parent: None,
+            weight: 1.0,
+            entries: BTreeMap::new(),
+            source: None,
+        });
     }
     for (name, node) in &nodes {
         if let Some(p) = &node.parent
