@@ -85,7 +85,31 @@ pub enum Command {
         /// Save the plan (JSON, with both commits and the state's digest) to PLAN.json.
         #[arg(long, value_name = "PLAN.json")]
         out: Option<PathBuf>,
+        /// With --repo: also report whether `reconcile` would accept the head's signature
+        /// (exit 1 when it would not).
+        #[command(flatten)]
+        signatures: SignatureArgs,
     },
+    /// Whether a commit is signed by a trusted key, as `reconcile --verify-signatures` decides.
+    /// Exit 0 trusted, 1 refused (unsigned, unknown key, bad signature), 2 usage or I/O error.
+    Verify {
+        /// The Git repository (bare or with a work tree).
+        #[arg(long, value_name = "PATH")]
+        repo: PathBuf,
+        /// The revision to verify (a branch, tag or commit).
+        rev: String,
+        /// `allowed_signers` entries and/or armored OpenPGP public keys; repeat for more files.
+        #[arg(long, value_name = "FILE", required = true)]
+        trusted_signers: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
+        output: TextOrJson,
+    },
+    /// Write the policy in a peer's format.
+    #[command(subcommand)]
+    Export(ExportCommand),
+    /// Read a peer's configuration into policy documents.
+    #[command(subcommand)]
+    Import(ImportCommand),
     /// MIG geometry of the built-in GPU models.
     #[command(subcommand)]
     Mig(MigCommand),
@@ -159,6 +183,55 @@ pub enum Command {
         server: ServerArgs,
         #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
+    },
+}
+
+/// Signed revisions: only commits signed by a trusted key are accepted.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SignatureArgs {
+    /// Accept only commits signed by a key in --trusted-signers (SSH or OpenPGP); an unsigned
+    /// or untrusted head keeps the last good revision in force.
+    #[arg(long, requires = "trusted_signers")]
+    pub verify_signatures: bool,
+    /// Git's `allowed_signers` entries and/or armored OpenPGP public keys, in one file or
+    /// several (repeat the flag).
+    #[arg(long, value_name = "FILE", requires = "verify_signatures")]
+    pub trusted_signers: Vec<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportCommand {
+    /// Kueue objects (v1beta2): ResourceFlavors, Cohorts and ClusterQueues for the tenant tree,
+    /// WorkloadPriorityClasses for the tiers, LocalQueues per tenant namespace. What Kueue
+    /// cannot express is listed as warnings on stderr.
+    Kueue {
+        /// The policy directory (or files).
+        #[arg(long, required = true)]
+        policy: Vec<PathBuf>,
+        /// Write one YAML file per kind into DIR.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// NVIDIA mig-parted's config.yaml: one named config per pool layout, with device filters
+    /// per GPU model. Written to stdout, or to --out FILE.
+    MigParted {
+        #[arg(long, required = true)]
+        policy: Vec<PathBuf>,
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImportCommand {
+    /// Kueue objects (v1beta1 or v1beta2 YAML) into tessera policy documents.
+    Kueue {
+        /// Files or directories of Kueue objects (*.yaml, *.yml).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Write the policy documents into DIR (created if needed).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
     },
 }
 
@@ -266,6 +339,12 @@ pub struct ReconcileArgs {
     pub once: bool,
     #[arg(long, value_enum, default_value_t = TextOrJson::Human, requires = "once")]
     pub output: TextOrJson,
+    #[command(flatten)]
+    pub signatures: SignatureArgs,
+    /// Serve `POST /v1/hooks/git` for GitHub and GitLab push webhooks, authenticated with the
+    /// shared secret in FILE: a push is fetched at once.
+    #[arg(long, value_name = "FILE")]
+    pub webhook_secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

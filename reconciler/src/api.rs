@@ -12,6 +12,7 @@
 //! | `GET /state` | admin | the `ClusterState` that `tessera plan` reads |
 //! | `GET /metrics` | anyone | Prometheus |
 //! | `GET /healthz` | anyone | liveness |
+//! | `POST /v1/hooks/git` | the forge (HMAC or token) | fetch now ([`hooks`]) |
 //!
 //! Workloads are shown as [`WorkloadView`]s: every instant in RFC 3339, with the reason the last
 //! decision gave for a waiting one.
@@ -23,6 +24,8 @@
 //! leaves a trace in the store. A tenant at its cap of live submissions gets 429. Bodies over
 //! [`MAX_BODY_BYTES`] are 413. Every error is a JSON body `{"error": "..."}` that says what to
 //! fix.
+
+pub mod hooks;
 
 use std::sync::Arc;
 

@@ -101,6 +101,15 @@ impl PolicyTracker {
         }
     }
 
+    /// Refuses `commit` without compiling it (its signature is not trusted): the revision in
+    /// force stays, as for one that does not compile.
+    pub fn refuse(&mut self, commit: &str, reason: String) -> Offer {
+        if self.latest_commit() == Some(commit) {
+            return Offer::Unchanged;
+        }
+        self.reject(commit, vec![reason])
+    }
+
     fn reject(&mut self, commit: &str, diagnostics: Vec<String>) -> Offer {
         let rejected = Rejected {
             commit: commit.to_string(),

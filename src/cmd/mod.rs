@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod compile;
+mod interop;
 mod mig;
 mod observe;
 mod plan;
@@ -10,10 +11,11 @@ mod reconcile;
 mod schema;
 mod solve;
 mod validate;
+mod verify;
 
 use std::process::ExitCode;
 
-use crate::cli::{BenchCommand, Cli, Command, MigCommand};
+use crate::cli::{BenchCommand, Cli, Command, ExportCommand, ImportCommand, MigCommand};
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -40,6 +42,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output,
             detailed_exitcode,
             out,
+            signatures,
         } => plan::run(plan::Args {
             repo,
             base,
@@ -50,7 +53,21 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output,
             detailed_exitcode,
             out,
+            signatures,
         }),
+        Command::Verify {
+            repo,
+            rev,
+            trusted_signers,
+            output,
+        } => verify::run(&repo, &rev, &trusted_signers, output),
+        Command::Export(ExportCommand::Kueue { policy, out }) => {
+            interop::export_kueue(&policy, &out)
+        }
+        Command::Export(ExportCommand::MigParted { policy, out }) => {
+            interop::export_mig_parted(&policy, out.as_deref())
+        }
+        Command::Import(ImportCommand::Kueue { paths, out }) => interop::import_kueue(&paths, &out),
         Command::Solve {
             policy,
             state,

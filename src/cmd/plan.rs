@@ -22,6 +22,7 @@ pub struct Args {
     pub output: PlanFormat,
     pub detailed_exitcode: bool,
     pub out: Option<PathBuf>,
+    pub signatures: crate::cli::SignatureArgs,
 }
 
 /// With `--detailed-exitcode`, every error is exit 1 (Terraform's contract: 2 means changes);
@@ -101,6 +102,17 @@ fn with_orphans(loaded: Vec<Loaded>, state_path: &str) -> Compilation {
 }
 
 fn plan(args: Args) -> anyhow::Result<ExitCode> {
+    let trusted = if args.signatures.verify_signatures {
+        if args.repo.is_none() {
+            bail!("--verify-signatures needs --repo: a directory has no commits to verify");
+        }
+        Some(crate::cmd::verify::load_trust(
+            &args.signatures.trusted_signers,
+        )?)
+    } else {
+        None
+    };
+    let mut verdict = None;
     let state_path = display(&args.state);
     let bytes = std::fs::read(&args.state).with_context(|| format!("{state_path}: cannot read"))?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
@@ -118,6 +130,9 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
                 bail!("--repo needs --base and --head");
             };
             let repo = crate::git::open(repo)?;
+            if let Some(trusted) = &trusted {
+                verdict = Some(crate::cmd::verify::verdict(&repo, head_rev, trusted)?);
+            }
             let b = crate::git::load(&repo, base_rev, args.path.as_deref())?;
             let h = crate::git::load(&repo, head_rev, args.path.as_deref())?;
             let path = args
@@ -201,13 +216,43 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
                 ));
                 text.push('\n');
             }
+            if let Some(v) = &verdict {
+                text.push_str(&signature_line(v));
+                text.push('\n');
+            }
             text.push_str(&tessera_plan::render::human(&plan, color));
             text
         }
-        PlanFormat::Markdown => tessera_plan::render::markdown(&plan),
-        PlanFormat::Json => plan.to_json(),
-        PlanFormat::Github => tessera_plan::render::github(&plan),
+        PlanFormat::Markdown => match &verdict {
+            Some(v) => format!(
+                "**Signature:** {}\n\n{}",
+                signature_line(v),
+                tessera_plan::render::markdown(&plan)
+            ),
+            None => tessera_plan::render::markdown(&plan),
+        },
+        PlanFormat::Json => match &verdict {
+            Some(v) => {
+                let mut value: serde_json::Value = serde_json::from_str(&plan.to_json())?;
+                value["signature"] = crate::cmd::verify::verdict_json(v);
+                serde_json::to_string_pretty(&value)? + "\n"
+            }
+            None => plan.to_json(),
+        },
+        PlanFormat::Github => {
+            let mut text = String::new();
+            if let Some(v) = &verdict {
+                let level = if v.is_trusted() { "notice" } else { "error" };
+                text.push_str(&format!(
+                    "::{level} title=Signature::{}\n",
+                    output::github::escape_data(&signature_line(v))
+                ));
+            }
+            text.push_str(&tessera_plan::render::github(&plan));
+            text
+        }
     };
+    let refused = verdict.as_ref().is_some_and(|v| !v.is_trusted());
     if let Some(out) = &args.out {
         if plan.valid {
             std::fs::write(out, plan.to_json())
@@ -220,11 +265,20 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     output::emit(&text)?;
-    Ok(if !plan.valid {
+    Ok(if !plan.valid || refused {
         ExitCode::from(1)
     } else if args.detailed_exitcode && plan.changed {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Whether `reconcile --verify-signatures` would accept the head, in one line.
+fn signature_line(v: &tessera_reconciler::repo::Verdict) -> String {
+    if v.is_trusted() {
+        format!("accepted: {v}")
+    } else {
+        format!("would be refused by `reconcile --verify-signatures`: {v}")
+    }
 }

@@ -48,9 +48,31 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         Confinement::Insecure
     } else {
         let mut sandbox = SandboxConfig::default();
-        // The state directory and the store are hidden by the service itself.
+        // The service hides the state directory and the store itself; here, the secrets it
+        // was handed (the tokens and the webhook secret).
         sandbox.hidden.extend(args.tokens.iter().cloned());
+        sandbox
+            .hidden
+            .extend(args.webhook_secret_file.iter().cloned());
         Confinement::Sandbox(sandbox)
+    };
+    if args.signatures.verify_signatures {
+        let trusted = crate::cmd::verify::load_trust(&args.signatures.trusted_signers)?;
+        eprintln!(
+            "tessera reconcile: applying only commits signed by {} trusted key(s)",
+            trusted.len()
+        );
+        config.trusted_signers = Some(trusted);
+    }
+    let hooks = match &args.webhook_secret_file {
+        Some(path) if args.once => {
+            bail!(
+                "--webhook-secret-file serves a route; it has no use with --once ({})",
+                path.display()
+            )
+        }
+        Some(path) => Some(tessera_reconciler::api::hooks::HookSecret::load(path)?),
+        None => None,
     };
     if config.cycle_period.is_zero() {
         bail!("--cycle-period must be at least 1s");
@@ -99,6 +121,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         listen: args.listen,
         tokens,
         driver,
+        hooks,
         on_listen: Some(Box::new(|addr| {
             // Tests and scripts read this line to find a port chosen with :0.
             println!("tessera reconcile: API listening on http://{addr}");

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use git2::{FetchOptions, RemoteCallbacks, Repository};
 
+use super::commit::CommitSignature;
 use super::tree::{self, Snapshot, TreeError};
 
 /// Where the policy lives.
@@ -160,6 +161,11 @@ impl Mirror {
             commit,
             self.source.subdir.as_deref(),
         )?)
+    }
+
+    /// The signature of `commit` and the bytes it covers.
+    pub fn signature(&self, commit: &str) -> Result<CommitSignature, RepoError> {
+        Ok(super::commit::signature(&self.repo, commit)?)
     }
 
     /// For a repository on this machine, the directory whose changes mean a new commit (its

@@ -317,13 +317,28 @@ impl Reconciler {
     }
 
     fn fetch_and_offer(&mut self, now: i64) -> Result<Offer, FetchError> {
+        self.shared.fetch_begins();
         let head = self.mirror.fetch()?;
         self.status_mut().head = Some(head.clone());
         if self.tracker.latest_commit() == Some(head.as_str()) {
             return Ok(Offer::Unchanged);
         }
-        let snapshot = self.mirror.snapshot(&head)?;
-        let offer = self.tracker.offer(&head, snapshot.loaded);
+        let verdict = match &self.config.trusted_signers {
+            Some(trusted) => {
+                let signature = self.mirror.signature(&head)?;
+                Some(trusted.verify(&signature.as_signed()))
+            }
+            None => None,
+        };
+        self.status_mut().head_signature = verdict.as_ref().map(|v| v.to_string());
+        let offer = match &verdict {
+            // Not compiled, not even read: an untrusted commit's files are nobody's policy.
+            Some(v) if !v.is_trusted() => self.tracker.refuse(&head, v.to_string()),
+            _ => {
+                let snapshot = self.mirror.snapshot(&head)?;
+                self.tracker.offer(&head, snapshot.loaded)
+            }
+        };
         let record = match &offer {
             Offer::Applied { commit } => {
                 info!(revision = %short(commit), "revision applied");
@@ -805,12 +820,18 @@ impl Reconciler {
             errors.push(Condition::service(e.clone()));
         }
         if let Some(r) = &rejected {
-            errors.push(Condition::service(format!(
-                "revision {} rejected ({} errors); {} stays in force",
-                short(&r.commit),
-                r.diagnostics.len(),
-                s.revision.as_deref().map(short).unwrap_or("nothing")
-            )));
+            let kept = s.revision.as_deref().map(short).unwrap_or("nothing");
+            errors.push(Condition::service(match r.diagnostics.as_slice() {
+                [one] => format!(
+                    "revision {} rejected: {one}; {kept} stays in force",
+                    short(&r.commit)
+                ),
+                many => format!(
+                    "revision {} rejected ({} errors); {kept} stays in force",
+                    short(&r.commit),
+                    many.len()
+                ),
+            }));
         }
         if let Some(e) = &report.error {
             errors.push(Condition::service(e.clone()));

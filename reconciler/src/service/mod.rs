@@ -67,6 +67,9 @@ pub struct Config {
     pub confinement: Confinement,
     /// What one tenant may ask of the API.
     pub limits: Limits,
+    /// Apply only commits signed by one of these keys (`--verify-signatures`); `None`: any
+    /// commit on the branch.
+    pub trusted_signers: Option<crate::repo::TrustedSigners>,
 }
 
 /// What one tenant may ask of the API, so that one tenant cannot fill the store or the queue
@@ -105,6 +108,7 @@ impl Config {
             incremental: true,
             confinement: Confinement::Sandbox(SandboxConfig::default()),
             limits: Limits::default(),
+            trusted_signers: None,
         }
     }
 }
@@ -162,6 +166,8 @@ pub struct Shared {
     pub suspended: AtomicBool,
     /// What the last decision said about each workload, for the API's reasons.
     pub decisions: RwLock<Option<Arc<DecisionIndex>>>,
+    /// A fetch was asked for (a push webhook) and the loop has not begun it yet.
+    fetch_requested: AtomicBool,
     wake: Mutex<Sender<Wake>>,
 }
 
@@ -182,6 +188,7 @@ impl Shared {
             metrics: Metrics::new(),
             suspended: AtomicBool::new(false),
             decisions: RwLock::new(None),
+            fetch_requested: AtomicBool::new(false),
             wake: Mutex::new(wake),
         }
     }
@@ -197,6 +204,22 @@ impl Shared {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Asks the loop for a fetch. Requests that arrive before the loop begins it make one fetch:
+    /// only the first wakes the loop (`true`); the loop clears the request as its fetch begins,
+    /// so a push that lands during a fetch is fetched once more.
+    pub fn request_fetch(&self) -> bool {
+        let first = !self.fetch_requested.swap(true, Ordering::SeqCst);
+        if first {
+            self.wake(Wake::Repository);
+        }
+        first
+    }
+
+    /// Called as a fetch begins: later requests need another.
+    pub fn fetch_begins(&self) {
+        self.fetch_requested.store(false, Ordering::SeqCst);
     }
 
     pub fn wake(&self, why: Wake) {

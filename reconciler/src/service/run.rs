@@ -48,6 +48,8 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     pub tokens: Tokens,
     pub driver: Box<dyn NodeDriver>,
+    /// Serve `POST /v1/hooks/git` with this shared secret; `None`: no webhook route.
+    pub hooks: Option<crate::api::hooks::HookSecret>,
     /// Called with the bound address once the API listens (tests bind port 0).
     pub on_listen: Option<Box<dyn FnOnce(SocketAddr) + Send>>,
 }
@@ -60,6 +62,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         listen,
         tokens,
         driver,
+        hooks,
         on_listen,
     } = options;
     private_dir(&config.state_dir)?;
@@ -76,6 +79,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
     let handle = Handle::new(shared.clone(), api_store, config.limits);
+    let branch = config.source.branch.clone();
 
     // A commit to a repository on this machine is seen at once, not at the next fetch.
     let _watcher = match mirror.local_git_dir() {
@@ -132,7 +136,10 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         if let Some(f) = on_listen {
             f(bound);
         }
-        let app = crate::api::router(handle, tokens);
+        let mut app = crate::api::router(handle, tokens);
+        if let Some(secret) = hooks {
+            app = app.merge(crate::api::hooks::router(secret, branch, shared.clone()));
+        }
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_signal())
             .await

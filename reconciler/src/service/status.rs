@@ -68,6 +68,10 @@ pub struct Status {
     pub revision: Option<String>,
     /// The branch's head as last fetched; `None` while it cannot be (the branch was deleted).
     pub head: Option<String>,
+    /// With `--verify-signatures`: the verdict on the head's signature (which commit, which
+    /// key, trusted or why not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_signature: Option<String>,
     /// Every condition's message, joined; `None` when there is none.
     pub last_error: Option<String>,
     /// What keeps the service Degraded, each held until what caused it is overcome.
@@ -125,6 +129,7 @@ impl Status {
             suspended: false,
             revision: None,
             head: None,
+            head_signature: None,
             last_error: None,
             conditions: Vec::new(),
             diagnostics: Vec::new(),
