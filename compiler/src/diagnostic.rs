@@ -69,10 +69,11 @@ codes! {
     // Reading the repository.
     YamlSyntax = "TSR002", "yaml-syntax", Error, "The file is not valid YAML.";
     DuplicateKey = "TSR003", "duplicate-key", Error, "A mapping has the same key twice.";
-    InputTooLarge = "TSR004", "input-too-large", Error, "A file exceeds a size, depth, alias or node limit.";
+    InputTooLarge = "TSR004", "input-too-large", Error, "A file exceeds a size, depth, alias or node limit, or the whole policy its size, file or document limit.";
     NotADocument = "TSR005", "not-a-document", Error, "A YAML document is not a mapping with apiVersion, kind, metadata and spec.";
     UnknownApiVersion = "TSR006", "unknown-api-version", Error, "The apiVersion is not tessera/v1alpha1.";
     UnknownKind = "TSR007", "unknown-kind", Error, "The kind is not one of the policy language's kinds.";
+    NotARegularFile = "TSR008", "not-a-regular-file", Error, "A policy file is a symbolic link, FIFO, socket or device; it is not read.";
     // The schema.
     UnknownField = "TSR010", "unknown-field", Error, "A field that the kind does not have.";
     MissingField = "TSR011", "missing-field", Error, "A required field is absent.";
@@ -92,6 +93,7 @@ codes! {
     NoRootTenant = "TSR110", "no-root-tenant", Error, "No tenant is without a parent.";
     MultipleRootTenants = "TSR111", "multiple-root-tenants", Error, "More than one tenant is without a parent.";
     TenantCycle = "TSR112", "tenant-cycle", Error, "Tenants are their own ancestors.";
+    TenantTreeTooDeep = "TSR113", "tenant-tree-too-deep", Error, "The tenant tree is deeper than its limit.";
     ChildGuaranteesExceedParent = "TSR120", "child-guarantees-exceed-parent", Error, "The children's guarantees add up to more than their parent's.";
     GuaranteeExceedsLimit = "TSR121", "guarantee-exceeds-limit", Error, "A guarantee is above the tenant's limit.";
     LendingLimitExceedsGuarantee = "TSR122", "lending-limit-exceeds-guarantee", Error, "A lending limit is above the guarantee it lends from.";

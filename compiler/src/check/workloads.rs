@@ -63,7 +63,7 @@ pub(crate) fn resolve_spec(
     let tenant = ctx.tenants.iter().find(|t| t.name == spec.tenant);
     if tenant.is_none() {
         ok = false;
-        if ctx.repo.get(Kind::Tenant, &spec.tenant).is_none() {
+        if !ctx.repo.defined(Kind::Tenant, &spec.tenant) {
             sink.push(unknown_reference(
                 Code::UnknownTenant,
                 "tenant",
@@ -78,7 +78,7 @@ pub(crate) fn resolve_spec(
     let class = ctx.classes.iter().find(|c| c.name == spec.slo_class);
     if class.is_none() {
         ok = false;
-        if ctx.repo.get(Kind::SloClass, &spec.slo_class).is_none() {
+        if !ctx.repo.defined(Kind::SloClass, &spec.slo_class) {
             sink.push(unknown_reference(
                 Code::UnknownSloClass,
                 "SLO class",
@@ -113,7 +113,7 @@ pub(crate) fn resolve_spec(
             Some(pool) => Some(pool),
             None => {
                 ok = false;
-                if ctx.repo.get(Kind::Pool, p).is_none() {
+                if !ctx.repo.defined(Kind::Pool, p) {
                     sink.push(unknown_reference(
                         Code::UnknownPool,
                         "pool",
@@ -177,6 +177,15 @@ pub(crate) fn resolve_spec(
             .at(doc.value_loc(&ptr("/minMember")))
             .field(field("/minMember"))
             .help("minMember is how many of the replicas must start together; it cannot exceed replicas"),
+        );
+    }
+    for (pointer, message) in spec.unrepresentable() {
+        ok = false;
+        sink.push(
+            Diagnostic::new(Code::InvalidValue, message)
+                .at(doc.value_loc(&ptr(&pointer)))
+                .field(field(&pointer))
+                .help("a process's arguments and environment cannot hold a NUL byte, nor a variable's name `=`; remove it"),
         );
     }
     // A MIG profile named on a pinned pool must be one of that pool's model.
