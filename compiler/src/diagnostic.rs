@@ -73,7 +73,6 @@ codes! {
     NotADocument = "TSR005", "not-a-document", Error, "A YAML document is not a mapping with apiVersion, kind, metadata and spec.";
     UnknownApiVersion = "TSR006", "unknown-api-version", Error, "The apiVersion is not tessera/v1alpha1.";
     UnknownKind = "TSR007", "unknown-kind", Error, "The kind is not one of the policy language's kinds.";
-    NotARegularFile = "TSR008", "not-a-regular-file", Error, "A policy file is a symbolic link, FIFO, socket or device; it is not read.";
     // The schema.
     UnknownField = "TSR010", "unknown-field", Error, "A field that the kind does not have.";
     MissingField = "TSR011", "missing-field", Error, "A required field is absent.";
@@ -93,7 +92,6 @@ codes! {
     NoRootTenant = "TSR110", "no-root-tenant", Error, "No tenant is without a parent.";
     MultipleRootTenants = "TSR111", "multiple-root-tenants", Error, "More than one tenant is without a parent.";
     TenantCycle = "TSR112", "tenant-cycle", Error, "Tenants are their own ancestors.";
-    TenantTreeTooDeep = "TSR113", "tenant-tree-too-deep", Error, "The tenant tree is deeper than its limit.";
     ChildGuaranteesExceedParent = "TSR120", "child-guarantees-exceed-parent", Error, "The children's guarantees add up to more than their parent's.";
     GuaranteeExceedsLimit = "TSR121", "guarantee-exceeds-limit", Error, "A guarantee is above the tenant's limit.";
     LendingLimitExceedsGuarantee = "TSR122", "lending-limit-exceeds-guarantee", Error, "A lending limit is above the guarantee it lends from.";
@@ -126,6 +124,10 @@ codes! {
     EmptyRepository = "TSR204", "empty-repository", Warning, "No policy document was found.";
     DuplicateUsageResource = "TSR205", "duplicate-usage-resource", Warning, "A fair-share resource is listed more than once.";
     IgnoredClusterState = "TSR206", "ignored-cluster-state", Warning, "Part of a cluster state is stale or names what the policy lacks, and is ignored.";
+    // Added after the table was first published: appended, so that the SARIF `ruleIndex` of
+    // every earlier code stays what it was.
+    NotARegularFile = "TSR008", "not-a-regular-file", Error, "A policy file is a symbolic link, FIFO, socket or device; it is not read.";
+    TenantTreeTooDeep = "TSR113", "tenant-tree-too-deep", Error, "The tenant tree is deeper than its limit.";
 }
 
 impl fmt::Display for Code {

@@ -115,7 +115,42 @@ fn token_span(line: &str, col: usize) -> std::ops::Range<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::token_span;
+    use super::{render, token_span};
+    use tessera_compiler::{Code, Compilation, Diagnostic, Location, SourceFile};
+
+    #[test]
+    fn control_characters_from_the_repository_never_reach_the_terminal() {
+        let file = "evil\x1b[2J.yaml";
+        let d = Diagnostic::new(Code::UnknownPool, "unknown pool `a\x1b]0;title\x07`")
+            .at(Some(Location {
+                file: file.to_owned(),
+                line: 2,
+                column: 3,
+            }))
+            .help("did you mean `b\u{202e}`?\0");
+        let c = Compilation {
+            policy: None,
+            states: Vec::new(),
+            diagnostics: vec![d],
+            files: 1,
+            documents: 1,
+        };
+        let sources = [SourceFile::new(file, "a: 1\nb: x\x1b[31m\0\n")];
+        for color in [false, true] {
+            let text = render(&c, &sources, color);
+            // Colour is the renderer's own SGR sequences (`ESC [ … m`); nothing else.
+            let stripped = text
+                .split('\x1b')
+                .skip(1)
+                .all(|rest| rest.starts_with('[') && rest[1..].trim_start_matches(|c: char| c.is_ascii_digit() || c == ';').starts_with('m'));
+            assert!(stripped, "{text:?}");
+            assert!(!text.contains('\0') && !text.contains('\x07') && !text.contains('\u{202e}'), "{text:?}");
+        }
+        let plain = render(&c, &sources, false);
+        assert!(!plain.contains('\x1b'), "{plain:?}");
+        assert!(plain.contains("x␛[31m␀"), "{plain}");
+        assert!(plain.contains("evil␛[2J.yaml:2:3"), "{plain}");
+    }
 
     #[test]
     fn carets_cover_the_token() {

@@ -118,13 +118,7 @@ pub fn check(
     let tenants = tenants::resolve(&repo, &models, &pools, &classes, &mut sink);
     let workloads = workloads::resolve(&repo, &models, &pools, &classes, &tenants, &mut sink);
     state::check(
-        &workloads::Ctx {
-            repo: &repo,
-            models: &models,
-            pools: &pools,
-            classes: &classes,
-            tenants: &tenants,
-        },
+        &workloads::Ctx::new(&repo, &models, &pools, &classes, &tenants),
         &mut sink,
     );
     models::warn_unused_layouts(&repo, &mut sink);
