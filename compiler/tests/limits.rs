@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use tessera_compiler::{Code, Compilation, SourceFile, compile};
 
 fn tenant(name: &str, parent: Option<&str>) -> String {
-    let mut doc = format!("---\napiVersion: tessera/v1alpha1\nkind: Tenant\nmetadata: {{name: {name}}}\nspec:");
+    let mut doc = format!(
+        "---\napiVersion: tessera/v1alpha1\nkind: Tenant\nmetadata: {{name: {name}}}\nspec:"
+    );
     match parent {
         Some(p) => {
             let _ = write!(doc, "\n  parent: {p}\n");
@@ -46,7 +48,11 @@ fn deep_chains_are_refused_once_at_the_first_tenant_too_deep() {
         let c = compile(&chain(levels));
         assert_eq!(codes(&c), vec![Code::TenantTreeTooDeep], "{levels} levels");
         let d = &c.diagnostics[0];
-        assert!(d.message.contains("tenant `t64` is at level 65"), "{}", d.message);
+        assert!(
+            d.message.contains("tenant `t64` is at level 65"),
+            "{}",
+            d.message
+        );
         assert_eq!(d.location.as_ref().unwrap().line, 64 * 6 + 5);
         assert!(c.policy.is_none());
     }
@@ -65,7 +71,11 @@ fn a_long_cycle_is_reported_once_at_its_smallest_member() {
     assert_eq!(codes(&c), vec![Code::TenantCycle]);
     let message = &c.diagnostics[0].message;
     // Read from the smallest name (`t1`) along parent links: t1 → t1999 → t1998 → … → t1.
-    assert!(message.starts_with("tenants form a cycle: t1 → t1999 → t1998 → "), "{}", &message[..80]);
+    assert!(
+        message.starts_with("tenants form a cycle: t1 → t1999 → t1998 → "),
+        "{}",
+        &message[..80]
+    );
     assert!(message.ends_with("→ t2 → t1"));
     assert_eq!(message.matches('→').count(), n - 1);
 }
@@ -93,9 +103,9 @@ fn too_many_documents_stop_the_compilation_with_one_diagnostic() {
     ]);
     assert_eq!(codes(&c), vec![Code::InputTooLarge], "{:?}", c.diagnostics);
     assert!(
-        c.diagnostics[0]
-            .message
-            .contains(&format!("more than {limit} documents; those from b.yaml on")),
+        c.diagnostics[0].message.contains(&format!(
+            "more than {limit} documents; those from b.yaml on"
+        )),
         "{}",
         c.diagnostics[0].message
     );

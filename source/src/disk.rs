@@ -108,12 +108,7 @@ fn read(path: &Path, budget: &mut Budget) -> Result<Loaded, SourceError> {
         EntryKind::File => {}
         EntryKind::Special(kind) => return Ok(refused_at(path, Refusal::NotRegular { kind })),
         _ => {
-            return Ok(refused_at(
-                path,
-                Refusal::NotRegular {
-                    kind: "directory",
-                },
-            ));
+            return Ok(refused_at(path, Refusal::NotRegular { kind: "directory" }));
         }
     }
     let declared = meta.len();

@@ -39,7 +39,10 @@ impl SourceFile {
 pub enum Loaded {
     File(SourceFile),
     /// Not read, or read but unusable; the compiler reports why at `path`.
-    Refused { path: String, refusal: Refusal },
+    Refused {
+        path: String,
+        refusal: Refusal,
+    },
 }
 
 impl Loaded {

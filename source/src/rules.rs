@@ -142,7 +142,10 @@ mod tests {
 
     #[test]
     fn links_and_special_files_are_refused_only_when_they_look_like_policy() {
-        assert_eq!(classify("a.yaml", EntryKind::Symlink), Verdict::Refuse(Refusal::Symlink));
+        assert_eq!(
+            classify("a.yaml", EntryKind::Symlink),
+            Verdict::Refuse(Refusal::Symlink)
+        );
         assert_eq!(classify("README", EntryKind::Symlink), Verdict::Skip);
         assert_eq!(classify(".a.yaml", EntryKind::Symlink), Verdict::Skip);
         assert_eq!(

@@ -93,13 +93,7 @@ fn cases() -> Vec<Case> {
                 ..Limits::default()
             },
             expected: vec![
-                refused(
-                    "big.yaml",
-                    Refusal::TooLarge {
-                        bytes: 9,
-                        limit: 8,
-                    },
-                ),
+                refused("big.yaml", Refusal::TooLarge { bytes: 9, limit: 8 }),
                 read("small.yaml", "1"),
             ],
         },
@@ -235,7 +229,10 @@ fn both_readers_follow_one_table() {
         let root = dir.path().join("tree");
         on_disk(&root, &case.tree);
         let prefix = format!("{}/", root.to_string_lossy());
-        let disk = outcomes(discover_with(&[root.clone()], case.limits).unwrap(), &prefix);
+        let disk = outcomes(
+            discover_with(std::slice::from_ref(&root), case.limits).unwrap(),
+            &prefix,
+        );
         assert_eq!(disk, case.expected, "on disk: {}", case.name);
 
         let repo = Repository::init_bare(dir.path().join("repo.git")).unwrap();
@@ -258,8 +255,16 @@ fn a_git_subdirectory_is_read_with_its_path_from_the_root() {
         ]),
     );
     let s = git::load(&repo, "HEAD", Some("./policy/")).unwrap();
-    assert_eq!(outcomes(s.loaded.unwrap(), ""), vec![read("policy/a.yaml", "a")]);
-    assert!(git::load(&repo, "HEAD", Some("absent")).unwrap().loaded.is_none());
+    assert_eq!(
+        outcomes(s.loaded.unwrap(), ""),
+        vec![read("policy/a.yaml", "a")]
+    );
+    assert!(
+        git::load(&repo, "HEAD", Some("absent"))
+            .unwrap()
+            .loaded
+            .is_none()
+    );
     assert!(matches!(
         git::load(&repo, "HEAD", Some("policy/a.yaml")),
         Err(git::TreeError::NotADirectory { .. })
@@ -283,7 +288,10 @@ fn fifos_and_devices_are_refused_without_blocking_or_reading() {
     std::fs::write(root.join("ok.yaml"), "ok").unwrap();
 
     let prefix = format!("{}/", root.to_string_lossy());
-    let found = outcomes(discover_with(&[root.clone()], Limits::default()).unwrap(), &prefix);
+    let found = outcomes(
+        discover_with(std::slice::from_ref(&root), Limits::default()).unwrap(),
+        &prefix,
+    );
     assert_eq!(
         found,
         vec![
@@ -295,11 +303,7 @@ fn fifos_and_devices_are_refused_without_blocking_or_reading() {
 
     // Named explicitly, they are refused all the same.
     let explicit = discover_with(
-        &[
-            fifo.clone(),
-            root.join("zero.yaml"),
-            "/dev/zero".into(),
-        ],
+        &[fifo.clone(), root.join("zero.yaml"), "/dev/zero".into()],
         Limits::default(),
     )
     .unwrap();
@@ -319,5 +323,8 @@ fn fifos_and_devices_are_refused_without_blocking_or_reading() {
 #[test]
 fn a_path_that_does_not_exist_is_an_error() {
     let err = discover_with(&["/no/such/policy".into()], Limits::default()).unwrap_err();
-    assert_eq!(err.to_string(), "/no/such/policy: no such file or directory");
+    assert_eq!(
+        err.to_string(),
+        "/no/such/policy: no such file or directory"
+    );
 }

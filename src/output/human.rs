@@ -45,11 +45,7 @@ fn group<'a>(d: &'a Diagnostic, files: &HashMap<&str, &'a str>) -> Group<'a> {
         Severity::Error => Level::ERROR,
         Severity::Warning => Level::WARNING,
     };
-    let mut group = Group::with_title(
-        level
-            .primary_title(d.message.as_str())
-            .id(d.code.as_str()),
-    );
+    let mut group = Group::with_title(level.primary_title(d.message.as_str()).id(d.code.as_str()));
     if let Some(loc) = &d.location {
         let path = normalize_untrusted_str(&loc.file);
         let line = files
@@ -86,10 +82,7 @@ fn group<'a>(d: &'a Diagnostic, files: &HashMap<&str, &'a str>) -> Group<'a> {
 /// up to the next space or flow punctuation; a `key:` without its colon. At least one
 /// character, or the end of the line when `col` is past it.
 fn token_span(line: &str, col: usize) -> std::ops::Range<usize> {
-    let start = line
-        .char_indices()
-        .nth(col)
-        .map_or(line.len(), |(i, _)| i);
+    let start = line.char_indices().nth(col).map_or(line.len(), |(i, _)| i);
     let rest: Vec<char> = line[start..].chars().collect();
     let width = match rest.first() {
         // A flow collection: point at its opening bracket, not at everything inside.
@@ -139,12 +132,17 @@ mod tests {
         for color in [false, true] {
             let text = render(&c, &sources, color);
             // Colour is the renderer's own SGR sequences (`ESC [ … m`); nothing else.
-            let stripped = text
-                .split('\x1b')
-                .skip(1)
-                .all(|rest| rest.starts_with('[') && rest[1..].trim_start_matches(|c: char| c.is_ascii_digit() || c == ';').starts_with('m'));
+            let stripped = text.split('\x1b').skip(1).all(|rest| {
+                rest.starts_with('[')
+                    && rest[1..]
+                        .trim_start_matches(|c: char| c.is_ascii_digit() || c == ';')
+                        .starts_with('m')
+            });
             assert!(stripped, "{text:?}");
-            assert!(!text.contains('\0') && !text.contains('\x07') && !text.contains('\u{202e}'), "{text:?}");
+            assert!(
+                !text.contains('\0') && !text.contains('\x07') && !text.contains('\u{202e}'),
+                "{text:?}"
+            );
         }
         let plain = render(&c, &sources, false);
         assert!(!plain.contains('\x1b'), "{plain:?}");

@@ -267,7 +267,11 @@ fn report_cycle(cycle: &[&str], nodes: &BTreeMap<&str, Node>, sink: &mut Sink) {
         .min_by_key(|(_, n)| **n)
         .map(|(i, n)| (i, *n))
         .expect("a cycle has a member");
-    let mut path: Vec<&str> = cycle[first..].iter().chain(&cycle[..first]).copied().collect();
+    let mut path: Vec<&str> = cycle[first..]
+        .iter()
+        .chain(&cycle[..first])
+        .copied()
+        .collect();
     path.push(smallest);
     sink.push(
         Diagnostic::new(

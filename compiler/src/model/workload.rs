@@ -66,7 +66,9 @@ impl WorkloadSpec {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
                 found.push((
                     pointer.clone(),
-                    format!("environment variable name {key:?} is empty or holds `=` or a NUL byte"),
+                    format!(
+                        "environment variable name {key:?} is empty or holds `=` or a NUL byte"
+                    ),
                 ));
             }
             if value.contains('\0') {
