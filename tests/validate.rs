@@ -219,3 +219,49 @@ fn a_cluster_state_in_json_is_read_like_yaml() {
     // The position is the JSON text's own: line 6, where the binding is.
     assert_eq!(d["line"], 6);
 }
+
+#[test]
+fn links_fifos_and_devices_are_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::copy("tests/data/base/tenants.yaml", root.join("tenants.yaml")).unwrap();
+    std::fs::copy("tests/data/base/fleet.yaml", root.join("fleet.yaml")).unwrap();
+    std::fs::write(root.join("tokens.txt"), "operator: s3cr3t-token\n").unwrap();
+    std::os::unix::fs::symlink(root.join("tokens.txt"), root.join("zz.yaml")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", root.join("zero.yaml")).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(root.join("pipe.yaml"))
+        .status()
+        .expect("mkfifo runs");
+    assert!(status.success());
+
+    for format in ["json", "human"] {
+        let (code, stdout, stderr) =
+            tessera(&["validate", "--output", format, root.to_str().unwrap()]);
+        assert_eq!(code, 1, "{stdout}{stderr}");
+        assert!(!stdout.contains("s3cr3t"), "{stdout}");
+        if format == "json" {
+            let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            let found: Vec<(&str, &str)> = v["diagnostics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| {
+                    let file = d["file"].as_str().unwrap();
+                    (
+                        d["name"].as_str().unwrap(),
+                        &file[file.rfind('/').unwrap() + 1..],
+                    )
+                })
+                .collect();
+            assert_eq!(
+                found,
+                vec![
+                    ("not-a-regular-file", "pipe.yaml"),
+                    ("not-a-regular-file", "zero.yaml"),
+                    ("not-a-regular-file", "zz.yaml"),
+                ]
+            );
+        }
+    }
+}

@@ -69,7 +69,7 @@ codes! {
     // Reading the repository.
     YamlSyntax = "TSR002", "yaml-syntax", Error, "The file is not valid YAML.";
     DuplicateKey = "TSR003", "duplicate-key", Error, "A mapping has the same key twice.";
-    InputTooLarge = "TSR004", "input-too-large", Error, "A file exceeds a size, depth, alias or node limit.";
+    InputTooLarge = "TSR004", "input-too-large", Error, "A file exceeds a size, depth, alias or node limit, or the whole policy its size, file or document limit.";
     NotADocument = "TSR005", "not-a-document", Error, "A YAML document is not a mapping with apiVersion, kind, metadata and spec.";
     UnknownApiVersion = "TSR006", "unknown-api-version", Error, "The apiVersion is not tessera/v1alpha1.";
     UnknownKind = "TSR007", "unknown-kind", Error, "The kind is not one of the policy language's kinds.";
@@ -124,6 +124,10 @@ codes! {
     EmptyRepository = "TSR204", "empty-repository", Warning, "No policy document was found.";
     DuplicateUsageResource = "TSR205", "duplicate-usage-resource", Warning, "A fair-share resource is listed more than once.";
     IgnoredClusterState = "TSR206", "ignored-cluster-state", Warning, "Part of a cluster state is stale or names what the policy lacks, and is ignored.";
+    // Added after the table was first published: appended, so that the SARIF `ruleIndex` of
+    // every earlier code stays what it was.
+    NotARegularFile = "TSR008", "not-a-regular-file", Error, "A policy file is a symbolic link, FIFO, socket or device; it is not read.";
+    TenantTreeTooDeep = "TSR113", "tenant-tree-too-deep", Error, "The tenant tree is deeper than its limit.";
 }
 
 impl fmt::Display for Code {

@@ -2,9 +2,9 @@
 //! [`CompiledPolicy`], with every problem reported at `file:line:col`.
 //!
 //! The pipeline is parse ([`yaml`]) → envelope and schema ([`load`], [`schema`]) → meaning
-//! (`check`) → [`CompiledPolicy`]. Only [`source`] touches the file system; everything else is
-//! pure and deterministic, and every stage reports all it finds rather than stopping at the
-//! first problem.
+//! (`check`) → [`CompiledPolicy`]. Reading the files is `tessera-source`'s (re-exported as
+//! [`source`]); everything here is pure and deterministic, and every stage reports all it finds
+//! rather than stopping at the first problem.
 
 mod check;
 pub mod compiled;
@@ -12,15 +12,17 @@ pub mod diagnostic;
 pub mod load;
 pub mod model;
 pub mod schema;
-pub mod source;
 pub mod units;
 pub mod yaml;
 
 pub use tessera_mig as mig;
+/// Reading a policy tree from disk (and, in `tessera-source` with its `git` feature, from a Git
+/// revision).
+pub use tessera_source as source;
 
 pub use compiled::CompiledPolicy;
 pub use diagnostic::{Code, Diagnostic, Location, Severity};
-pub use source::{Loaded, SourceFile};
+pub use source::{Loaded, Refusal, SourceFile};
 
 use load::LoadedDocument;
 use model::{ClusterStateSpec, Document};
@@ -53,61 +55,61 @@ pub fn compile(sources: &[SourceFile]) -> Compilation {
     compile_loaded(sources.iter().cloned().map(Loaded::File).collect())
 }
 
-/// Compiles what [`source::discover`] found, reporting files it could not use.
+/// The most documents a revision may hold, all files together: beyond it the rest are not
+/// compiled, so that the time a revision takes stays bounded.
+pub const MAX_DOCUMENTS: usize = 50_000;
+
+/// Compiles what a reader of `tessera-source` found, reporting what it refused.
 pub fn compile_loaded(loaded: Vec<Loaded>) -> Compilation {
     let mut diagnostics = Vec::new();
     let mut docs: Vec<LoadedDocument> = Vec::new();
+    // The kind and name of each document that failed to load, still defined for lookups.
+    let mut broken: Vec<(model::Kind, String)> = Vec::new();
     let files = loaded.len();
     let mut documents = 0;
+    // Files handed over in memory are held to the readers' cap on the whole tree too.
+    let mut tree_bytes: u64 = 0;
     for item in loaded {
         let file = match item {
             Loaded::File(f) => f,
-            Loaded::TooLarge { path, bytes } => {
-                diagnostics.push(
-                    Diagnostic::new(
-                        Code::InputTooLarge,
-                        format!(
-                            "{path} is {bytes} bytes, more than the {} a policy file may have",
-                            source::MAX_FILE_BYTES
-                        ),
-                    )
-                    .at(Some(Location {
-                        file: path,
-                        line: 1,
-                        column: 1,
-                    }))
-                    .help("split it into several files"),
-                );
-                continue;
-            }
-            Loaded::NotUtf8 { path } => {
-                diagnostics.push(
-                    Diagnostic::new(Code::YamlSyntax, "the file is not UTF-8 text")
-                        .at(Some(Location {
-                            file: path,
-                            line: 1,
-                            column: 1,
-                        }))
-                        .help("save it as UTF-8"),
-                );
+            Loaded::Refused { path, refusal } => {
+                diagnostics.push(refusal_diagnostic(path, refusal));
                 continue;
             }
         };
+        tree_bytes += file.text.len() as u64;
+        if tree_bytes > source::MAX_TREE_BYTES {
+            diagnostics.push(refusal_diagnostic(
+                file.path,
+                Refusal::TreeTooLarge {
+                    limit: source::MAX_TREE_BYTES,
+                },
+            ));
+            break;
+        }
         match yaml::parse(&file.path, &file.text) {
             Err(d) => diagnostics.push(d),
             Ok(parsed) => {
+                if documents + parsed.len() > MAX_DOCUMENTS {
+                    diagnostics.push(too_many_documents(&file.path));
+                    break;
+                }
                 for doc in parsed {
                     documents += 1;
+                    let declared = load::declared(&doc);
                     match load::load(&file.path, doc) {
                         Ok(d) => docs.push(d),
-                        Err(ds) => diagnostics.extend(ds),
+                        Err(ds) => {
+                            diagnostics.extend(ds);
+                            broken.extend(declared);
+                        }
                     }
                 }
             }
         }
     }
     let loading_failed = diagnostics.iter().any(Diagnostic::is_error);
-    let (policy, checks) = check::check(&docs);
+    let (policy, checks) = check::check(&docs, &broken);
     diagnostics.extend(checks);
     // Files that failed to load may have held the policy; saying there is none would mislead.
     let has_policy = docs.iter().any(|d| d.kind() != model::Kind::ClusterState);
@@ -134,4 +136,62 @@ pub fn compile_loaded(loaded: Vec<Loaded>) -> Compilation {
         files,
         documents,
     }
+}
+
+fn at_start(path: String) -> Option<Location> {
+    Some(Location {
+        file: path,
+        line: 1,
+        column: 1,
+    })
+}
+
+/// What a reader refused, as a diagnostic at the file.
+pub fn refusal_diagnostic(path: String, refusal: Refusal) -> Diagnostic {
+    match refusal {
+        Refusal::TooLarge { bytes, limit } => Diagnostic::new(
+            Code::InputTooLarge,
+            format!("{path} is {bytes} bytes, more than the {limit} a policy file may have"),
+        )
+        .at(at_start(path))
+        .help("split it into several files"),
+        Refusal::NotUtf8 => Diagnostic::new(Code::YamlSyntax, "the file is not UTF-8 text")
+            .at(at_start(path))
+            .help("save it as UTF-8"),
+        Refusal::Symlink => Diagnostic::new(
+            Code::NotARegularFile,
+            format!("{path} is a symbolic link; policy files are read only from regular files, never through links"),
+        )
+        .at(at_start(path))
+        .help("replace the link with the file itself, or rename it so that it does not end in .yaml or .yml"),
+        Refusal::NotRegular { kind } => Diagnostic::new(
+            Code::NotARegularFile,
+            format!("{path} is a {kind}, not a regular file; it was not read"),
+        )
+        .at(at_start(path))
+        .help("policy files must be regular files; remove it or rename it so that it does not end in .yaml or .yml"),
+        Refusal::TreeTooLarge { limit } => Diagnostic::new(
+            Code::InputTooLarge,
+            format!("the policy files add up to more than {limit} bytes; {path} and the files after it were not read"),
+        )
+        .at(at_start(path))
+        .help("a policy tree this large is a mistake: point tessera at the policy's own directory, or remove generated files"),
+        Refusal::TooManyFiles { limit } => Diagnostic::new(
+            Code::InputTooLarge,
+            format!("the policy tree holds more than {limit} files; {path} and the files after it were not read"),
+        )
+        .at(at_start(path))
+        .help("point tessera at the policy's own directory, or merge small files"),
+    }
+}
+
+fn too_many_documents(path: &str) -> Diagnostic {
+    Diagnostic::new(
+        Code::InputTooLarge,
+        format!(
+            "the policy holds more than {MAX_DOCUMENTS} documents; those from {path} on were not compiled"
+        ),
+    )
+    .at(at_start(path.to_owned()))
+    .help("a revision may hold at most this many documents; submit workloads through the service instead of committing them")
 }

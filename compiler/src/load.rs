@@ -41,6 +41,14 @@ impl LoadedDocument {
     }
 }
 
+/// The kind and name a document declares (`kind`, `metadata.name`), read before any
+/// validation, when both are there to read.
+pub fn declared(parsed: &ParsedDocument) -> Option<(Kind, String)> {
+    let kind = Kind::parse(parsed.value.get("kind")?.as_str()?)?;
+    let name = parsed.value.get("metadata")?.get("name")?.as_str()?;
+    Some((kind, name.to_owned()))
+}
+
 /// Checks the envelope, validates against the kind's schema and deserializes. Every problem is
 /// reported; the document is returned only when it has none.
 pub fn load(file: &str, parsed: ParsedDocument) -> Result<LoadedDocument, Vec<Diagnostic>> {

@@ -103,8 +103,18 @@ pub fn import_kueue(paths: &[PathBuf], out: &Path) -> anyhow::Result<ExitCode> {
     for loaded in tessera_compiler::source::discover(paths)? {
         match loaded {
             Loaded::File(f) => files.push((f.path.clone(), f.text.clone())),
-            Loaded::TooLarge { path, bytes } => bail!("{path}: {bytes} bytes is too large"),
-            Loaded::NotUtf8 { path } => bail!("{path}: not UTF-8 text"),
+            Loaded::Refused { path, refusal } => {
+                let d = tessera_compiler::refusal_diagnostic(path.clone(), refusal);
+                let message = if d.message.contains(&path) {
+                    d.message
+                } else {
+                    format!("{path}: {}", d.message)
+                };
+                match d.help {
+                    Some(help) => bail!("{message} ({help})"),
+                    None => bail!("{message}"),
+                }
+            }
         }
     }
     if files.is_empty() {

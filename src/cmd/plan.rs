@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use tessera_compiler::source::MAX_FILE_BYTES;
-use tessera_compiler::{Code, Compilation, Diagnostic, Loaded, Severity, SourceFile};
+use tessera_compiler::{Code, Compilation, Diagnostic, Loaded, Refusal, Severity, SourceFile};
 use tessera_plan::{PlanInput, RevisionInfo, Side};
 
 use crate::cli::PlanFormat;
@@ -38,6 +37,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Why the state file was not read, for a usage error.
+fn refused(refusal: Refusal) -> String {
+    match refusal {
+        Refusal::TooLarge { limit, .. } | Refusal::TreeTooLarge { limit } => {
+            format!("larger than {limit} bytes")
+        }
+        Refusal::NotUtf8 => "not UTF-8 text".to_owned(),
+        Refusal::Symlink => "a symbolic link; give the path of the file itself".to_owned(),
+        Refusal::NotRegular { kind } => format!("a {kind}, not a regular file"),
+        Refusal::TooManyFiles { limit } => format!("more than {limit} files"),
+    }
+}
+
 fn display(p: &Path) -> String {
     let s = p.to_string_lossy().replace('\\', "/");
     s.strip_prefix("./").map(str::to_owned).unwrap_or(s)
@@ -60,14 +72,7 @@ fn with_orphans(loaded: Vec<Loaded>, state_path: &str) -> Compilation {
     let policy_only: Vec<Loaded> = loaded
         .iter()
         .filter(|l| !matches!(l, Loaded::File(f) if f.path == state_path))
-        .map(|l| match l {
-            Loaded::File(f) => Loaded::File(f.clone()),
-            Loaded::TooLarge { path, bytes } => Loaded::TooLarge {
-                path: path.clone(),
-                bytes: *bytes,
-            },
-            Loaded::NotUtf8 { path } => Loaded::NotUtf8 { path: path.clone() },
-        })
+        .cloned()
         .collect();
     let mut combined = tessera_compiler::compile_loaded(loaded);
     if combined.policy.is_some() {
@@ -114,14 +119,16 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
     };
     let mut verdict = None;
     let state_path = display(&args.state);
-    let bytes = std::fs::read(&args.state).with_context(|| format!("{state_path}: cannot read"))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        bail!("{state_path}: larger than {MAX_FILE_BYTES} bytes");
-    }
-    let digest = tessera_plan::state_digest(&bytes);
-    let state_text =
-        String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{state_path}: not UTF-8 text"))?;
-    let state_file = SourceFile::new(state_path.clone(), state_text);
+    // Read by the policy tree's rules: no link, no FIFO or device, nothing over the cap.
+    let state_file = match tessera_source::discover(std::slice::from_ref(&args.state))
+        .with_context(|| format!("{state_path}: cannot read"))?
+        .pop()
+    {
+        Some(Loaded::File(f)) => f,
+        Some(Loaded::Refused { refusal, .. }) => bail!("{state_path}: {}", refused(refusal)),
+        None => bail!("{state_path}: cannot read"),
+    };
+    let digest = tessera_plan::state_digest(state_file.text.as_bytes());
 
     // Each side: what it is, and its files (`None`: no policy files at all).
     let (base, head_info, head_loaded) = match (&args.repo, &args.policy) {

@@ -13,7 +13,7 @@ mod state;
 mod tenants;
 mod workloads;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::compiled::{CompiledPolicy, FORMAT_VERSION};
 use crate::diagnostic::{Code, Diagnostic};
@@ -24,15 +24,29 @@ use crate::model::{API_VERSION, Kind};
 pub(crate) struct Repo<'a> {
     pub docs: &'a [LoadedDocument],
     by_name: BTreeMap<(Kind, &'a str), &'a LoadedDocument>,
+    /// Names declared by documents that failed their schema: defined, though unusable.
+    broken: BTreeSet<(Kind, &'a str)>,
 }
 
 impl<'a> Repo<'a> {
-    fn new(docs: &'a [LoadedDocument]) -> Self {
+    fn new(docs: &'a [LoadedDocument], broken: &'a [(Kind, String)]) -> Self {
         let mut by_name = BTreeMap::new();
         for d in docs {
             by_name.entry((d.kind(), d.name.as_str())).or_insert(d);
         }
-        Repo { docs, by_name }
+        let broken = broken.iter().map(|(k, n)| (*k, n.as_str())).collect();
+        Repo {
+            docs,
+            by_name,
+            broken,
+        }
+    }
+
+    /// Whether a document of this kind and name exists, valid or not. A reference to a document
+    /// that failed its schema is not reported as unknown: its own errors say what to fix, and
+    /// one typo must not add an error at every reference.
+    pub fn defined(&self, kind: Kind, name: &str) -> bool {
+        self.by_name.contains_key(&(kind, name)) || self.broken.contains(&(kind, name))
     }
 
     /// The documents of one kind, first of each name only, in name order.
@@ -88,10 +102,13 @@ impl Sink {
     }
 }
 
-/// Runs every check over schema-valid documents. The policy is returned when no check found an
-/// error (warnings do not stop it).
-pub fn check(docs: &[LoadedDocument]) -> (Option<CompiledPolicy>, Vec<Diagnostic>) {
-    let repo = Repo::new(docs);
+/// Runs every check over schema-valid documents; `broken` names the documents that failed their
+/// schema. The policy is returned when no check found an error (warnings do not stop it).
+pub fn check(
+    docs: &[LoadedDocument],
+    broken: &[(Kind, String)],
+) -> (Option<CompiledPolicy>, Vec<Diagnostic>) {
+    let repo = Repo::new(docs, broken);
     let mut sink = Sink::default();
     names::check(&repo, &mut sink);
     let models = models::resolve_models(&repo, &mut sink);
@@ -101,13 +118,7 @@ pub fn check(docs: &[LoadedDocument]) -> (Option<CompiledPolicy>, Vec<Diagnostic
     let tenants = tenants::resolve(&repo, &models, &pools, &classes, &mut sink);
     let workloads = workloads::resolve(&repo, &models, &pools, &classes, &tenants, &mut sink);
     state::check(
-        &workloads::Ctx {
-            repo: &repo,
-            models: &models,
-            pools: &pools,
-            classes: &classes,
-            tenants: &tenants,
-        },
+        &workloads::Ctx::new(&repo, &models, &pools, &classes, &tenants),
         &mut sink,
     );
     models::warn_unused_layouts(&repo, &mut sink);

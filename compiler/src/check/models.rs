@@ -194,12 +194,14 @@ pub(crate) fn resolve_layouts(
             continue;
         };
         let Some(model) = models.get(&spec.gpu_model) else {
-            sink.push(unknown_model(
-                models,
-                doc,
-                "/spec/gpuModel",
-                &spec.gpu_model,
-            ));
+            if !repo.defined(Kind::GpuModel, &spec.gpu_model) {
+                sink.push(unknown_model(
+                    models,
+                    doc,
+                    "/spec/gpuModel",
+                    &spec.gpu_model,
+                ));
+            }
             continue;
         };
         if !model.info.is_mig_capable() {

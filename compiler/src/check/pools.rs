@@ -26,13 +26,15 @@ pub(crate) fn resolve(
         };
         let mut ok = true;
         let model = models.get(&spec.gpu_model);
-        if model.is_none() {
+        if model.is_none() && !repo.defined(Kind::GpuModel, &spec.gpu_model) {
             sink.push(unknown_model(
                 models,
                 doc,
                 "/spec/gpuModel",
                 &spec.gpu_model,
             ));
+        }
+        if model.is_none() {
             ok = false;
         }
         let mut compiled_layouts = Vec::new();
@@ -80,7 +82,7 @@ pub(crate) fn resolve(
                             );
                             ok = false;
                         }
-                        None if repo.get(Kind::MigLayout, name).is_some() => {
+                        None if repo.defined(Kind::MigLayout, name) => {
                             ok = false; // the layout itself is broken and reported there
                         }
                         None => {

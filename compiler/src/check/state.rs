@@ -55,7 +55,7 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
             continue;
         }
         let pool = ctx.pools.iter().find(|p| p.name == node.pool);
-        if pool.is_none() && ctx.repo.get(Kind::Pool, &node.pool).is_none() {
+        if pool.is_none() && !ctx.repo.defined(Kind::Pool, &node.pool) {
             sink.push(
                 Diagnostic::new(
                     Code::UnknownPool,
@@ -90,12 +90,14 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
                 ));
             }
             let Some(model) = ctx.models.get(&gpu.model) else {
-                sink.push(unknown_model(
-                    ctx.models,
-                    doc,
-                    &format!("{gp}/model"),
-                    &gpu.model,
-                ));
+                if !ctx.repo.defined(Kind::GpuModel, &gpu.model) {
+                    sink.push(unknown_model(
+                        ctx.models,
+                        doc,
+                        &format!("{gp}/model"),
+                        &gpu.model,
+                    ));
+                }
                 continue;
             };
             if let Some(p) = pool
@@ -295,7 +297,7 @@ fn check_usage(
     }
     for tenant in usage.tenants.keys() {
         let tp = format!("/spec/usage/tenants/{}", escape(tenant));
-        if ctx.repo.get(Kind::Tenant, tenant).is_none() {
+        if !ctx.repo.defined(Kind::Tenant, tenant) {
             let help = match did_you_mean(tenant, ctx.repo.names(Kind::Tenant)) {
                 Some(s) => format!("did you mean `{s}`?"),
                 None => "remove the entry: a removed tenant's history no longer counts".to_owned(),
@@ -368,7 +370,7 @@ fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, 
                     .help(help),
             );
         }
-        let pool_exists = ctx.repo.get(Kind::Pool, &res.pool).is_some();
+        let pool_exists = ctx.repo.defined(Kind::Pool, &res.pool);
         match ctx.pools.iter().find(|p| p.name == res.pool) {
             Some(p) if p.reservation_max_gpus.is_none() => sink.push(
                 Diagnostic::new(

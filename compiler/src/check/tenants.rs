@@ -1,6 +1,7 @@
 //! The tenant tree: one root, no cycles, quotas that nest, and every inherited value resolved.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
 
 use super::models::{Models, unknown_model};
 use super::{Repo, Sink, unknown_reference};
@@ -42,7 +43,7 @@ pub(crate) fn resolve(
         if let Some(p) = &n.spec.parent {
             if nodes.contains_key(p.as_str()) {
                 parent_ok.insert(*name, p.as_str());
-            } else {
+            } else if !repo.defined(Kind::Tenant, p) {
                 sink.push(unknown_reference(
                     Code::UnknownParent,
                     "parent tenant",
@@ -91,34 +92,7 @@ pub(crate) fn resolve(
         }
     }
 
-    // Cycles: report each once, at its smallest member.
-    let mut in_cycle: BTreeSet<&str> = BTreeSet::new();
-    for start in nodes.keys() {
-        let mut seen = vec![*start];
-        let mut cur = *start;
-        while let Some(&p) = parent_ok.get(cur) {
-            if let Some(pos) = seen.iter().position(|s| *s == p) {
-                let cycle = &seen[pos..];
-                if cycle.iter().min() == Some(start) {
-                    let mut path: Vec<&str> = cycle.to_vec();
-                    path.push(p);
-                    sink.push(
-                        Diagnostic::new(
-                            Code::TenantCycle,
-                            format!("tenants form a cycle: {}", path.join(" → ")),
-                        )
-                        .at(nodes[start].doc.value_loc("/spec/parent"))
-                        .field("spec.parent")
-                        .help("a tenant cannot be its own ancestor: point one of these parents up the tree"),
-                    );
-                }
-                in_cycle.extend(cycle.iter().copied());
-                break;
-            }
-            seen.push(p);
-            cur = p;
-        }
-    }
+    let in_cycle = report_cycles(&nodes, &parent_ok, sink);
 
     // References inside each tenant.
     let class_names: BTreeSet<&str> = classes.iter().map(|c| c.name.as_str()).collect();
@@ -136,7 +110,7 @@ pub(crate) fn resolve(
                     continue;
                 }
                 ok = false;
-                if repo.get(Kind::Pool, key).is_some() {
+                if repo.defined(Kind::Pool, key) {
                     continue; // the pool itself is broken and reported there
                 }
                 let mut help = format!(
@@ -163,7 +137,7 @@ pub(crate) fn resolve(
                     continue;
                 }
                 ok = false;
-                if repo.get(Kind::SloClass, c).is_some() {
+                if repo.defined(Kind::SloClass, c) {
                     continue;
                 }
                 let mut help = format!(
@@ -185,7 +159,7 @@ pub(crate) fn resolve(
             refs_ok.insert(*name);
         }
         if let Some(fs) = &n.spec.fair_share {
-            check_fair_share(n.doc, fs, models, sink);
+            check_fair_share(repo, n.doc, fs, models, sink);
         }
     }
 
@@ -214,10 +188,100 @@ pub(crate) fn resolve(
         limits: capacity.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         fair_share: None,
     };
-    walk(
-        root, None, &root_ctx, &nodes, &children, &refs_ok, pools, sink, &mut out,
-    );
+    // Depth first with an explicit stack, children in name order: the same order as a
+    // recursive walk, without making the tree's depth this thread's stack depth.
+    let mut pending: Vec<(&str, Option<&str>, Rc<Inherited>, usize)> =
+        vec![(root, None, Rc::new(root_ctx), 1)];
+    while let Some((name, parent, inherited, depth)) = pending.pop() {
+        if depth > MAX_TENANT_DEPTH {
+            sink.push(too_deep(&nodes[name], name, root, depth));
+            continue;
+        }
+        let next = Rc::new(resolve_one(
+            name, parent, &inherited, &nodes, &children, &refs_ok, pools, sink, &mut out,
+        ));
+        if let Some(kids) = children.get(name) {
+            for k in kids.iter().rev() {
+                pending.push((k, Some(name), Rc::clone(&next), depth + 1));
+            }
+        }
+    }
     out
+}
+
+/// How deep the tenant tree may be, the root being level 1. Real organisations are a handful
+/// of levels deep; the bound keeps compile time and the compiled policy linear in the number
+/// of tenants (each tenant carries its path from the root).
+pub const MAX_TENANT_DEPTH: usize = 64;
+
+fn too_deep(n: &Node, name: &str, root: &str, depth: usize) -> Diagnostic {
+    Diagnostic::new(
+        Code::TenantTreeTooDeep,
+        format!(
+            "tenant `{name}` is at level {depth} below root `{root}` (level 1): the tenant tree may be at most {MAX_TENANT_DEPTH} levels deep"
+        ),
+    )
+    .at(n.doc.value_loc("/spec/parent"))
+    .field("spec.parent")
+    .help("attach this tenant higher up the tree; it and the tenants below it are not checked until the tree fits")
+}
+
+/// Reports every cycle of `parent` links once, at its smallest member, and returns the tenants
+/// on cycles. Linear: each tenant is visited by one walk up the tree, which stops at the first
+/// tenant an earlier walk has seen.
+fn report_cycles<'a>(
+    nodes: &BTreeMap<&'a str, Node>,
+    parent_ok: &BTreeMap<&'a str, &'a str>,
+    sink: &mut Sink,
+) -> BTreeSet<&'a str> {
+    let mut in_cycle: BTreeSet<&str> = BTreeSet::new();
+    // For each tenant seen: the walk that saw it and its index on that walk's path.
+    let mut seen: HashMap<&str, (usize, usize)> = HashMap::with_capacity(nodes.len());
+    for (walk, start) in nodes.keys().copied().enumerate() {
+        let mut path: Vec<&str> = Vec::new();
+        let mut cur = start;
+        loop {
+            if let Some(&(w, at)) = seen.get(cur) {
+                if w == walk {
+                    report_cycle(&path[at..], nodes, sink);
+                    in_cycle.extend(path[at..].iter().copied());
+                }
+                break;
+            }
+            seen.insert(cur, (walk, path.len()));
+            path.push(cur);
+            match parent_ok.get(cur) {
+                Some(&p) => cur = p,
+                None => break,
+            }
+        }
+    }
+    in_cycle
+}
+
+/// One cycle, given in parent order, reported at its smallest member and read from there.
+fn report_cycle(cycle: &[&str], nodes: &BTreeMap<&str, Node>, sink: &mut Sink) {
+    let (first, smallest) = cycle
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, n)| **n)
+        .map(|(i, n)| (i, *n))
+        .expect("a cycle has a member");
+    let mut path: Vec<&str> = cycle[first..]
+        .iter()
+        .chain(&cycle[..first])
+        .copied()
+        .collect();
+    path.push(smallest);
+    sink.push(
+        Diagnostic::new(
+            Code::TenantCycle,
+            format!("tenants form a cycle: {}", path.join(" → ")),
+        )
+        .at(nodes[smallest].doc.value_loc("/spec/parent"))
+        .field("spec.parent")
+        .help("a tenant cannot be its own ancestor: point one of these parents up the tree"),
+    );
 }
 
 /// What a tenant inherits from its parent.
@@ -232,7 +296,13 @@ struct Inherited {
 
 /// A fair-share setting on its own: a half-life that decays, each resource once, and weights
 /// of models that exist.
-fn check_fair_share(doc: &LoadedDocument, fs: &FairShare, models: &Models, sink: &mut Sink) {
+fn check_fair_share(
+    repo: &Repo,
+    doc: &LoadedDocument,
+    fs: &FairShare,
+    models: &Models,
+    sink: &mut Sink,
+) {
     if fs.usage_half_life.seconds() == 0 {
         sink.push(
             Diagnostic::new(
@@ -261,7 +331,7 @@ fn check_fair_share(doc: &LoadedDocument, fs: &FairShare, models: &Models, sink:
     }
     for (model, weight) in &fs.gpu_model_weights {
         let pointer = format!("/spec/fairShare/gpuModelWeights/{}", escape(model));
-        if !models.contains_key(model) {
+        if !models.contains_key(model) && !repo.defined(Kind::GpuModel, model) {
             // At the key: the name is what is wrong, not the weight.
             sink.push(unknown_model(models, doc, &pointer, model).at(doc.loc(&pointer)));
         }
@@ -290,8 +360,10 @@ fn lower_fair_share(f: &FairShare) -> CompiledFairShare {
     }
 }
 
+/// Resolves one tenant from what its parent passes down, checks its quotas against the
+/// parent's and its children's guarantees against its own, and returns what it passes down.
 #[allow(clippy::too_many_arguments)]
-fn walk(
+fn resolve_one(
     name: &str,
     parent: Option<&str>,
     inherited: &Inherited,
@@ -301,7 +373,7 @@ fn walk(
     pools: &[CompiledPool],
     sink: &mut Sink,
     out: &mut Vec<CompiledTenant>,
-) {
+) -> Inherited {
     let n = &nodes[name];
     let spec = n.spec;
     let doc = n.doc;
@@ -491,27 +563,12 @@ fn walk(
         quota,
         fair_share: fair_share.clone(),
     });
-    let next = Inherited {
+    Inherited {
         path,
         trust_domain,
         classes,
         limits,
         fair_share,
-    };
-    if let Some(kids) = children.get(name) {
-        for k in kids {
-            walk(
-                k,
-                Some(name),
-                &next,
-                nodes,
-                children,
-                refs_ok,
-                pools,
-                sink,
-                out,
-            );
-        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! Workloads: references, a well-formed GPU request, and a shape that fits some pool.
 
+use std::collections::HashMap;
+
 use super::models::{Models, unknown_profile};
 use super::{Repo, Sink, unknown_reference};
 use crate::compiled::{
@@ -17,6 +19,32 @@ pub(crate) struct Ctx<'a> {
     pub pools: &'a [CompiledPool],
     pub classes: &'a [CompiledSloClass],
     pub tenants: &'a [CompiledTenant],
+    /// `tenants` by name: a repository may hold as many workloads as tenants, and a scan per
+    /// workload would make compile time their product.
+    tenant_by_name: HashMap<&'a str, &'a CompiledTenant>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(
+        repo: &'a Repo<'a>,
+        models: &'a Models,
+        pools: &'a [CompiledPool],
+        classes: &'a [CompiledSloClass],
+        tenants: &'a [CompiledTenant],
+    ) -> Self {
+        Ctx {
+            repo,
+            models,
+            pools,
+            classes,
+            tenants,
+            tenant_by_name: tenants.iter().map(|t| (t.name.as_str(), t)).collect(),
+        }
+    }
+
+    pub fn tenant(&self, name: &str) -> Option<&'a CompiledTenant> {
+        self.tenant_by_name.get(name).copied()
+    }
 }
 
 pub(crate) fn resolve(
@@ -27,13 +55,7 @@ pub(crate) fn resolve(
     tenants: &[CompiledTenant],
     sink: &mut Sink,
 ) -> Vec<CompiledWorkload> {
-    let ctx = Ctx {
-        repo,
-        models,
-        pools,
-        classes,
-        tenants,
-    };
+    let ctx = Ctx::new(repo, models, pools, classes, tenants);
     repo.of(Kind::Workload)
         .filter_map(|doc| match &doc.document {
             Document::Workload(spec) => {
@@ -60,10 +82,10 @@ pub(crate) fn resolve_spec(
     let ptr = |p: &str| format!("{base}{p}");
     let mut ok = true;
 
-    let tenant = ctx.tenants.iter().find(|t| t.name == spec.tenant);
+    let tenant = ctx.tenant(&spec.tenant);
     if tenant.is_none() {
         ok = false;
-        if ctx.repo.get(Kind::Tenant, &spec.tenant).is_none() {
+        if !ctx.repo.defined(Kind::Tenant, &spec.tenant) {
             sink.push(unknown_reference(
                 Code::UnknownTenant,
                 "tenant",
@@ -78,7 +100,7 @@ pub(crate) fn resolve_spec(
     let class = ctx.classes.iter().find(|c| c.name == spec.slo_class);
     if class.is_none() {
         ok = false;
-        if ctx.repo.get(Kind::SloClass, &spec.slo_class).is_none() {
+        if !ctx.repo.defined(Kind::SloClass, &spec.slo_class) {
             sink.push(unknown_reference(
                 Code::UnknownSloClass,
                 "SLO class",
@@ -113,7 +135,7 @@ pub(crate) fn resolve_spec(
             Some(pool) => Some(pool),
             None => {
                 ok = false;
-                if ctx.repo.get(Kind::Pool, p).is_none() {
+                if !ctx.repo.defined(Kind::Pool, p) {
                     sink.push(unknown_reference(
                         Code::UnknownPool,
                         "pool",
@@ -177,6 +199,15 @@ pub(crate) fn resolve_spec(
             .at(doc.value_loc(&ptr("/minMember")))
             .field(field("/minMember"))
             .help("minMember is how many of the replicas must start together; it cannot exceed replicas"),
+        );
+    }
+    for (pointer, message) in spec.unrepresentable() {
+        ok = false;
+        sink.push(
+            Diagnostic::new(Code::InvalidValue, message)
+                .at(doc.value_loc(&ptr(&pointer)))
+                .field(field(&pointer))
+                .help("a process's arguments and environment cannot hold a NUL byte, nor a variable's name `=`; remove it"),
         );
     }
     // A MIG profile named on a pinned pool must be one of that pool's model.

@@ -46,6 +46,42 @@ pub struct WorkloadSpec {
     pub env: BTreeMap<String, String>,
 }
 
+impl WorkloadSpec {
+    /// What the command and environment hold that no process can be given: a NUL byte (argv
+    /// and environ are NUL-terminated strings, so the rest would be cut off or the start
+    /// refused), or an empty name or one with `=` in the environment. Each as the JSON pointer
+    /// below the spec and what is wrong, so that a submission can be refused with a reason.
+    pub fn unrepresentable(&self) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for (i, arg) in self.command.iter().enumerate() {
+            if arg.contains('\0') {
+                found.push((
+                    format!("/command/{i}"),
+                    format!("command argument {i} holds a NUL byte"),
+                ));
+            }
+        }
+        for (key, value) in &self.env {
+            let pointer = format!("/env/{}", crate::yaml::escape(key));
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                found.push((
+                    pointer.clone(),
+                    format!(
+                        "environment variable name {key:?} is empty or holds `=` or a NUL byte"
+                    ),
+                ));
+            }
+            if value.contains('\0') {
+                found.push((
+                    pointer,
+                    format!("the value of environment variable {key:?} holds a NUL byte"),
+                ));
+            }
+        }
+        found
+    }
+}
+
 fn one() -> u32 {
     1
 }

@@ -3,7 +3,7 @@
 
 use git2::Repository;
 
-use super::tree::TreeError;
+use tessera_source::git::TreeError;
 
 /// A commit as signature verification sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

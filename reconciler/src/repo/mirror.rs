@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use git2::{FetchOptions, RemoteCallbacks, Repository};
 
 use super::commit::CommitSignature;
-use super::tree::{self, Snapshot, TreeError};
+use tessera_source::git::{self as tree, Snapshot, TreeError};
 
 /// Where the policy lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
