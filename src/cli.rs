@@ -167,11 +167,14 @@ pub struct ReconcileArgs {
     /// With `--driver nvml`: the NVML library to load (default: libnvidia-ml.so.1).
     #[arg(long, env = "TESSERA_NVML_LIB", value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
-    /// SQLite database: workloads, revisions, the action journal, events.
-    #[arg(long, default_value = "tessera.db")]
-    pub db: PathBuf,
-    /// The mirror, the simulated nodes' state, logs and checkpoints.
-    #[arg(long, default_value = ".tessera")]
+    /// SQLite database: workloads, revisions, the action journal, events (default:
+    /// `tessera.db` in the state directory).
+    #[arg(long, value_name = "FILE")]
+    pub db: Option<PathBuf>,
+    /// Everything the service keeps: the database, the policy mirror, the simulated nodes'
+    /// state, workload logs and checkpoints. Created with a `.gitignore` of its own, so that
+    /// it never shows in a repository it lies in.
+    #[arg(long, value_name = "DIR", default_value = ".tessera")]
     pub state_dir: PathBuf,
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,

@@ -1,5 +1,5 @@
 //! The fast greedy cycle: a valid [`Decision`] on its own, and the warm start and fallback of the
-//! integer program to come.
+//! integer programs (`ilp`), which rebuild their answers through its checks and placement.
 //!
 //! (a) Keep every running workload that may stay (those whose tenant's limit no longer allows
 //! them are preempted when preemptible). (b) Repeatedly pick the next pending workload: priority
@@ -996,7 +996,7 @@ impl<'p> Solver<'p> {
         for (pool, reason) in attempts.iter_mut().take(preempting) {
             // A limit refused at tenant X: only X's subtree can give quota back.
             let scope = match reason {
-                Reason::QuotaExceeded { tenant, .. } => {
+                Reason::QuotaExceeded { tenant, .. } | Reason::PoolFull { tenant, .. } => {
                     p.tenants.iter().position(|t| &t.name == tenant)
                 }
                 _ => None,

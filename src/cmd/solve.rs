@@ -96,12 +96,12 @@ fn human(d: &Decision) -> String {
             } => {
                 let _ = writeln!(
                     out,
-                    "  + admit    {} ({}, {}) on {}: {} replicas, {guaranteed} GPUs guaranteed, {borrowed} borrowed",
+                    "  + admit    {} ({}, {}) on {}: {}, {guaranteed} GPUs guaranteed, {borrowed} borrowed",
                     w.name,
                     w.tenant,
                     w.slo_class,
                     w.pool.as_deref().unwrap_or("?"),
-                    bindings.len()
+                    output::count::count(bindings.len(), "replica", "replicas")
                 );
             }
             Outcome::Preempt {
