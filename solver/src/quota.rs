@@ -331,12 +331,14 @@ impl Ledger {
     }
 
     /// Borrowed dominant share of the tenant in the pool plus its history, divided by its
-    /// weight.
+    /// weight (the queue reads it through [`Ledger::fair_share_path`]).
+    #[cfg(test)]
     pub fn fair_share(&self, problem: &Problem, tenant: usize, pool: usize) -> f64 {
         self.fair_share_with(problem, tenant, pool, self.usage(tenant, pool))
     }
 
-    /// [`Ledger::fair_share`] were the tenant's usage in the pool `used`.
+    /// The tenant's borrowed dominant share in the pool plus its history, divided by its
+    /// weight, were its usage in the pool `used`.
     pub fn fair_share_with(
         &self,
         problem: &Problem,
