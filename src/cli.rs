@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -102,8 +103,8 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
         /// Budget for refining the decision (the heuristic alone answers at once).
-        #[arg(long, default_value = "2s")]
-        time_limit: String,
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        time_limit: Duration,
     },
     /// Benchmarks that print figures (they never assert).
     #[command(subcommand)]
@@ -182,20 +183,20 @@ pub struct ReconcileArgs {
     /// accepts no token: only /status, /metrics and /healthz answer.
     #[arg(long, value_name = "FILE")]
     pub tokens: Option<PathBuf>,
-    #[arg(long, default_value = "10s")]
-    pub cycle_period: String,
-    #[arg(long, default_value = "30s")]
-    pub fetch_interval: String,
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub cycle_period: Duration,
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub fetch_interval: Duration,
     /// The solver's budget per cycle.
-    #[arg(long, default_value = "2s")]
-    pub time_limit: String,
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub time_limit: Duration,
     /// A committed workload that keeps ending after short runs (under 10 minutes) is queued
     /// again after this, doubled for each further short run (CrashLoopBackOff).
-    #[arg(long, default_value = "10s")]
-    pub restart_backoff: String,
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub restart_backoff: Duration,
     /// The longest wait before a crash-looping committed workload is queued again.
-    #[arg(long, default_value = "5m")]
-    pub restart_backoff_max: String,
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    pub restart_backoff_max: Duration,
     /// Decide every cycle from scratch. By default, workloads submitted since the last full
     /// cycle are decided against its standing decision when nothing else changed (one
     /// arrival in milliseconds instead of a whole queue re-decided); a full cycle still runs
@@ -334,4 +335,12 @@ pub enum PlanFormat {
     Json,
     /// GitHub Actions annotations (at most 10) and the summary line.
     Github,
+}
+
+/// The value parser of every duration flag: the policy language's spelling (`90s`, `10m`,
+/// `2h`), so that a flag and a document read the same way.
+fn duration(value: &str) -> Result<Duration, String> {
+    tessera_compiler::units::Duration::parse(value)
+        .map(|d| Duration::from_secs(d.seconds()))
+        .ok_or_else(|| "not a duration: write e.g. 0s, 30s, 5m or 1h".to_string())
 }

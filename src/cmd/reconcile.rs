@@ -3,10 +3,8 @@
 
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tessera_compiler::units;
 use tessera_reconciler::actions::Action;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::driver::NodeDriver;
@@ -23,23 +21,17 @@ use crate::output::count::count;
 use crate::output::emit;
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
-    let duration = |flag: &str, value: &str| -> anyhow::Result<Duration> {
-        match units::Duration::parse(value) {
-            Some(d) => Ok(Duration::from_secs(d.seconds())),
-            None => bail!("--{flag} `{value}` is not a duration: write e.g. 0s, 30s, 5m or 1h"),
-        }
-    };
     let source = Source {
         url: args.repo.clone(),
         branch: args.branch.clone(),
         subdir: args.path.clone(),
     };
     let mut config = Config::new(source, args.state_dir.clone());
-    config.cycle_period = duration("cycle-period", &args.cycle_period)?;
-    config.fetch_interval = duration("fetch-interval", &args.fetch_interval)?;
-    config.solve_time_limit = duration("time-limit", &args.time_limit)?;
-    config.restart_backoff_base = duration("restart-backoff", &args.restart_backoff)?;
-    config.restart_backoff_max = duration("restart-backoff-max", &args.restart_backoff_max)?;
+    config.cycle_period = args.cycle_period;
+    config.fetch_interval = args.fetch_interval;
+    config.solve_time_limit = args.time_limit;
+    config.restart_backoff_base = args.restart_backoff;
+    config.restart_backoff_max = args.restart_backoff_max;
     config.incremental = !args.full_cycles_only;
     config.run_commands = args.runtime == RuntimeKind::Process;
     if config.cycle_period.is_zero() {
