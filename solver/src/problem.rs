@@ -99,7 +99,7 @@ pub struct PoolInfo {
     /// At most this many GPUs held for waiting gangs (see `reserve.rs`); `None`: none.
     pub reservation_max_gpus: Option<u32>,
     /// Borrowers may preempt other tenants' borrowed work of their priority to even out the
-    /// weighted borrowed shares (see [`crate::quota::Ledger::borrowed_share`]).
+    /// weighted borrowed shares (see `Ledger::borrowed_share` in the solver's quota module).
     pub fair_share_preemption: bool,
 }
 
