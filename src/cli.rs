@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -126,8 +127,8 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
         /// Budget for refining the decision (the heuristic alone answers at once).
-        #[arg(long, default_value = "2s")]
-        time_limit: String,
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        time_limit: Duration,
     },
     /// Benchmarks that print figures (they never assert).
     #[command(subcommand)]
@@ -287,11 +288,14 @@ pub struct ReconcileArgs {
     /// With `--driver nvml`: the NVML library to load (default: libnvidia-ml.so.1).
     #[arg(long, env = "TESSERA_NVML_LIB", value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
-    /// SQLite database: workloads, revisions, the action journal, events.
-    #[arg(long, default_value = "tessera.db")]
-    pub db: PathBuf,
-    /// The mirror, the simulated nodes' state, logs and checkpoints.
-    #[arg(long, default_value = ".tessera")]
+    /// SQLite database: workloads, revisions, the action journal, events (default:
+    /// `tessera.db` in the state directory).
+    #[arg(long, value_name = "FILE")]
+    pub db: Option<PathBuf>,
+    /// Everything the service keeps: the database, the policy mirror, the simulated nodes'
+    /// state, workload logs and checkpoints. Created with a `.gitignore` of its own, so that
+    /// it never shows in a repository it lies in.
+    #[arg(long, value_name = "DIR", default_value = ".tessera")]
     pub state_dir: PathBuf,
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -299,20 +303,20 @@ pub struct ReconcileArgs {
     /// accepts no token: only /status, /metrics and /healthz answer.
     #[arg(long, value_name = "FILE")]
     pub tokens: Option<PathBuf>,
-    #[arg(long, default_value = "10s")]
-    pub cycle_period: String,
-    #[arg(long, default_value = "30s")]
-    pub fetch_interval: String,
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub cycle_period: Duration,
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub fetch_interval: Duration,
     /// The solver's budget per cycle.
-    #[arg(long, default_value = "2s")]
-    pub time_limit: String,
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub time_limit: Duration,
     /// A committed workload that keeps ending after short runs (under 10 minutes) is queued
     /// again after this, doubled for each further short run (CrashLoopBackOff).
-    #[arg(long, default_value = "10s")]
-    pub restart_backoff: String,
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub restart_backoff: Duration,
     /// The longest wait before a crash-looping committed workload is queued again.
-    #[arg(long, default_value = "5m")]
-    pub restart_backoff_max: String,
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    pub restart_backoff_max: Duration,
     /// The most submitted workloads one tenant may have that have not ended; a submission
     /// past it is refused (HTTP 429) until some end or are cancelled.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -477,4 +481,12 @@ pub enum PlanFormat {
     Json,
     /// GitHub Actions annotations (at most 10) and the summary line.
     Github,
+}
+
+/// The value parser of every duration flag: the policy language's spelling (`90s`, `10m`,
+/// `2h`), so that a flag and a document read the same way.
+fn duration(value: &str) -> Result<Duration, String> {
+    tessera_compiler::units::Duration::parse(value)
+        .map(|d| Duration::from_secs(d.seconds()))
+        .ok_or_else(|| "not a duration: write e.g. 0s, 30s, 5m or 1h".to_string())
 }

@@ -241,3 +241,21 @@ fn solve_prints_each_tenants_decayed_usage_and_share() {
         .collect();
     assert_eq!(names, ["org", "platform", "product", "research"]);
 }
+
+#[test]
+fn a_duration_flag_is_checked_before_anything_runs() {
+    let (code, stdout, stderr) = tessera(&[
+        "solve",
+        "--policy",
+        "examples/policies/quickstart",
+        "--time-limit",
+        "soon",
+    ]);
+    assert_eq!(code, 2, "a usage error: {stdout}{stderr}");
+    assert!(
+        stderr.contains("'soon'")
+            && stderr.contains("--time-limit")
+            && stderr.contains("not a duration: write e.g. 0s, 30s, 5m or 1h"),
+        "{stderr}"
+    );
+}

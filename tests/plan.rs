@@ -703,3 +703,77 @@ fn renaming_a_tenant_with_running_work_orphans_that_work_instead_of_failing() {
         "{stdout}"
     );
 }
+
+/// The state file is the fleet as observed: it replaces a `ClusterState` committed in the
+/// policy tree (the issue's `--path examples/policies/quickstart --state
+/// examples/policies/quickstart/cluster-state.yaml`), and the plan says so.
+#[test]
+fn the_state_file_replaces_a_snapshot_committed_in_the_policy_tree() {
+    let mut f = Fleet::new();
+    let state = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(STATE)).unwrap();
+    f.write("policy/fleet.yaml", fixture("fleet.yaml").as_bytes());
+    f.write("policy/tenants.yaml", fixture("tenants.yaml").as_bytes());
+    f.write("policy/cluster-state.yaml", state.as_bytes());
+    let base = f.commit("with a snapshot");
+    let raised =
+        fixture("tenants.yaml").replace("  guarantee: {train: 24}\n", "  guarantee: {train: 32}\n");
+    f.write("policy/tenants.yaml", raised.as_bytes());
+    let head = f.commit("raise");
+    let run = |output: &str| {
+        tessera(&[
+            "plan",
+            "--repo",
+            f.path(),
+            "--base",
+            &base,
+            "--head",
+            &head,
+            "--path",
+            "policy",
+            "--state",
+            STATE,
+            "--output",
+            output,
+        ])
+    };
+    let (code, stdout, stderr) = run("human");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "replaces ClusterState `snapshot` (policy/cluster-state.yaml:7): the state file is the fleet as observed"
+        ),
+        "{stdout}"
+    );
+    let (_, json, _) = run("json");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["state"]["snapshots"], serde_json::json!(["snapshot"]));
+    assert_eq!(
+        v["state"]["replaces"],
+        serde_json::json!([{"name": "snapshot", "file": "policy/cluster-state.yaml", "line": 7}])
+    );
+}
+
+/// A state file inside the planned directory, however it is spelt, is read once.
+#[test]
+fn a_state_file_in_the_policy_directory_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("fleet.yaml"), fixture("fleet.yaml")).unwrap();
+    std::fs::write(dir.path().join("tenants.yaml"), fixture("tenants.yaml")).unwrap();
+    let state = Path::new(env!("CARGO_MANIFEST_DIR")).join(STATE);
+    std::fs::copy(state, dir.path().join("state.yaml")).unwrap();
+    let spelt = dir.path().join(".").join("state.yaml");
+    let (code, stdout, stderr) = tessera(&[
+        "plan",
+        "--policy",
+        dir.path().to_str().unwrap(),
+        "--state",
+        spelt.to_str().unwrap(),
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["state"]["snapshots"], serde_json::json!(["snapshot"]));
+    assert!(v["state"].get("replaces").is_none(), "{stdout}");
+}

@@ -61,6 +61,67 @@ pub const MAX_DOCUMENTS: usize = 50_000;
 
 /// Compiles what a reader of `tessera-source` found, reporting what it refused.
 pub fn compile_loaded(loaded: Vec<Loaded>) -> Compilation {
+    let read = read_documents(loaded);
+    finish(read)
+}
+
+/// A `ClusterState` of a policy tree that the snapshot observed from the fleet replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplacedState {
+    pub name: String,
+    pub location: Location,
+}
+
+/// Compiles a policy tree together with the snapshot observed from the fleet (`--state FILE`).
+/// The observed snapshot is the fleet as it is: it replaces every `ClusterState` document of
+/// the tree, which are returned so that the caller can say so. The snapshot's own file, when
+/// the tree holds it too, is read once. Without `observed`, the tree's snapshots are dropped
+/// all the same: what is left is the policy alone.
+pub fn compile_observed(
+    tree: Vec<Loaded>,
+    observed: Option<SourceFile>,
+) -> (Compilation, Vec<ReplacedState>) {
+    let tree: Vec<Loaded> = match &observed {
+        Some(state) => tree
+            .into_iter()
+            .filter(|l| !matches!(l, Loaded::File(f) if f.path == state.path))
+            .collect(),
+        None => tree,
+    };
+    let mut read = read_documents(tree);
+    let mut replaced = Vec::new();
+    read.docs.retain(|d| {
+        if d.kind() != model::Kind::ClusterState {
+            return true;
+        }
+        replaced.extend(d.loc("/metadata/name").map(|location| ReplacedState {
+            name: d.name.clone(),
+            location,
+        }));
+        false
+    });
+    if let Some(state) = observed {
+        let snapshot = read_documents(vec![Loaded::File(state)]);
+        read.docs.extend(snapshot.docs);
+        read.broken.extend(snapshot.broken);
+        read.diagnostics.extend(snapshot.diagnostics);
+        read.files += snapshot.files;
+        read.documents += snapshot.documents;
+    }
+    (finish(read), replaced)
+}
+
+/// Documents read and loaded from files, before the semantic checks.
+struct Read {
+    docs: Vec<LoadedDocument>,
+    /// The kind and name of each document that failed to load, still defined for lookups.
+    broken: Vec<(model::Kind, String)>,
+    diagnostics: Vec<Diagnostic>,
+    files: usize,
+    documents: usize,
+}
+
+fn read_documents(loaded: Vec<Loaded>) -> Read {
     let mut diagnostics = Vec::new();
     let mut docs: Vec<LoadedDocument> = Vec::new();
     // The kind and name of each document that failed to load, still defined for lookups.
@@ -108,6 +169,23 @@ pub fn compile_loaded(loaded: Vec<Loaded>) -> Compilation {
             }
         }
     }
+    Read {
+        docs,
+        broken,
+        diagnostics,
+        files,
+        documents,
+    }
+}
+
+fn finish(read: Read) -> Compilation {
+    let Read {
+        docs,
+        broken,
+        mut diagnostics,
+        files,
+        documents,
+    } = read;
     let loading_failed = diagnostics.iter().any(Diagnostic::is_error);
     let (policy, checks) = check::check(&docs, &broken);
     diagnostics.extend(checks);

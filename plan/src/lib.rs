@@ -18,6 +18,7 @@ pub mod render;
 pub use decision_diff::{DecisionDiff, decision_diff};
 pub use plan::{
     Counts, Decisions, FORMAT_VERSION, ItemLocation, LoadError, Mode, Plan, PlanDiagnostic,
-    PlanInput, Revision, RevisionInfo, SavedPlan, Side, Stale, StateRef, plan, state_digest,
+    PlanInput, ReplacedSnapshot, Revision, RevisionInfo, SavedPlan, Side, Stale, StateRef, plan,
+    state_digest,
 };
 pub use policy_diff::{FieldChange, ItemChange, PolicyDiff, policy_diff};

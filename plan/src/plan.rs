@@ -117,6 +117,18 @@ pub struct StateRef {
     pub digest: String,
     /// The names of the `ClusterState` documents checked against the head policy.
     pub snapshots: Vec<String>,
+    /// The head tree's own `ClusterState` documents, which the state file replaced: the
+    /// state file is the fleet as observed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<ReplacedSnapshot>,
+}
+
+/// A `ClusterState` of the policy tree that the state file replaced, and where it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacedSnapshot {
+    pub name: String,
+    pub file: String,
+    pub line: u32,
 }
 
 /// [`Counts`] per group of a [`PolicyDiff`], in its order.
@@ -298,6 +310,8 @@ pub struct PlanInput<'a> {
     pub head_sources: &'a [SourceFile],
     pub state_path: String,
     pub state_digest: String,
+    /// The head tree's `ClusterState` documents that the state file replaced.
+    pub replaced_states: Vec<ReplacedSnapshot>,
 }
 
 /// Builds the plan. Pure and deterministic: the same input gives the same plan.
@@ -366,6 +380,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             path: input.state_path,
             digest: input.state_digest,
             snapshots,
+            replaces: input.replaced_states,
         },
         policy,
         counts,
@@ -778,6 +793,7 @@ spec: {guarantee: {train: 16}}
             head_sources: head,
             state_path: "state.yaml".into(),
             state_digest: state_digest(b"state"),
+            replaced_states: Vec::new(),
         })
     }
 

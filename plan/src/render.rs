@@ -138,6 +138,13 @@ pub fn human(plan: &Plan, color: bool) -> String {
             ""
         }
     );
+    for r in &plan.state.replaces {
+        let _ = writeln!(
+            out,
+            "         replaces ClusterState `{}` ({}:{}): the state file is the fleet as observed",
+            r.name, r.file, r.line
+        );
+    }
     let _ = writeln!(out);
     let _ = writeln!(out, "{}", st.bold(&plan.summary));
     if let Some(d) = &plan.policy {
@@ -364,6 +371,14 @@ pub fn markdown(plan: &Plan) -> String {
             "checked with the head: see its diagnostics"
         }
     );
+    for r in &plan.state.replaces {
+        let _ = writeln!(
+            out,
+            "| | replaces `{}` | {} | the state file is the fleet as observed |",
+            r.name,
+            code(&format!("{}:{}", r.file, r.line))
+        );
+    }
     let _ = writeln!(out);
 
     if !plan.diagnostics.is_empty() {

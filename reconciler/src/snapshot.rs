@@ -42,7 +42,10 @@ pub fn cluster_state(
             let r = t.running.as_ref()?;
             Some(RunningWorkload {
                 name: t.name.clone(),
-                spec: t.spec.clone(),
+                // The service keeps the spec as submitted (a committed workload follows its
+                // file); a gang admitted short of its replicas runs, and is exported, as what
+                // it holds.
+                spec: t.spec.running_as(r.bindings.len() as u32),
                 bindings: r.bindings.clone(),
                 started_at: rfc3339(r.started_at),
                 last_checkpoint_at: r.last_checkpoint_at.map(rfc3339),

@@ -56,12 +56,9 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
     for p in &before.pending {
         match outcome.get(p.name.as_str()) {
             Some(Outcome::Admit { bindings, .. }) => {
-                let mut spec = p.spec.clone();
-                spec.replicas = bindings.len() as u32;
-                spec.min_member = spec.min_member.map(|m| m.min(spec.replicas));
                 running.push(RunningWorkload {
                     name: p.name.clone(),
-                    spec,
+                    spec: p.spec.running_as(bindings.len() as u32),
                     bindings: bindings
                         .iter()
                         .map(|b| Binding {

@@ -349,6 +349,17 @@ pub enum Reason {
         request: String,
         limit: String,
     },
+    /// Usage + request would exceed the root's limit, which is at least the pool's capacity:
+    /// the pool cannot hold it, whatever the quotas below the root.
+    PoolFull {
+        /// The root tenant, whose usage is the pool's.
+        tenant: String,
+        pool: String,
+        resource: Resource,
+        usage: String,
+        request: String,
+        capacity: String,
+    },
     /// Borrowing would take capacity other tenants reserve (idle guarantee beyond lending).
     BorrowReserved {
         pool: String,
@@ -442,6 +453,28 @@ impl fmt::Display for Reason {
             } => write!(
                 f,
                 "quota exhausted at tenant `{tenant}` for pool `{pool}`: {resource} usage {usage} + request {request} > limit {limit}"
+            ),
+            Reason::PoolFull {
+                pool,
+                resource,
+                usage,
+                request,
+                capacity,
+                ..
+            } if usage == capacity => write!(
+                f,
+                "pool `{pool}` is full: {resource} in use {usage} of {capacity}, request {request}"
+            ),
+            Reason::PoolFull {
+                pool,
+                resource,
+                usage,
+                request,
+                capacity,
+                ..
+            } => write!(
+                f,
+                "pool `{pool}` lacks room: {resource} in use {usage} of {capacity}, request {request}"
             ),
             Reason::BorrowReserved {
                 pool,

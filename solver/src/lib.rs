@@ -4,7 +4,7 @@
 //!
 //! - [`problem`]: the inputs resolved and indexed once ([`Problem`]), with typed errors for
 //!   snapshots that contradict themselves.
-//! - [`quota`]: hierarchical accounting (limits, guaranteed and borrowed usage, reservations of
+//! - `quota`: hierarchical accounting (limits, guaranteed and borrowed usage, reservations of
 //!   idle guarantees, fair share).
 //! - [`heuristic`]: the fast greedy cycle; its decision is valid on its own, and is the warm
 //!   start and fallback of the integer program.
@@ -21,7 +21,7 @@
 //! reaches [`SolveOptions::time_limit`] stops and keeps the best decision so far, which the
 //! decision reports (`time_limit` in a pool's refinement).
 
-pub mod bound;
+mod bound;
 pub mod carry;
 pub mod decision;
 pub mod fairshare;
@@ -29,7 +29,7 @@ pub mod heuristic;
 mod ilp;
 pub mod openb;
 pub mod problem;
-pub mod quota;
+pub(crate) mod quota;
 pub mod session;
 
 use std::time::Duration;

@@ -85,7 +85,7 @@ pub struct PoolInfo {
     pub sharing: Sharing,
     pub gpu_model: String,
     /// MIG profile ID → this model's name.
-    pub profile_names: BTreeMap<u32, String>,
+    pub profiles: mig::MigProfiles,
     /// For mig pools: the allowed geometries, each sorted.
     pub layouts: Vec<Vec<Placement>>,
     pub max_clients_per_gpu: u32,
@@ -99,30 +99,23 @@ pub struct PoolInfo {
     /// At most this many GPUs held for waiting gangs (see `reserve.rs`); `None`: none.
     pub reservation_max_gpus: Option<u32>,
     /// Borrowers may preempt other tenants' borrowed work of their priority to even out the
-    /// weighted borrowed shares (see [`crate::quota::Ledger::borrowed_share`]).
+    /// weighted borrowed shares (see `Ledger::borrowed_share` in the solver's quota module).
     pub fair_share_preemption: bool,
 }
 
 impl PoolInfo {
     /// The model's name of a profile, or its ID.
     pub fn profile_name(&self, id: u32) -> String {
-        self.profile_names
+        self.profiles
+            .names
             .get(&id)
             .cloned()
             .unwrap_or_else(|| format!("profile {id}"))
     }
+
+    /// A profile of the pool's model by name or ID, under the rules of `tessera_mig`.
     pub fn resolve_profile(&self, name_or_id: &str) -> Option<u32> {
-        let key = name_or_id.trim();
-        if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) {
-            return key
-                .parse::<u32>()
-                .ok()
-                .filter(|id| self.profile_names.contains_key(id));
-        }
-        self.profile_names
-            .iter()
-            .find(|(_, n)| n.eq_ignore_ascii_case(key))
-            .map(|(&id, _)| id)
+        self.profiles.resolve(name_or_id)
     }
 }
 
@@ -338,15 +331,17 @@ impl Problem {
                 name: p.name.clone(),
                 sharing: p.sharing,
                 gpu_model: p.gpu_model.clone(),
-                profile_names: policy
-                    .gpu_model(&p.gpu_model)
-                    .map(|m| {
-                        m.mig_profiles
-                            .iter()
-                            .map(|x| (x.id, x.name.clone()))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
+                profiles: mig::MigProfiles {
+                    names: policy
+                        .gpu_model(&p.gpu_model)
+                        .map(|m| {
+                            m.mig_profiles
+                                .iter()
+                                .map(|x| (x.id, x.name.clone()))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                },
                 layouts: p
                     .layouts
                     .iter()

@@ -156,24 +156,56 @@ impl Ledger {
         amount: Amounts,
     ) -> Result<(), Reason> {
         let pool_name = &problem.pools[pool].name;
+        let capacity = self.capacity[pool];
         for &t in &problem.tenants[tenant].lineage {
             let info = &problem.tenants[t];
             let used = self.usage(t, pool);
-            let refuse =
-                |resource, usage: String, request: String, limit: String| Reason::QuotaExceeded {
+            // The root's usage is the pool's, so a root limit of at least the pool's capacity
+            // refuses only what the pool cannot hold: that is what the reason says. A lower
+            // tenant's limit stays a quota, whatever its size.
+            let at_root = info.parent.is_none();
+            let refuse = |resource, usage: String, request: String, limit: String, full: bool| {
+                if !(full && at_root) {
+                    return Reason::QuotaExceeded {
+                        tenant: info.name.clone(),
+                        pool: pool_name.clone(),
+                        resource,
+                        usage,
+                        request,
+                        limit,
+                    };
+                }
+                let in_pool = self
+                    .roots
+                    .iter()
+                    .fold(Amounts::default(), |a, &r| add(a, self.usage(r, pool)));
+                let (usage, capacity) = match resource {
+                    Resource::Gpus => (in_pool.gpus.to_string(), capacity.gpus.to_string()),
+                    Resource::Cpu => (
+                        in_pool.cpu.unwrap_or_default().to_string(),
+                        capacity.cpu.unwrap_or_default().to_string(),
+                    ),
+                    Resource::Memory => (
+                        in_pool.memory.unwrap_or_default().to_string(),
+                        capacity.memory.unwrap_or_default().to_string(),
+                    ),
+                };
+                Reason::PoolFull {
                     tenant: info.name.clone(),
                     pool: pool_name.clone(),
                     resource,
                     usage,
                     request,
-                    limit,
-                };
+                    capacity,
+                }
+            };
             let Some(q) = info.quota.get(&pool) else {
                 return Err(refuse(
                     Resource::Gpus,
                     used.gpus.to_string(),
                     amount.gpus.to_string(),
                     "0".into(),
+                    false,
                 ));
             };
             if used.gpus + amount.gpus > q.limit.gpus {
@@ -182,6 +214,7 @@ impl Ledger {
                     used.gpus.to_string(),
                     amount.gpus.to_string(),
                     q.limit.gpus.to_string(),
+                    q.limit.gpus >= capacity.gpus,
                 ));
             }
             let (uc, ac) = (used.cpu.unwrap_or_default(), amount.cpu.unwrap_or_default());
@@ -193,6 +226,7 @@ impl Ledger {
                     uc.to_string(),
                     ac.to_string(),
                     l.to_string(),
+                    capacity.cpu.is_some_and(|c| l.0 >= c.0),
                 ));
             }
             let (um, am) = (
@@ -207,6 +241,7 @@ impl Ledger {
                     um.to_string(),
                     am.to_string(),
                     l.to_string(),
+                    capacity.memory.is_some_and(|c| l.0 >= c.0),
                 ));
             }
         }
@@ -296,12 +331,14 @@ impl Ledger {
     }
 
     /// Borrowed dominant share of the tenant in the pool plus its history, divided by its
-    /// weight.
+    /// weight (the queue reads it through [`Ledger::fair_share_path`]).
+    #[cfg(test)]
     pub fn fair_share(&self, problem: &Problem, tenant: usize, pool: usize) -> f64 {
         self.fair_share_with(problem, tenant, pool, self.usage(tenant, pool))
     }
 
-    /// [`Ledger::fair_share`] were the tenant's usage in the pool `used`.
+    /// The tenant's borrowed dominant share in the pool plus its history, divided by its
+    /// weight, were its usage in the pool `used`.
     pub fn fair_share_with(
         &self,
         problem: &Problem,
@@ -511,6 +548,48 @@ spec:
         assert!(l.check_limit(&p, team, 0, gpus(1)).is_ok());
         l.remove(&p, leaf, 0, gpus(5));
         assert_eq!(l.usage(org, 0).gpus, Gpus::ZERO);
+    }
+
+    #[test]
+    fn a_limit_of_the_pools_capacity_refuses_as_a_full_pool() {
+        let p = problem();
+        let mut l = Ledger::new(&p);
+        let (leaf, other) = (tenant(&p, "leaf"), tenant(&p, "other"));
+        let whole = |n| Amounts {
+            gpus: Gpus::whole(n),
+            cpu: None,
+            memory: None,
+        };
+        l.add(&p, leaf, 0, whole(4));
+        l.add(&p, other, 0, whole(4));
+        // The root org's limit (8) is the pool's 8 GPUs: the pool is full, not org's quota.
+        let org = tenant(&p, "org");
+        let err = l.check_limit(&p, org, 0, whole(1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pool `p` is full: GPUs in use 8 of 8, request 1"
+        );
+        l.remove(&p, other, 0, whole(4));
+        let err = l.check_limit(&p, org, 0, whole(5)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pool `p` lacks room: GPUs in use 4 of 8, request 5"
+        );
+        // team's limit is the pool's size too, but below the root a limit is a quota.
+        let team = tenant(&p, "team");
+        let err = l.check_limit(&p, team, 0, whole(5)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("quota exhausted at tenant `team`"),
+            "{err}"
+        );
+        // leaf's own limit (6) is below the pool's size: that is quota.
+        let err = l.check_limit(&p, leaf, 0, whole(3)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("quota exhausted at tenant `leaf`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Reservations with backfill, over many cycles (see `solver/src/reserve.rs`).
+//! Reservations with backfill, over many cycles (see `solver/src/heuristic/reserve.rs`).
 //!
 //! The fleet: one exclusive pool `train` of 40 nodes × 8 GPUs, one priority, a root tenant and
 //! two children with no guarantee: `lab` runs the small jobs, `hpc` the gang (which comes first

@@ -359,7 +359,7 @@ fn a_non_preemptible_workload_is_never_preempted() {
     assert!(matches!(get(&d, "b-2").outcome, Outcome::Keep { .. }));
     assert_eq!(
         message(&d, "a-job"),
-        "quota exhausted at tenant `org` for pool `train`: GPUs usage 16 + request 8 > limit 16; \
+        "pool `train` is full: GPUs in use 16 of 16, request 8; \
          preemption not allowed: `b-1` is non-preemptible, `b-2` is non-preemptible"
     );
     // With b-2 non-preemptible and of a higher tier, it is b's guaranteed work: the older but
@@ -685,7 +685,7 @@ fn borrowers_are_served_by_fair_share_before_submission_time() {
     }
     assert_eq!(
         message(&d, "a-more"),
-        "quota exhausted at tenant `org` for pool `train`: GPUs usage 14 + request 4 > limit 16; \
+        "pool `train` lacks room: GPUs in use 14 of 16, request 4; \
          preemption not allowed: `a-run` is within its tenant's guarantee, `b-run` is within its \
          tenant's guarantee"
     );

@@ -73,7 +73,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             state,
             output,
             time_limit,
-        } => solve::run(&policy, state.as_deref(), output, &time_limit),
+        } => solve::run(&policy, state.as_deref(), output, time_limit),
         Command::Bench(BenchCommand::Openb {
             trace,
             nodes,

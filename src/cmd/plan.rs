@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use tessera_compiler::{Code, Compilation, Diagnostic, Loaded, Refusal, Severity, SourceFile};
-use tessera_plan::{PlanInput, RevisionInfo, Side};
+use tessera_compiler::{
+    Code, Compilation, Diagnostic, Loaded, Refusal, ReplacedState, Severity, SourceFile,
+};
+use tessera_plan::{PlanInput, ReplacedSnapshot, RevisionInfo, Side};
 
 use crate::cli::PlanFormat;
 use crate::output;
@@ -65,18 +67,16 @@ const ORPHANING: [Code; 4] = [
     Code::SloClassNotAllowed,
 ];
 
-/// Compiles the head with the state. When the policy itself is valid and the state's only
-/// errors are references the head dropped, those become warnings and the policy stands: the
-/// solver reports the work they concern as orphaned.
-fn with_orphans(loaded: Vec<Loaded>, state_path: &str) -> Compilation {
-    let policy_only: Vec<Loaded> = loaded
-        .iter()
-        .filter(|l| !matches!(l, Loaded::File(f) if f.path == state_path))
-        .cloned()
-        .collect();
-    let mut combined = tessera_compiler::compile_loaded(loaded);
+/// Compiles the head with the state, which replaces any `ClusterState` of the head's tree.
+/// When the policy itself is valid and the state's only errors are references the head
+/// dropped, those become warnings and the policy stands: the solver reports the work they
+/// concern as orphaned.
+fn with_orphans(tree: Vec<Loaded>, state: SourceFile) -> (Compilation, Vec<ReplacedState>) {
+    let state_path = state.path.clone();
+    let policy_only: Vec<Loaded> = tree.to_vec();
+    let (mut combined, replaced) = tessera_compiler::compile_observed(tree, Some(state));
     if combined.policy.is_some() {
-        return combined;
+        return (combined, replaced);
     }
     let orphaning = |d: &Diagnostic| {
         d.is_error()
@@ -89,11 +89,13 @@ fn with_orphans(loaded: Vec<Loaded>, state_path: &str) -> Compilation {
         .filter(|d| d.is_error())
         .all(orphaning);
     if !only_orphans {
-        return combined;
+        return (combined, replaced);
     }
-    let policy = tessera_compiler::compile_loaded(policy_only).policy;
+    let policy = tessera_compiler::compile_observed(policy_only, None)
+        .0
+        .policy;
     if policy.is_none() {
-        return combined;
+        return (combined, replaced);
     }
     for d in combined.diagnostics.iter_mut().filter(|d| orphaning(d)) {
         d.severity = Severity::Warning;
@@ -103,7 +105,19 @@ fn with_orphans(loaded: Vec<Loaded>, state_path: &str) -> Compilation {
         );
     }
     combined.policy = policy;
-    combined
+    (combined, replaced)
+}
+
+/// The name the directory's discovery gave the state file when it reached the same file, so
+/// that the file is read once however it was spelt on the command line.
+fn same_file_as_state(tree: &[Loaded], state: &Path) -> Option<String> {
+    let state = std::fs::canonicalize(state).ok()?;
+    tree.iter().find_map(|l| match l {
+        Loaded::File(f) if std::fs::canonicalize(&f.path).ok().as_ref() == Some(&state) => {
+            Some(f.path.clone())
+        }
+        _ => None,
+    })
 }
 
 fn plan(args: Args) -> anyhow::Result<ExitCode> {
@@ -118,7 +132,7 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
         None
     };
     let mut verdict = None;
-    let state_path = display(&args.state);
+    let mut state_path = display(&args.state);
     // Read by the policy tree's rules: no link, no FIFO or device, nothing over the cap.
     let state_file = match tessera_source::discover(std::slice::from_ref(&args.state))
         .with_context(|| format!("{state_path}: cannot read"))?
@@ -167,11 +181,11 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
         }
         (None, Some(dir)) => {
             let loaded = tessera_compiler::source::discover(std::slice::from_ref(dir))?;
-            // The state file may live in the policy directory: compile it once.
-            let loaded = loaded
-                .into_iter()
-                .filter(|l| !matches!(l, Loaded::File(f) if f.path == state_path))
-                .collect();
+            // The state file may live in the policy directory: it is read once, under the
+            // name discovery gave it.
+            if let Some(path) = same_file_as_state(&loaded, &args.state) {
+                state_path = path;
+            }
             let info = RevisionInfo {
                 rev: None,
                 commit: None,
@@ -182,17 +196,22 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
         (None, None) => bail!("give --repo with --base and --head, or --policy DIR"),
     };
 
-    let base = base.map(|(info, l)| (info, l.map(tessera_compiler::compile_loaded)));
-    let mut head_loaded = head_loaded;
-    head_loaded.push(Loaded::File(state_file));
-    let head_sources: Vec<SourceFile> = head_loaded
+    // Both sides are solved on the snapshot given with --state: the base's own snapshots,
+    // if any, are not the fleet either.
+    let base = base.map(|(info, l)| {
+        let compiled = l.map(|l| tessera_compiler::compile_observed(l, None).0);
+        (info, compiled)
+    });
+    let state_file = SourceFile::new(state_path.clone(), state_file.text);
+    let mut head_sources: Vec<SourceFile> = head_loaded
         .iter()
         .filter_map(|l| match l {
-            Loaded::File(f) => Some(f.clone()),
+            Loaded::File(f) if f.path != state_path => Some(f.clone()),
             _ => None,
         })
         .collect();
-    let head_compilation = with_orphans(head_loaded, &state_path);
+    head_sources.push(state_file.clone());
+    let (head_compilation, replaced) = with_orphans(head_loaded, state_file);
     if head_compilation.errors() == 0 && head_compilation.states.is_empty() {
         bail!("{state_path}: holds no ClusterState document");
     }
@@ -209,6 +228,14 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
         head_sources: &head_sources,
         state_path,
         state_digest: digest,
+        replaced_states: replaced
+            .into_iter()
+            .map(|r| ReplacedSnapshot {
+                name: r.name,
+                file: r.location.file,
+                line: r.location.line,
+            })
+            .collect(),
     });
 
     let text = match args.output {

@@ -3,10 +3,9 @@
 
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tessera_compiler::units;
+use tessera_reconciler::actions::Action;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::driver::NodeDriver;
 use tessera_reconciler::driver::faults::FaultPlan;
@@ -19,27 +18,22 @@ use tessera_reconciler::service::{
 };
 
 use crate::cli::{DriverKind, ReconcileArgs, RuntimeKind, TextOrJson};
+use crate::output::count::count;
 use crate::output::emit;
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     init_logging();
-    let duration = |flag: &str, value: &str| -> anyhow::Result<Duration> {
-        match units::Duration::parse(value) {
-            Some(d) => Ok(Duration::from_secs(d.seconds())),
-            None => bail!("--{flag} `{value}` is not a duration: write e.g. 0s, 30s, 5m or 1h"),
-        }
-    };
     let source = Source {
         url: args.repo.clone(),
         branch: args.branch.clone(),
         subdir: args.path.clone(),
     };
     let mut config = Config::new(source, args.state_dir.clone());
-    config.cycle_period = duration("cycle-period", &args.cycle_period)?;
-    config.fetch_interval = duration("fetch-interval", &args.fetch_interval)?;
-    config.solve_time_limit = duration("time-limit", &args.time_limit)?;
-    config.restart_backoff_base = duration("restart-backoff", &args.restart_backoff)?;
-    config.restart_backoff_max = duration("restart-backoff-max", &args.restart_backoff_max)?;
+    config.cycle_period = args.cycle_period;
+    config.fetch_interval = args.fetch_interval;
+    config.solve_time_limit = args.time_limit;
+    config.restart_backoff_base = args.restart_backoff;
+    config.restart_backoff_max = args.restart_backoff_max;
     config.incremental = !args.full_cycles_only;
     config.limits.max_live_submitted_per_tenant =
         usize::try_from(args.max_submitted_per_tenant).unwrap_or(usize::MAX);
@@ -77,14 +71,17 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     if config.cycle_period.is_zero() {
         bail!("--cycle-period must be at least 1s");
     }
-    std::fs::create_dir_all(&args.state_dir)
-        .with_context(|| format!("cannot create {}", args.state_dir.display()))?;
+    prepare_state_dir(&args.state_dir)?;
+    let db = args
+        .db
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("tessera.db"));
     let driver = driver(&args)?;
 
     if args.once {
         let (status, reports) = run_once(OnceOptions {
             config,
-            db: args.db,
+            db: db.clone(),
             driver,
             max_cycles: 20,
         })?;
@@ -94,7 +91,12 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
                 let value = serde_json::json!({ "status": status, "cycles": reports });
                 emit(&(serde_json::to_string_pretty(&value)? + "\n"))?;
             }
-            TextOrJson::Human => emit(&human(&status, &reports))?,
+            TextOrJson::Human => {
+                let mut text = human(&status, &reports);
+                text.push_str(&summary(&reports));
+                text.push_str(&where_next(&args, &db));
+                emit(&text)?
+            }
         }
         let good = status.sync == tessera_reconciler::service::Sync::Synced
             && status.health == tessera_reconciler::service::Health::Healthy;
@@ -117,7 +119,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     );
     serve(ServeOptions {
         config,
-        db: args.db,
+        db,
         listen: args.listen,
         tokens,
         driver,
@@ -142,6 +144,22 @@ fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+}
+
+/// Creates the state directory with a `.gitignore` that ignores everything in it: the default
+/// lies in the working directory, often a clone of the policy repository, and what the service
+/// keeps there (a database, a mirror, logs) must never be committed with the policy.
+fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let ignore = dir.join(".gitignore");
+    if !ignore.exists() {
+        std::fs::write(
+            &ignore,
+            "# Written by tessera reconcile: the service's state, never part of a repository.\n*\n",
+        )
+        .with_context(|| format!("cannot write {}", ignore.display()))?;
+    }
+    Ok(())
 }
 
 fn driver(args: &ReconcileArgs) -> anyhow::Result<Box<dyn NodeDriver>> {
@@ -246,5 +264,69 @@ fn human(status: &Status, reports: &[CycleReport]) -> String {
     for d in &status.diagnostics {
         out.push_str(&format!("  {d}\n"));
     }
+    out
+}
+
+/// What the cycles changed, in a newcomer's terms: geometry made and workloads started.
+fn summary(reports: &[CycleReport]) -> String {
+    let mut modes = 0;
+    let mut instances = 0;
+    let mut started = Vec::new();
+    for r in reports {
+        let failed = |a: &Action| r.failed.iter().any(|(f, _)| f == a) || r.skipped.contains(a);
+        for a in r.plan.actions.iter().filter(|a| !failed(a)) {
+            match a {
+                Action::SetMigMode { enabled: true, .. } => modes += 1,
+                Action::CreateGpuInstance { .. } => instances += 1,
+                Action::Start { workload, bindings } => started.push(format!(
+                    "{workload} ({})",
+                    count(bindings.len(), "replica", "replicas")
+                )),
+                _ => {}
+            }
+        }
+    }
+    let waiting = reports
+        .last()
+        .and_then(|r| r.decision.as_ref())
+        .map_or(0, |d| {
+            d.workloads
+                .iter()
+                .filter(|w| matches!(w.outcome, tessera_solver::Outcome::Pending { .. }))
+                .count()
+        });
+    let mut out =
+        format!("geometry: MIG mode enabled on {modes} GPUs, {instances} GPU instances created\n");
+    if started.is_empty() {
+        out.push_str("started: no workload\n");
+    } else {
+        out.push_str(&format!(
+            "started: {}: {}\n",
+            count(started.len(), "workload", "workloads"),
+            started.join(", ")
+        ));
+    }
+    if waiting > 0 {
+        out.push_str(&format!(
+            "waiting: {}, each with its reason in `tessera solve`\n",
+            count(waiting, "workload", "workloads")
+        ));
+    }
+    out
+}
+
+/// Where a newcomer looks next: the state the run left and the commands that read it.
+fn where_next(args: &ReconcileArgs, db: &Path) -> String {
+    let dir = args.state_dir.display();
+    let mut out = format!("\nstate kept in {dir}/ (database {}", db.display());
+    if args.driver == DriverKind::Sim {
+        out.push_str(&format!(", simulated GPUs {dir}/sim-nodes.json"));
+    }
+    out.push_str(&format!(
+        "); a second run finds the fleet as this one left it, `rm -rf {dir}` starts over\n\
+         next: drop --once to serve the API on {listen} (`tessera status`, `tessera submit FILE`, \
+         `curl {listen}/metrics`), or see one decision with `tessera solve --policy DIR --state FILE`\n",
+        listen = args.listen,
+    ));
     out
 }

@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use tessera_compiler::units::Duration;
 use tessera_solver::decision::{FairShareReport, Method, PoolRefinement, RefineStatus};
 use tessera_solver::{Decision, Outcome, SolveOptions};
 
@@ -14,13 +13,8 @@ pub fn run(
     policy: &Path,
     state: Option<&Path>,
     output: TextOrJson,
-    time_limit: &str,
+    time_limit: std::time::Duration,
 ) -> anyhow::Result<ExitCode> {
-    let Some(limit) = Duration::parse(time_limit) else {
-        anyhow::bail!(
-            "--time-limit `{time_limit}` is not a duration: write whole seconds or minutes, e.g. 2s or 1m"
-        );
-    };
     let mut paths: Vec<PathBuf> = vec![policy.to_path_buf()];
     paths.extend(state.map(Path::to_path_buf));
     let (compilation, sources) = super::compile_paths(&paths)?;
@@ -52,7 +46,7 @@ pub fn run(
         );
     }
     let options = SolveOptions {
-        time_limit: std::time::Duration::from_secs(limit.seconds()),
+        time_limit,
         now: None,
     };
     let decision = tessera_solver::solve(compiled, snapshot, &options)?;
@@ -96,12 +90,12 @@ fn human(d: &Decision) -> String {
             } => {
                 let _ = writeln!(
                     out,
-                    "  + admit    {} ({}, {}) on {}: {} replicas, {guaranteed} GPUs guaranteed, {borrowed} borrowed",
+                    "  + admit    {} ({}, {}) on {}: {}, {guaranteed} GPUs guaranteed, {borrowed} borrowed",
                     w.name,
                     w.tenant,
                     w.slo_class,
                     w.pool.as_deref().unwrap_or("?"),
-                    bindings.len()
+                    output::count::count(bindings.len(), "replica", "replicas")
                 );
             }
             Outcome::Preempt {

@@ -1,5 +1,7 @@
-//! Renderers of diagnostics: one module per `--output` format, each a pure function to text.
+//! Renderers of diagnostics: one module per `--output` format, each a pure function to text;
+//! `count` for numbers in running text.
 
+pub mod count;
 pub mod github;
 pub mod human;
 pub mod json;

@@ -86,6 +86,19 @@ fn one() -> u32 {
     1
 }
 
+impl WorkloadSpec {
+    /// This spec as a snapshot records the workload running `replicas` replicas. A gang admitted
+    /// with fewer replicas than it asked for (down to `minMember`) runs as that many, and a
+    /// running workload has one binding per replica: the solver carries a decision out this
+    /// way, and the service exports what it runs this way, so that `plan` accepts both.
+    pub fn running_as(&self, replicas: u32) -> WorkloadSpec {
+        let mut spec = self.clone();
+        spec.replicas = replicas;
+        spec.min_member = spec.min_member.map(|m| m.min(replicas));
+        spec
+    }
+}
+
 /// The GPU of one replica.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -109,6 +109,10 @@ fn limited(p: &Problem, ledger: &crate::quota::Ledger, w: usize, pool: usize) ->
                 .map_or(Gpus::ZERO, |q| q.limit.gpus);
             limit < Gpus::whole(pool_gpus(p, pool))
         }
+        Err(Reason::PoolFull {
+            resource: crate::decision::Resource::Gpus,
+            ..
+        }) => false,
         Err(_) => true,
     }
 }

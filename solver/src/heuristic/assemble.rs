@@ -1,0 +1,432 @@
+//! The decision's assembly: per workload its outcome and bindings, the geometry plan per GPU,
+//! usage per tenant and pool, and the pools' figures.
+
+use super::*;
+
+pub(super) fn placed_of(p: &Problem, w: usize, s: &Slot) -> Placed {
+    let mig = match p.workloads[w].demand {
+        Demand::Mig { profile_id } => s.mig_start.map(|start| Placement::new(profile_id, start)),
+        _ => None,
+    };
+    Placed {
+        node: s.node,
+        gpus: s.gpus.clone(),
+        mig,
+        share: s.share,
+    }
+}
+
+/// GPU units × seconds of work since the last checkpoint (or the start).
+pub(crate) fn lost_units_seconds(p: &Problem, w: usize) -> i64 {
+    let wl = &p.workloads[w];
+    match wl.phase {
+        Phase::Running {
+            started_at,
+            last_checkpoint_at,
+            ..
+        } => {
+            let since = last_checkpoint_at.unwrap_or(started_at).max(started_at);
+            wl.amount(wl.replicas).gpus.units() * (p.now - since).max(0)
+        }
+        Phase::Pending { .. } => 0,
+    }
+}
+
+pub(super) fn round(x: f64, scale: f64) -> f64 {
+    (x * scale).round() / scale
+}
+
+pub(super) fn bindings(p: &Problem, slots: &[Placed]) -> Vec<ReplicaBinding> {
+    let pool = slots.first().and_then(|s| p.nodes[s.node].pool);
+    slots
+        .iter()
+        .map(|s| ReplicaBinding {
+            node: p.nodes[s.node].name.clone(),
+            gpus: s.gpus.iter().map(|&g| p.gpus[g].index).collect(),
+            mig_profile: s.mig.map(|m| {
+                pool.map_or_else(
+                    || m.profile_id.to_string(),
+                    |pl| p.pools[pl].profile_name(m.profile_id),
+                )
+            }),
+            mig_start: s.mig.map(|m| m.start),
+            share: s.share,
+        })
+        .collect()
+}
+
+pub(super) fn orphan_cause(c: &OrphanCause) -> String {
+    match c {
+        OrphanCause::Tenant(t) => format!("tenant `{t}` was removed from the policy"),
+        OrphanCause::SloClass(c) => format!("SLO class `{c}` was removed from the policy"),
+        OrphanCause::Pool(pl) => format!("pool `{pl}` was removed from the policy"),
+        OrphanCause::ClassNotAllowed { tenant, class } => {
+            format!("tenant `{tenant}` may no longer use SLO class `{class}`")
+        }
+        OrphanCause::NodePool { node, pool } => {
+            format!("pool `{pool}` of node `{node}` was removed from the policy")
+        }
+    }
+}
+
+/// Runs one heuristic cycle.
+pub fn solve(p: &Problem) -> Decision {
+    let mut s = Solver::new(p);
+    s.run();
+    decision(p, &s, Method::Heuristic, crate::bound::lp_bound(p))
+}
+
+/// The decision for one workload of the problem given its status, and what it adds to the
+/// objective.
+pub(crate) fn workload_decision(
+    p: &Problem,
+    fleet: &Fleet,
+    w: usize,
+    status: Option<&Status>,
+) -> (WorkloadDecision, f64) {
+    let wl = &p.workloads[w];
+    let class = &p.classes[wl.class];
+    let status = status.cloned().unwrap_or(Status::Keep);
+    let slots = fleet.placed[w].clone().unwrap_or_default();
+    let placed_gpus = wl.demand.gpus() * slots.len() as i64;
+    let mut objective = 0.0;
+    let pool = match status {
+        Status::Keep | Status::Admit { .. } => {
+            objective = class.priority as f64 * placed_gpus.as_f64();
+            Some(p.pools[pool_of(p, w)].name.clone())
+        }
+        _ => None,
+    };
+    let pool = match (&status, &slots.first()) {
+        (Status::Admit { .. }, Some(sl)) => p.nodes[sl.node].pool.map(|x| p.pools[x].name.clone()),
+        _ => pool,
+    };
+    let outcome = match status {
+        Status::Keep => Outcome::Keep {
+            bindings: bindings(p, &slots),
+        },
+        Status::Admit {
+            guaranteed,
+            borrowed,
+        } => Outcome::Admit {
+            bindings: bindings(p, &slots),
+            guaranteed,
+            borrowed,
+        },
+        Status::Preempt(reason) => {
+            let lost = lost_units_seconds(p, w) as f64 / Gpus::UNITS_PER_GPU as f64;
+            // Subtracting is adding the negation, bit for bit: the total is unchanged.
+            objective = -(class.priority as f64 * lost / 3600.0);
+            Outcome::Preempt {
+                grace_seconds: class.grace_period_seconds,
+                lost_gpu_seconds: round(lost, 1e3),
+                message: reason.to_string(),
+                reason,
+            }
+        }
+        Status::Pending(reason) => Outcome::Pending {
+            message: reason.to_string(),
+            reason,
+        },
+    };
+    let decision = WorkloadDecision {
+        name: wl.name.clone(),
+        tenant: p.tenants[wl.tenant].name.clone(),
+        slo_class: class.name.clone(),
+        priority: class.priority,
+        pool,
+        outcome,
+    };
+    (decision, objective)
+}
+
+/// The decision for a workload whose tenant, class or pool left the policy.
+pub(crate) fn orphan_decision(p: &Problem, o: &crate::problem::Orphan) -> WorkloadDecision {
+    let cause = orphan_cause(&o.cause);
+    // The class's grace period and priority, when the class still exists.
+    let class = p.classes.iter().find(|c| c.name == o.class);
+    let outcome = if o.was_running {
+        let lost = o.gpus.units() as f64 * (p.now - o.since.unwrap_or(p.now)).max(0) as f64
+            / Gpus::UNITS_PER_GPU as f64;
+        let reason = PreemptReason::Orphaned { cause };
+        Outcome::Preempt {
+            grace_seconds: class.map_or(0, |c| c.grace_period_seconds),
+            lost_gpu_seconds: round(lost, 1e3),
+            message: reason.to_string(),
+            reason,
+        }
+    } else {
+        let reason = Reason::Orphaned { cause };
+        Outcome::Pending {
+            message: reason.to_string(),
+            reason,
+        }
+    };
+    WorkloadDecision {
+        name: o.name.clone(),
+        tenant: o.tenant.clone(),
+        slo_class: o.class.clone(),
+        priority: class.map_or(0, |c| c.priority),
+        pool: None,
+        outcome,
+    }
+}
+
+/// The whole decision of a finished cycle.
+/// The decision of a finished cycle, valued, with the relaxation's `bound`.
+pub(crate) fn decision(p: &Problem, s: &Solver, method: Method, bound: Option<f64>) -> Decision {
+    decision_of(p, s, method, bound, |_| true)
+}
+
+/// [`decision`] over the workloads `live` accepts (a session's, once some have finished).
+pub(crate) fn decision_of(
+    p: &Problem,
+    s: &Solver,
+    method: Method,
+    bound: Option<f64>,
+    live: impl Fn(usize) -> bool,
+) -> Decision {
+    let mut workloads = Vec::new();
+    let mut objective = 0.0;
+    for w in (0..p.workloads.len()).filter(|&w| live(w)) {
+        let (d, value) = workload_decision(p, &s.fleet, w, s.status[w].as_ref());
+        if value != 0.0 {
+            objective += value;
+        }
+        workloads.push(d);
+    }
+    for o in &p.orphans {
+        workloads.push(orphan_decision(p, o));
+    }
+    workloads.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let (reservations, reserved_idle) = reserve::reports(s);
+    let mut pools = pool_reports(p, s);
+    for (r, idle) in pools
+        .iter_mut()
+        .zip(pool_order(p).into_iter().map(|pl| reserved_idle[pl]))
+    {
+        r.reserved_idle = idle;
+    }
+    Decision {
+        format_version: FORMAT_VERSION,
+        now: p.now_text.clone(),
+        method,
+        objective: round(objective, 1e6),
+        // Rounded up, so that rounding never makes the bound smaller than the objective.
+        bound: bound.map(|b| (b * 1e6).ceil() / 1e6),
+        gap: bound.map(|b| {
+            if b.abs() < 1e-9 {
+                0.0
+            } else {
+                round(((b - objective) / b.abs()).max(0.0), 1e6)
+            }
+        }),
+        geometry: geometry(p, &s.fleet),
+        usage: usage(p, &s.ledger),
+        pools,
+        workloads,
+        fair_share: crate::fairshare::report(p),
+        reservations,
+    }
+}
+
+pub(super) fn instances(p: &Problem, pool: usize, v: &[Placement]) -> Vec<Instance> {
+    let mut out: Vec<Instance> = v
+        .iter()
+        .map(|pl| Instance {
+            start: pl.start,
+            profile_id: pl.profile_id,
+            profile: p.pools[pool].profile_name(pl.profile_id),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+pub(super) fn geometry(p: &Problem, fleet: &Fleet) -> Vec<GeometryPlan> {
+    (0..p.gpus.len())
+        .filter_map(|g| gpu_plan(p, fleet, g))
+        .collect()
+}
+
+/// The plans of the GPUs whose plan differs between two fleets of the same problem, in the
+/// decision's order. Only GPUs a placement wrote to can differ: the others share their state.
+pub(crate) fn geometry_changes(p: &Problem, before: &Fleet, after: &Fleet) -> Vec<GeometryPlan> {
+    (0..p.gpus.len())
+        .filter(|&g| !Rc::ptr_eq(&before.gpu[g], &after.gpu[g]))
+        .filter_map(|g| {
+            let now = gpu_plan(p, after, g)?;
+            (gpu_plan(p, before, g).as_ref() != Some(&now)).then_some(now)
+        })
+        .collect()
+}
+
+/// The geometry plan of GPU `g`, if it is in a MIG pool.
+pub(super) fn gpu_plan(p: &Problem, fleet: &Fleet, g: usize) -> Option<GeometryPlan> {
+    let info = &p.gpus[g];
+    let pool = p.nodes[info.node].pool?;
+    if p.pools[pool].sharing != Sharing::Mig {
+        return None;
+    }
+    let state = &fleet.gpu[g];
+    let current = &info.instances;
+    let completed = complete_layout(&p.pools[pool], &state.geometry, state.changes);
+    let target = completed.as_ref().unwrap_or(&state.geometry);
+    let destroy: Vec<Placement> = current
+        .iter()
+        .copied()
+        .filter(|x| !target.contains(x))
+        .collect();
+    let create: Vec<Placement> = target
+        .iter()
+        .copied()
+        .filter(|x| !current.contains(x))
+        .collect();
+    let drain = destroy.iter().any(|d| state.preempted.contains(&d.start))
+        || (!destroy.is_empty() && state.preempted.contains(&u8::MAX));
+    Some(GeometryPlan {
+        node: p.nodes[info.node].name.clone(),
+        gpu: info.index,
+        pool: p.pools[pool].name.clone(),
+        current: instances(p, pool, current),
+        target: instances(p, pool, target),
+        destroy: instances(p, pool, &destroy),
+        create: instances(p, pool, &create),
+        enable_mig: !info.mig_enabled && !target.is_empty(),
+        drain,
+    })
+}
+
+pub(super) fn usage(p: &Problem, ledger: &Ledger) -> Vec<TenantUsage> {
+    let mut out = Vec::new();
+    for (t, info) in p.tenants.iter().enumerate() {
+        let mut pools: Vec<(&String, usize)> = info
+            .quota
+            .keys()
+            .map(|&pl| (&p.pools[pl].name, pl))
+            .collect();
+        pools.sort();
+        for (name, pl) in pools {
+            let q = &info.quota[&pl];
+            let total = ledger.usage(t, pl).gpus;
+            let guaranteed = total.min(q.guarantee.gpus);
+            out.push(TenantUsage {
+                tenant: info.name.clone(),
+                pool: name.clone(),
+                guarantee: q.guarantee.gpus,
+                limit: q.limit.gpus,
+                total,
+                guaranteed,
+                borrowed: total - guaranteed,
+            });
+        }
+    }
+    out
+}
+
+/// Pools by name: the order of the decision's pool reports.
+pub(super) fn pool_order(p: &Problem) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..p.pools.len()).collect();
+    order.sort_by(|&a, &b| p.pools[a].name.cmp(&p.pools[b].name));
+    order
+}
+
+pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
+    let fleet = &s.fleet;
+    let order = pool_order(p);
+    // Shapes still pending per pool.
+    let mut pending: BTreeMap<usize, Vec<Demand>> = BTreeMap::new();
+    for (w, wl) in p.workloads.iter().enumerate() {
+        if matches!(s.status[w], Some(Status::Pending(_))) {
+            for &pl in &wl.pools {
+                pending.entry(pl).or_default().push(wl.demand);
+            }
+        }
+    }
+    order
+        .into_iter()
+        .map(|pl| {
+            let info = &p.pools[pl];
+            let mut capacity = Gpus::ZERO;
+            let mut allocated = Gpus::ZERO;
+            let mut stranded = Gpus::ZERO;
+            let mut free_nodes = 0;
+            let mut free_domains: BTreeMap<&str, bool> = BTreeMap::new();
+            let shapes = pending.get(&pl).cloned().unwrap_or_default();
+            for &n in &info.nodes {
+                let node = &p.nodes[n];
+                let healthy: Vec<usize> = node
+                    .gpus
+                    .iter()
+                    .copied()
+                    .filter(|&g| p.gpus[g].healthy)
+                    .collect();
+                let node_free = node.healthy
+                    && node
+                        .gpus
+                        .iter()
+                        .all(|&g| p.gpus[g].healthy && fleet.gpu[g].is_free());
+                if node_free {
+                    free_nodes += 1;
+                }
+                let e = free_domains.entry(node.domain.as_str()).or_insert(true);
+                *e &= node_free;
+                let free_whole = healthy.iter().filter(|&&g| fleet.gpu[g].is_free()).count() as u32;
+                for &g in &healthy {
+                    let st = &fleet.gpu[g];
+                    capacity += Gpus::whole(1);
+                    let a = st.allocated();
+                    allocated += a;
+                    let free = Gpus::whole(1) - a;
+                    if free > Gpus::ZERO && !shapes.is_empty() {
+                        let usable = shapes.iter().any(|d| match *d {
+                            Demand::Whole { count } => st.is_free() && free_whole >= count,
+                            Demand::Mig { profile_id } => {
+                                st.whole.is_none()
+                                    && (st.geometry.iter().any(|x| {
+                                        x.profile_id == profile_id
+                                            && !st.held.contains_key(&x.start)
+                                    }) || info.layouts.iter().any(|l| {
+                                        relayout_into(&st.busy(), l).is_some_and(|geo| {
+                                            geo.iter().any(|x| {
+                                                x.profile_id == profile_id
+                                                    && !st.held.contains_key(&x.start)
+                                            })
+                                        })
+                                    }))
+                            }
+                            Demand::Share { fraction } => {
+                                st.whole.is_none()
+                                    && st.held.is_empty()
+                                    && st.share_total() + fraction <= Gpus::whole(1)
+                                    && (st.shares.len() as u32) < info.max_clients_per_gpu
+                            }
+                        });
+                        if !usable {
+                            stranded += free;
+                        }
+                    }
+                }
+            }
+            let allocation = if capacity == Gpus::ZERO {
+                0.0
+            } else {
+                round(allocated.units() as f64 / capacity.units() as f64, 1e4)
+            };
+            PoolReport {
+                pool: info.name.clone(),
+                sharing: info.sharing,
+                capacity,
+                allocated,
+                allocation,
+                free: capacity - allocated,
+                stranded,
+                free_nodes,
+                free_domains: free_domains.values().filter(|v| **v).count() as u32,
+                reserved_idle: Gpus::ZERO,
+                refinement: None,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,637 @@
+//! The fleet as one cycle sees it: what holds each GPU, copy-on-write (`Rc` per GPU and per
+//! workload's placements) so that the preemption search's what-ifs cost pointers; placement
+//! of a gang on it (best fit, NVLink domains, MIG instances reused or geometry changed within
+//! the budget, shares with trust domains apart).
+
+use super::*;
+
+/// What holds a GPU now, in this decision.
+#[derive(Debug, Clone, Default)]
+pub(super) struct GpuState {
+    /// Held whole (exclusive pool, or the 7g instance of a MIG GPU).
+    pub(super) whole: Option<usize>,
+    /// MIG geometry after the decision so far, sorted.
+    pub(super) geometry: Vec<Placement>,
+    /// Instances held, by start.
+    pub(super) held: BTreeMap<u8, usize>,
+    /// Shares: (workload, fraction, trust domain).
+    pub(super) shares: Vec<(usize, Gpus, String)>,
+    /// Geometry changes in this decision.
+    pub(super) changes: u32,
+    /// Placements (or the whole GPU, as start 255) released by preempted workloads.
+    pub(super) preempted: BTreeSet<u8>,
+}
+
+impl GpuState {
+    pub(super) fn share_total(&self) -> Gpus {
+        self.shares.iter().map(|s| s.1).sum()
+    }
+    pub(super) fn allocated(&self) -> Gpus {
+        if self.whole.is_some() {
+            return Gpus::whole(1);
+        }
+        let mig: Gpus = self
+            .geometry
+            .iter()
+            .filter(|p| self.held.contains_key(&p.start))
+            .map(|p| {
+                Gpus::sevenths(i64::from(
+                    mig::gpu_fraction_sevenths(p.profile_id).unwrap_or(0),
+                ))
+            })
+            .sum();
+        mig + self.share_total()
+    }
+    pub(super) fn is_free(&self) -> bool {
+        self.whole.is_none() && self.held.is_empty() && self.shares.is_empty()
+    }
+    pub(super) fn busy(&self) -> Vec<Placement> {
+        self.geometry
+            .iter()
+            .copied()
+            .filter(|p| self.held.contains_key(&p.start))
+            .collect()
+    }
+}
+
+/// A replica's place in this decision.
+#[derive(Debug, Clone)]
+pub(crate) struct Placed {
+    pub(super) node: usize,
+    pub(super) gpus: Vec<usize>,
+    pub(super) mig: Option<Placement>,
+    pub(super) share: Option<Gpus>,
+}
+
+/// The fleet's occupancy, cloned for each tentative placement.
+#[derive(Debug, Clone)]
+pub(crate) struct Fleet {
+    /// Shared until written: the preemption search tries many what-ifs, each a clone of the
+    /// fleet that touches a few GPUs, so a clone copies pointers, not 4,000 GPU states.
+    pub(super) gpu: Vec<Rc<GpuState>>,
+    pub(super) cpu: Vec<u64>,
+    pub(super) memory: Vec<u64>,
+    /// By workload index; a clone copies pointers (see `gpu`).
+    pub(crate) placed: Vec<Option<Rc<Vec<Placed>>>>,
+    /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
+    /// set only while one workload is decided.
+    pub(super) barred: Option<Rc<BTreeSet<usize>>>,
+}
+
+/// Why one replica does not fit on one node.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Misses {
+    pub(super) node_resources: Option<Resource>,
+    pub(super) trust: bool,
+    pub(super) budget: BTreeSet<usize>,
+}
+
+/// How to place one replica on a node.
+#[derive(Debug, Clone)]
+pub(super) enum Plan {
+    Whole {
+        gpus: Vec<usize>,
+        /// GPUs of a MIG pool that must be re-laid out to a 7g instance.
+        relayout: Vec<usize>,
+    },
+    Instance {
+        gpu: usize,
+        placement: Placement,
+        geometry: Option<Vec<Placement>>,
+    },
+    Share {
+        gpu: usize,
+    },
+}
+
+impl Fleet {
+    pub(super) fn new(p: &Problem) -> Fleet {
+        Fleet {
+            gpu: p
+                .gpus
+                .iter()
+                .map(|g| {
+                    Rc::new(GpuState {
+                        geometry: g.instances.clone(),
+                        ..GpuState::default()
+                    })
+                })
+                .collect(),
+            cpu: vec![0; p.nodes.len()],
+            memory: vec![0; p.nodes.len()],
+            placed: vec![None; p.workloads.len()],
+            barred: None,
+        }
+    }
+
+    pub(super) fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
+        let wl = &p.workloads[w];
+        self.cpu[slot.node] += wl.cpu.0;
+        self.memory[slot.node] += wl.memory.0;
+        match (slot.mig, slot.share) {
+            (Some(pl), _) => {
+                Rc::make_mut(&mut self.gpu[slot.gpus[0]])
+                    .held
+                    .insert(pl.start, w);
+            }
+            (None, Some(s)) => {
+                let td = p.tenants[wl.tenant].trust_domain.clone();
+                Rc::make_mut(&mut self.gpu[slot.gpus[0]])
+                    .shares
+                    .push((w, s, td));
+            }
+            (None, None) => {
+                for &g in &slot.gpus {
+                    Rc::make_mut(&mut self.gpu[g]).whole = Some(w);
+                }
+            }
+        }
+        Rc::make_mut(self.placed[w].get_or_insert_with(Rc::default)).push(slot);
+    }
+
+    /// Frees everything `w` holds; `preempted` marks it for drains.
+    pub(crate) fn release(&mut self, p: &Problem, w: usize, preempted: bool) {
+        let wl = &p.workloads[w];
+        for slot in self.placed[w].take().unwrap_or_default().iter() {
+            self.cpu[slot.node] -= wl.cpu.0;
+            self.memory[slot.node] -= wl.memory.0;
+            match (slot.mig, slot.share) {
+                (Some(pl), _) => {
+                    let g = Rc::make_mut(&mut self.gpu[slot.gpus[0]]);
+                    g.held.remove(&pl.start);
+                    if preempted {
+                        g.preempted.insert(pl.start);
+                    }
+                }
+                (None, Some(_)) => {
+                    let g = Rc::make_mut(&mut self.gpu[slot.gpus[0]]);
+                    if let Some(i) = g.shares.iter().position(|s| s.0 == w) {
+                        g.shares.remove(i);
+                    }
+                }
+                (None, None) => {
+                    for &g in &slot.gpus {
+                        let g = Rc::make_mut(&mut self.gpu[g]);
+                        g.whole = None;
+                        if preempted {
+                            g.preempted.insert(u8::MAX);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn usable(&self, p: &Problem, g: usize) -> bool {
+        p.gpus[g].healthy
+    }
+
+    /// Free GPU units on a node (healthy GPUs).
+    pub(super) fn node_free(&self, p: &Problem, n: usize) -> i64 {
+        p.nodes[n]
+            .gpus
+            .iter()
+            .filter(|&&g| self.usable(p, g))
+            .map(|&g| Gpus::whole(1).units() - self.gpu[g].allocated().units())
+            .sum()
+    }
+
+    /// How a replica of `w` could go on node `n` of `pool`; with its cost (re-layouts first).
+    pub(super) fn option(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        n: usize,
+        miss: &mut Misses,
+    ) -> Option<Plan> {
+        let wl = &p.workloads[w];
+        let node = &p.nodes[n];
+        if !node.healthy || node.pool != Some(pool) {
+            return None;
+        }
+        if self.barred.as_ref().is_some_and(|b| b.contains(&n)) {
+            return None;
+        }
+        if self.cpu[n] + wl.cpu.0 > node.cpu.0 {
+            miss.node_resources.get_or_insert(Resource::Cpu);
+            return None;
+        }
+        if self.memory[n] + wl.memory.0 > node.memory.0 {
+            miss.node_resources.get_or_insert(Resource::Memory);
+            return None;
+        }
+        let info = &p.pools[pool];
+        let gpus: Vec<usize> = node
+            .gpus
+            .iter()
+            .copied()
+            .filter(|&g| self.usable(p, g))
+            .collect();
+        match wl.demand {
+            Demand::Whole { count } => {
+                let mut ready = Vec::new();
+                let mut relayout = Vec::new();
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if !s.is_free() {
+                        continue;
+                    }
+                    if info.sharing != Sharing::Mig
+                        || s.geometry == [Placement::new(mig::PROFILE_7G, 0)]
+                    {
+                        ready.push(g);
+                    } else if s.changes < info.max_changes_per_gpu {
+                        relayout.push(g);
+                    } else {
+                        miss.budget.insert(g);
+                    }
+                }
+                let need = count as usize;
+                if ready.len() + relayout.len() < need {
+                    return None;
+                }
+                let take_ready = ready.len().min(need);
+                let mut chosen: Vec<usize> = ready[..take_ready].to_vec();
+                let extra: Vec<usize> = relayout[..need - take_ready].to_vec();
+                chosen.extend(&extra);
+                chosen.sort_unstable();
+                Some(Plan::Whole {
+                    gpus: chosen,
+                    relayout: extra,
+                })
+            }
+            Demand::Mig { profile_id } => {
+                // A free existing instance, on the tightest GPU.
+                let mut best: Option<(i64, usize, Placement)> = None;
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if s.whole.is_some() {
+                        continue;
+                    }
+                    if let Some(pl) = s
+                        .geometry
+                        .iter()
+                        .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
+                    {
+                        let free = Gpus::whole(1).units() - s.allocated().units();
+                        if best.as_ref().is_none_or(|b| free < b.0) {
+                            best = Some((free, g, *pl));
+                        }
+                    }
+                }
+                if let Some((_, gpu, placement)) = best {
+                    return Some(Plan::Instance {
+                        gpu,
+                        placement,
+                        geometry: None,
+                    });
+                }
+                // Re-lay out a GPU around its busy instances, destroying the fewest instances.
+                type Candidate = ((usize, usize, i64), usize, Vec<Placement>);
+                let mut best: Option<Candidate> = None;
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if s.whole.is_some() {
+                        continue;
+                    }
+                    let busy = s.busy();
+                    for (li, layout) in info.layouts.iter().enumerate() {
+                        let Some(geometry) = relayout_into(&busy, layout) else {
+                            continue;
+                        };
+                        let free_of_profile = geometry
+                            .iter()
+                            .filter(|pl| {
+                                pl.profile_id == profile_id && !s.held.contains_key(&pl.start)
+                            })
+                            .count();
+                        if free_of_profile == 0 || geometry == s.geometry {
+                            continue;
+                        }
+                        if s.changes >= info.max_changes_per_gpu {
+                            miss.budget.insert(g);
+                            continue;
+                        }
+                        let destroyed = s.geometry.iter().filter(|x| !geometry.contains(x)).count();
+                        let free = Gpus::whole(1).units() - s.allocated().units();
+                        let key = (destroyed, li, free);
+                        if best.as_ref().is_none_or(|b| key < b.0) {
+                            best = Some((key, g, geometry));
+                        }
+                    }
+                }
+                let (_, gpu, geometry) = best?;
+                let s = &self.gpu[gpu];
+                let placement = *geometry
+                    .iter()
+                    .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))?;
+                Some(Plan::Instance {
+                    gpu,
+                    placement,
+                    geometry: Some(geometry),
+                })
+            }
+            Demand::Share { fraction } => {
+                let td = &p.tenants[wl.tenant].trust_domain;
+                let mut best: Option<(Gpus, usize)> = None;
+                for &g in &gpus {
+                    let s = &self.gpu[g];
+                    if s.whole.is_some() || !s.held.is_empty() {
+                        continue;
+                    }
+                    let total = s.share_total();
+                    if total + fraction > Gpus::whole(1)
+                        || s.shares.len() as u32 >= info.max_clients_per_gpu
+                    {
+                        continue;
+                    }
+                    if s.shares.iter().any(|x| &x.2 != td) {
+                        miss.trust = true;
+                        continue;
+                    }
+                    // Tightest first: the most loaded GPU that still fits.
+                    if best.as_ref().is_none_or(|b| total > b.0) {
+                        best = Some((total, g));
+                    }
+                }
+                best.map(|(_, gpu)| Plan::Share { gpu })
+            }
+        }
+    }
+
+    pub(super) fn apply(&mut self, p: &Problem, w: usize, n: usize, plan: Plan) {
+        let slot = match plan {
+            Plan::Whole { gpus, relayout } => {
+                for g in relayout {
+                    let s = Rc::make_mut(&mut self.gpu[g]);
+                    s.geometry = vec![Placement::new(mig::PROFILE_7G, 0)];
+                    s.changes += 1;
+                }
+                Placed {
+                    node: n,
+                    gpus,
+                    mig: None,
+                    share: None,
+                }
+            }
+            Plan::Instance {
+                gpu,
+                placement,
+                geometry,
+            } => {
+                if let Some(geometry) = geometry {
+                    let s = Rc::make_mut(&mut self.gpu[gpu]);
+                    s.geometry = geometry;
+                    s.changes += 1;
+                }
+                Placed {
+                    node: n,
+                    gpus: vec![gpu],
+                    mig: Some(placement),
+                    share: None,
+                }
+            }
+            Plan::Share { gpu } => Placed {
+                node: n,
+                gpus: vec![gpu],
+                mig: None,
+                share: match p.workloads[w].demand {
+                    Demand::Share { fraction } => Some(fraction),
+                    _ => None,
+                },
+            },
+        };
+        self.occupy(p, w, slot);
+    }
+
+    /// Places up to `want` replicas of `w` on `nodes`, one at a time, each on the node where it
+    /// fits with the least room left (re-layouts last). Returns how many were placed.
+    pub(super) fn fill(
+        &mut self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: &[usize],
+        want: u32,
+        miss: &mut Misses,
+    ) -> u32 {
+        let mut placed = 0;
+        while placed < want {
+            let mut best: Option<((bool, i64, usize), usize, Plan)> = None;
+            for &n in nodes {
+                if let Some(plan) = self.option(p, w, pool, n, miss) {
+                    let relayout = match &plan {
+                        Plan::Whole { relayout, .. } => !relayout.is_empty(),
+                        Plan::Instance { geometry, .. } => geometry.is_some(),
+                        Plan::Share { .. } => false,
+                    };
+                    let key = (relayout, self.node_free(p, n), n);
+                    if best.as_ref().is_none_or(|b| key < b.0) {
+                        best = Some((key, n, plan));
+                    }
+                }
+            }
+            let Some((_, n, plan)) = best else { break };
+            self.apply(p, w, n, plan);
+            placed += 1;
+        }
+        placed
+    }
+
+    /// Places the gang on `pool` honouring its topology: at least `min`, up to `want` replicas.
+    pub(super) fn place_gang(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        want: u32,
+        min: u32,
+    ) -> Result<Fleet, Reason> {
+        let wl = &p.workloads[w];
+        let info = &p.pools[pool];
+        let mut miss = Misses::default();
+        let all: Vec<usize> = info.nodes.clone();
+        // Each domain's nodes, in pool order, gathered once: the sorts below ask for them
+        // O(domains × log domains) times per gang.
+        let mut members: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &n in &all {
+            members
+                .entry(p.nodes[n].domain.as_str())
+                .or_default()
+                .push(n);
+        }
+        let by_domain = |d: &str| -> Vec<usize> { members.get(d).cloned().unwrap_or_default() };
+        let domain_free = |f: &Fleet, d: &str| -> i64 {
+            members
+                .get(d)
+                .map_or(0, |ns| ns.iter().map(|&n| f.node_free(p, n)).sum())
+        };
+        let try_sets = |sets: Vec<Vec<usize>>, at_least: u32, miss: &mut Misses| -> Option<Fleet> {
+            for set in sets {
+                let mut f = self.clone();
+                if f.fill(p, w, pool, &set, want, miss) >= at_least {
+                    return Some(f);
+                }
+            }
+            None
+        };
+        // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
+        let mut domains: Vec<&String> = info.domains.iter().collect();
+        domains.sort_by_cached_key(|d| {
+            let d: &String = d;
+            (domain_free(self, d), d.as_str())
+        });
+        let domain_sets: Vec<Vec<usize>> = domains.iter().map(|d| by_domain(d)).collect();
+        match wl.topology {
+            TopologyMode::Required => {
+                // A domain that takes every replica, else one that takes at least `min`.
+                let mut scratch = Misses::default();
+                if let Some(f) = try_sets(domain_sets.clone(), want, &mut scratch) {
+                    return Ok(f);
+                }
+                if let Some(f) = try_sets(domain_sets, min, &mut miss) {
+                    return Ok(f);
+                }
+                // Would it fit split? Then the domain is the reason; otherwise the capacity.
+                let mut f = self.clone();
+                let mut m2 = Misses::default();
+                if f.fill(p, w, pool, &all, want, &mut m2) >= min {
+                    let best = info
+                        .domains
+                        .iter()
+                        .map(|d| domain_free(self, d))
+                        .max()
+                        .unwrap_or(0);
+                    return Err(Reason::NoNvlinkDomain {
+                        pool: info.name.clone(),
+                        needed_gpus: wl.demand.gpus() * i64::from(min),
+                        best_free: Gpus::from_units(best),
+                    });
+                }
+                Err(self.capacity_reason(p, w, pool, min, &f, &m2))
+            }
+            TopologyMode::Preferred => {
+                let mut nodes = all.clone();
+                nodes.sort_by_cached_key(|&n| (self.node_free(p, n), n));
+                let node_sets = nodes.iter().map(|&n| vec![n]).collect();
+                // A one-node, then one-domain placement, if it takes the whole gang.
+                for sets in [node_sets, domain_sets] {
+                    for set in sets {
+                        let mut f = self.clone();
+                        let mut m = Misses::default();
+                        if f.fill(p, w, pool, &set, want, &mut m) >= want {
+                            return Ok(f);
+                        }
+                    }
+                }
+                let mut f = self.clone();
+                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                    return Ok(f);
+                }
+                Err(self.capacity_reason(p, w, pool, min, &f, &miss))
+            }
+            TopologyMode::None => {
+                let mut f = self.clone();
+                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                    return Ok(f);
+                }
+                Err(self.capacity_reason(p, w, pool, min, &f, &miss))
+            }
+        }
+    }
+
+    pub(super) fn capacity_reason(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        min: u32,
+        after: &Fleet,
+        miss: &Misses,
+    ) -> Reason {
+        let wl = &p.workloads[w];
+        let info = &p.pools[pool];
+        let fit = after.placed[w].as_ref().map_or(0, |v| v.len() as u32);
+        if let Demand::Mig { profile_id } = wl.demand
+            && fit == 0
+        {
+            if !miss.budget.is_empty() {
+                return Reason::ReconfigurationBudget {
+                    pool: info.name.clone(),
+                    gpus: miss.budget.iter().map(|&g| p.gpu_label(g)).collect(),
+                };
+            }
+            return Reason::NoMigInstance {
+                pool: info.name.clone(),
+                profile: info.profile_name(profile_id),
+            };
+        }
+        if matches!(wl.demand, Demand::Share { .. }) && miss.trust && fit == 0 {
+            return Reason::TrustDomain {
+                pool: info.name.clone(),
+                trust_domain: p.tenants[wl.tenant].trust_domain.clone(),
+            };
+        }
+        if let Some(resource) = miss.node_resources
+            && fit == 0
+        {
+            return Reason::NodeResources {
+                pool: info.name.clone(),
+                resource,
+            };
+        }
+        let free: i64 = info.nodes.iter().map(|&n| self.node_free(p, n)).sum();
+        Reason::NoCapacity {
+            pool: info.name.clone(),
+            needed: min,
+            fit,
+            free: Gpus::from_units(free),
+        }
+    }
+}
+
+/// A GPU left with part of a layout (a reconfiguration interrupted between destroying and
+/// creating, or a node set up by hand) is completed to an allowed layout that keeps every
+/// instance it has: only instances are added, on free memory slices, so nothing running is
+/// disturbed. `None` when the geometry is empty, already a layout of the pool, cannot be
+/// completed without destroying something, or the GPU's change budget is spent.
+pub(super) fn complete_layout(
+    pool: &crate::problem::PoolInfo,
+    geometry: &[Placement],
+    changes: u32,
+) -> Option<Vec<Placement>> {
+    if geometry.is_empty() || changes >= pool.max_changes_per_gpu {
+        return None;
+    }
+    let multiset = |v: &[Placement]| {
+        let mut ids: Vec<u32> = v.iter().map(|p| p.profile_id).collect();
+        ids.sort_unstable();
+        ids
+    };
+    let have = multiset(geometry);
+    if pool.layouts.iter().any(|l| multiset(l) == have) {
+        return None;
+    }
+    pool.layouts
+        .iter()
+        .filter_map(|l| relayout_into(geometry, l))
+        // The smallest completion: the fewest instances to create.
+        .min_by_key(|g| g.len())
+}
+
+/// The geometry `layout` takes on a GPU whose `busy` instances must stay where they are, if
+/// the busy instances are part of the layout's multiset and the rest can be placed around them.
+pub(super) fn relayout_into(busy: &[Placement], layout: &[Placement]) -> Option<Vec<Placement>> {
+    let mut rest: Vec<u32> = layout.iter().map(|p| p.profile_id).collect();
+    for b in busy {
+        let i = rest.iter().position(|&id| id == b.profile_id)?;
+        rest.remove(i);
+    }
+    if busy.is_empty() {
+        return Some(layout.to_vec());
+    }
+    let g = mig::place_with(busy, &rest).ok()?;
+    mig::validate(&g).ok()?;
+    Some(g)
+}

@@ -1,0 +1,845 @@
+//! The fast greedy cycle: a valid [`Decision`] on its own, and the warm start and fallback of the
+//! integer programs (`ilp`), which rebuild their answers through its checks and placement.
+//!
+//! (a) Keep every running workload that may stay (those whose tenant's limit no longer allows
+//! them are preempted when preemptible). (b) Repeatedly pick the next pending workload: priority
+//! desc, within-guarantee before borrowing, borrowed dominant share / weight asc, submission
+//! time, name. (c) Place its gang all-or-nothing (at least `minMember`, up to `replicas`),
+//! best-fit so that whole nodes and domains stay free; MIG instances come from free instances,
+//! else from re-laying out a GPU into one of the pool's layouts around its busy instances,
+//! within the per-GPU change budget. (d) When it does not fit, preempt the cheapest sufficient
+//! set of allowed victims. (e) Explain everything left waiting.
+//!
+//! Choices a reader should know:
+//!
+//! - A running workload is *within guarantee* when its tenant's usage (descendants included),
+//!   counting running work by priority desc then start time, had not reached the guarantee
+//!   before it; a workload that straddles the guarantee counts as within it (protected).
+//! - Victims: only preemptible classes past their `minRuntime`; a requester within its
+//!   guarantee may reclaim other tenants' borrowed work of any priority, or take lower-priority
+//!   work (it then takes no more replicas than its guarantee covers); a borrower may only take
+//!   lower-priority borrowed work. Victims are looked for in the requester's pool (within the subtree whose
+//!   limit refused it, when a limit did). One sufficient victim with the fewest GPUs, then the
+//!   least lost work, then the lowest priority; otherwise a set grown borrowed-first and
+//!   lowest-tier-first, then pruned.
+//! - A non-preemptible workload stays even when a policy change lowered its tenant's limit
+//!   below its usage (invariant 4 over invariant 3 for work already running); a preemptible one
+//!   is preempted (`OverLimit`).
+//! - New work goes only to healthy GPUs of healthy nodes; running work on degraded or lost
+//!   GPUs is kept (the reconciler decides about hardware), as is running work whose isolation
+//!   or trust domain a policy change made invalid.
+//! - The reconfiguration budget is a per-decision cap: at most `maxPerGpuPerHour` geometry
+//!   changes of one GPU in one decision.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+
+use tessera_compiler::compiled::Amounts;
+use tessera_compiler::mig::{self, Placement};
+use tessera_compiler::model::{Sharing, TopologyMode};
+use tessera_compiler::units::Gpus;
+
+use crate::decision::{
+    Decision, FORMAT_VERSION, GeometryPlan, Instance, Method, Outcome, PoolAttempt, PoolReport,
+    PreemptReason, Protected, Reason, ReplicaBinding, Resource, TenantUsage, WorkloadDecision,
+};
+use crate::problem::{Demand, Exclusion, OrphanCause, Phase, Problem, Slot};
+use crate::quota::{self, Ledger};
+
+// The integer program's replay builds its decision with this cycle's own steps, so it lives
+// beside the ILP but is a child of this module, which keeps the cycle's internals private.
+mod replay;
+pub(crate) use replay::{Admission, Directive, KeepPhase, keep_phase, solve_directed};
+
+// Reservations read and write the cycle's internals as its own steps do.
+mod reserve;
+pub(crate) use reserve::Hold;
+
+mod assemble;
+mod fleet;
+mod protected;
+mod queue;
+pub use assemble::solve;
+pub(crate) use assemble::*;
+pub(crate) use fleet::*;
+use protected::*;
+pub(crate) use queue::*;
+
+/// Per-workload status while solving.
+#[derive(Debug, Clone)]
+pub(crate) enum Status {
+    Keep,
+    Admit { guaranteed: Gpus, borrowed: Gpus },
+    Preempt(PreemptReason),
+    Pending(Reason),
+}
+
+/// A queue key without its name (the name is the workload's).
+pub(crate) type Key = (i64, bool, SharePath, i64);
+
+/// A tenant's fair share down the tree ([`Ledger::fair_share_path`]), shared by the keys of
+/// its waiting workloads.
+pub(crate) type SharePath = Rc<[u64]>;
+
+/// A ledger change: (tenant, pool, amount, added or removed).
+pub(crate) type Delta = (usize, usize, Amounts, bool);
+
+/// One pick of the queue loop, in order. An arrival is ordered against these later (see
+/// `session.rs`): its own key at each pick depends on the ledger changes of the admissions
+/// before it, which are kept here.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub(crate) w: usize,
+    pub(crate) key: Key,
+    /// What its admission changed in the ledger: (tenant, pool, amount, added); empty when it
+    /// was left waiting.
+    pub(crate) deltas: Vec<Delta>,
+    /// The workloads its admission preempted.
+    pub(crate) victims: Vec<usize>,
+}
+
+/// The state of a cycle that outlives it: what a session keeps between events.
+#[derive(Debug, Clone)]
+pub(crate) struct Parts {
+    pub(crate) fleet: Fleet,
+    pub(crate) ledger: Ledger,
+    pub(crate) status: Vec<Option<Status>>,
+    pub(crate) within_guarantee: Vec<bool>,
+    pub(crate) trace: Vec<Step>,
+    pub(crate) running_by_pool: Vec<Vec<Running>>,
+    pub(crate) holds: Vec<Hold>,
+}
+
+pub(crate) struct Solver<'p> {
+    p: &'p Problem,
+    pub(crate) fleet: Fleet,
+    pub(crate) ledger: Ledger,
+    pub(crate) status: Vec<Option<Status>>,
+    /// Running workloads within their tenant's guarantee (at the start of the cycle).
+    pub(crate) within_guarantee: Vec<bool>,
+    /// The queue loop's picks, in order.
+    pub(crate) trace: Vec<Step>,
+    /// The victims of the last successful `preempt_for`, for the trace.
+    victims: Vec<usize>,
+    /// Running workloads of the snapshot per pool, by index: the only possible victims. The
+    /// preemption search scans them instead of every workload (a fifth of them on the
+    /// reference fleet's training pool). By index, so by name.
+    running_by_pool: Vec<Vec<Running>>,
+    /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority), with
+    /// the tenants it does not hold for. A borrower's candidates depend on nothing else but the
+    /// running workloads' statuses, which only a preemption changes (it clears this), and on
+    /// its tenant only through that tenant's own lower-priority work within guarantee, which it
+    /// may displace: a queue of borrowers blocked behind the same protected work scans it once.
+    refused: Option<(RefusalKey, BTreeSet<usize>, Refusal)>,
+    /// Workloads admitted only where they fit without preemption (an integer program found
+    /// preempting for them not worth it; see `replay.rs`).
+    pub(crate) hold: Vec<bool>,
+    /// Capacity held for waiting gangs so far in this cycle, in pick order (see `reserve.rs`).
+    pub(crate) holds: Vec<Hold>,
+}
+
+/// What a borrower's refusal depends on besides the statuses and its tenant: (pool, scope,
+/// priority).
+type RefusalKey = (usize, Option<usize>, i64);
+
+/// A refused preemption: the protected workloads listed, and how many there were.
+type Refusal = (Vec<Protected>, usize);
+
+/// A running workload of the snapshot, with its tenant (kept beside it: the preemption search
+/// tests thousands of candidates' tenants against a scope before it reads anything else).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Running {
+    pub(crate) workload: usize,
+    pub(crate) tenant: usize,
+}
+
+pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
+    p.workloads[w].pools[0]
+}
+
+impl<'p> Solver<'p> {
+    pub(crate) fn new(p: &'p Problem) -> Self {
+        let mut fleet = Fleet::new(p);
+        let mut running_by_pool = vec![Vec::new(); p.pools.len()];
+        for (w, wl) in p.workloads.iter().enumerate() {
+            if let Phase::Running { slots, .. } = &wl.phase {
+                for s in slots {
+                    fleet.occupy(p, w, placed_of(p, w, s));
+                }
+                running_by_pool[pool_of(p, w)].push(Running {
+                    workload: w,
+                    tenant: wl.tenant,
+                });
+            }
+        }
+        Solver {
+            p,
+            fleet,
+            ledger: Ledger::new(p),
+            status: vec![None; p.workloads.len()],
+            within_guarantee: vec![false; p.workloads.len()],
+            trace: Vec::new(),
+            victims: Vec::new(),
+            running_by_pool,
+            refused: None,
+            hold: vec![false; p.workloads.len()],
+            holds: Vec::new(),
+        }
+    }
+
+    pub(crate) fn from_parts(p: &'p Problem, parts: Parts) -> Self {
+        Solver {
+            p,
+            fleet: parts.fleet,
+            ledger: parts.ledger,
+            status: parts.status,
+            within_guarantee: parts.within_guarantee,
+            trace: parts.trace,
+            victims: Vec::new(),
+            running_by_pool: parts.running_by_pool,
+            refused: None,
+            hold: vec![false; p.workloads.len()],
+            holds: parts.holds,
+        }
+    }
+
+    pub(crate) fn into_parts(self) -> Parts {
+        Parts {
+            fleet: self.fleet,
+            ledger: self.ledger,
+            status: self.status,
+            within_guarantee: self.within_guarantee,
+            trace: self.trace,
+            running_by_pool: self.running_by_pool,
+            holds: self.holds,
+        }
+    }
+
+    /// (a) Running workloads, highest priority and oldest first, stay while their tenant's limit
+    /// allows them; the part of each tenant's work up to its guarantee is protected.
+    fn keep_running(&mut self) {
+        let p = self.p;
+        let mut running: Vec<usize> = (0..p.workloads.len())
+            .filter(|&w| p.workloads[w].is_running())
+            .collect();
+        running.sort_by_cached_key(|&w| {
+            let wl = &p.workloads[w];
+            let started = match wl.phase {
+                Phase::Running { started_at, .. } => started_at,
+                Phase::Pending { .. } => 0,
+            };
+            (-p.classes[wl.class].priority, started, wl.name.clone())
+        });
+        for w in running {
+            let wl = &p.workloads[w];
+            let pool = pool_of(p, w);
+            let amount = wl.amount(wl.replicas);
+            let before = self.ledger.usage(wl.tenant, pool).gpus;
+            self.within_guarantee[w] = before < Ledger::guarantee(p, wl.tenant, pool);
+            if self.ledger.check_limit(p, wl.tenant, pool, amount).is_err()
+                && p.classes[wl.class].preemptible
+            {
+                self.fleet.release(p, w, true);
+                self.status[w] = Some(Status::Preempt(PreemptReason::OverLimit {
+                    tenant: p.tenants[wl.tenant].name.clone(),
+                    pool: p.pools[pool].name.clone(),
+                }));
+                continue;
+            }
+            // A non-preemptible workload stays even above a lowered limit (invariant 4 wins).
+            self.ledger.add(p, wl.tenant, pool, amount);
+            self.status[w] = Some(Status::Keep);
+        }
+    }
+
+    pub(crate) fn run(&mut self) {
+        self.keep_running();
+        let queue: Vec<usize> = (0..self.p.workloads.len())
+            .filter(|&w| !self.p.workloads[w].is_running())
+            .collect();
+        self.run_queue(queue);
+    }
+
+    /// (b)-(d) for every workload not decided yet (after steps decided first, as a replay of
+    /// the integer program's answer does).
+    pub(crate) fn run_undecided(&mut self) {
+        let queue: Vec<usize> = (0..self.p.workloads.len())
+            .filter(|&w| self.status[w].is_none())
+            .collect();
+        self.run_queue(queue);
+    }
+
+    /// (b)-(d) for `queue`, picked in key order; each pick is recorded in `trace`.
+    pub(crate) fn run_queue(&mut self, mut queue: Vec<usize>) {
+        let p = self.p;
+        self.refused = None;
+        // A key depends on the ledger alone, which only an admission changes (`admit` replaces
+        // it right before returning `Admit`): keys are recomputed after admissions, not after
+        // every workload left waiting.
+        let mut keys = queue_keys(p, &self.ledger, &queue);
+        while !queue.is_empty() {
+            let (i, _) = keys
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.cmp(b.1))
+                .expect("non-empty");
+            let w = queue.remove(i);
+            let (priority, borrows, share, submitted, _) = keys.remove(i);
+            let mut status = self.admit(w);
+            if let Status::Pending(reason) = &status
+                && let Some(s) = self.reserve(w, reason)
+            {
+                status = s;
+            }
+            let admitted = matches!(status, Status::Admit { .. });
+            self.status[w] = Some(status);
+            let (deltas, victims) = if admitted {
+                self.admission_deltas(w)
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            self.trace.push(Step {
+                w,
+                key: (priority, borrows, share, submitted),
+                deltas,
+                victims,
+            });
+            if admitted {
+                keys = queue_keys(p, &self.ledger, &queue);
+            }
+        }
+    }
+
+    /// The ledger changes of admitting `w` (its victims released, itself added), and the
+    /// victims.
+    pub(crate) fn admission_deltas(&mut self, w: usize) -> (Vec<Delta>, Vec<usize>) {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        let victims = std::mem::take(&mut self.victims);
+        let mut deltas: Vec<_> = victims
+            .iter()
+            .map(|&v| {
+                let vl = &p.workloads[v];
+                (vl.tenant, pool_of(p, v), vl.amount(vl.replicas), false)
+            })
+            .collect();
+        if let Some(slots) = &self.fleet.placed[w]
+            && let Some(pool) = slots.first().and_then(|s| p.nodes[s.node].pool)
+        {
+            deltas.push((wl.tenant, pool, wl.amount(slots.len() as u32), true));
+        }
+        (deltas, victims)
+    }
+
+    /// Tries each pool without preemption, then with, away from the capacity reservations
+    /// hold for gangs `w` may not backfill; the status of `w`.
+    pub(crate) fn admit(&mut self, w: usize) -> Status {
+        let barring = reserve::barring(self, w);
+        if barring.is_empty() {
+            return self.admit_anywhere(w);
+        }
+        self.fleet.barred = Some(reserve::barred_nodes(self, &barring));
+        let status = self.admit_anywhere(w);
+        self.fleet.barred = None;
+        match status {
+            Status::Pending(reason) => Status::Pending(self.reserved_reason(w, &barring, reason)),
+            other => other,
+        }
+    }
+
+    /// [`Self::admit`] on the fleet as it is.
+    fn admit_anywhere(&mut self, w: usize) -> Status {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        if wl.pools.is_empty() {
+            return Status::Pending(no_pool_reason(p, w));
+        }
+        let mut attempts = Vec::new();
+        for &pool in &wl.pools {
+            match try_pool(p, &self.fleet, &self.ledger, w, pool, wl.replicas) {
+                Ok((fleet, ledger, guaranteed, borrowed)) => {
+                    self.fleet = fleet;
+                    self.ledger = ledger;
+                    return Status::Admit {
+                        guaranteed,
+                        borrowed,
+                    };
+                }
+                Err(r) => attempts.push((pool, r)),
+            }
+        }
+        // Releasing victims frees room and quota alike (the root's limit is the pool).
+        let preempting = if self.hold[w] { 0 } else { attempts.len() };
+        for (pool, reason) in attempts.iter_mut().take(preempting) {
+            // A limit refused at tenant X: only X's subtree can give quota back.
+            let scope = match reason {
+                Reason::QuotaExceeded { tenant, .. } | Reason::PoolFull { tenant, .. } => {
+                    p.tenants.iter().position(|t| &t.name == tenant)
+                }
+                _ => None,
+            };
+            match self.preempt_for(w, *pool, scope) {
+                Ok(status) => return status,
+                Err((protected, protected_total)) if protected_total > 0 => {
+                    *reason = Reason::PreemptionNotAllowed {
+                        pool: p.pools[*pool].name.clone(),
+                        capacity: Box::new(reason.clone()),
+                        protected,
+                        protected_total,
+                    };
+                }
+                Err(_) => {}
+            }
+        }
+        if attempts.len() == 1 {
+            return Status::Pending(attempts.remove(0).1);
+        }
+        Status::Pending(Reason::Pools {
+            attempts: attempts
+                .into_iter()
+                .map(|(pool, r)| PoolAttempt {
+                    pool: p.pools[pool].name.clone(),
+                    reason: r.to_string(),
+                })
+                .collect(),
+        })
+    }
+
+    /// A what-if: the fleet and ledger with `victims`, running in `pool`, released (drains
+    /// recorded on the fleet returned). Clones are copy-on-write, so this costs pointers.
+    pub(crate) fn without(&self, pool: usize, victims: &[usize]) -> (Fleet, Ledger) {
+        let p = self.p;
+        let mut fleet = self.fleet.clone();
+        let mut ledger = self.ledger.clone();
+        for &v in victims {
+            let vl = &p.workloads[v];
+            fleet.release(p, v, true);
+            ledger.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
+        }
+        (fleet, ledger)
+    }
+
+    /// Whether borrowed work `v`, of the requester's priority, may yield to borrower `w` by fair
+    /// share: `v` is another tenant's, its side borrows, and with `w`'s smallest gang admitted
+    /// and `v` gone the requester's side holds no more per unit of weight than `v`'s. `Ok` with
+    /// a rank: from `v`'s side down to its tenant, each level's share, highest first when
+    /// sorted (so that work is taken from the most over-served side, and within it from the
+    /// most over-served subtree); `Err` when the shares forbid it; `None` when the rule does
+    /// not apply (same tenant, or one tenant's ancestor).
+    fn fairly_yields(&self, w: usize, v: usize, pool: usize) -> Option<Result<Vec<u64>, ()>> {
+        let p = self.p;
+        let (wl, vl) = (&p.workloads[w], &p.workloads[v]);
+        let (a, b) = quota::sides(p, wl.tenant, vl.tenant)?;
+        let none = Amounts::default();
+        let theirs_before = self.ledger.borrowed_share(p, b, pool, none, none)?;
+        let mine = self
+            .ledger
+            .borrowed_share(p, a, pool, wl.amount(wl.min_member), none)?;
+        let theirs = self
+            .ledger
+            .borrowed_share(p, b, pool, none, vl.amount(vl.replicas))?;
+        Some(if theirs_before > 0.0 && at_most(mine, theirs) {
+            let lineage = &p.tenants[vl.tenant].lineage;
+            let down = lineage
+                .iter()
+                .position(|&t| t == b)
+                .expect("b is on v's path");
+            Ok(lineage[..=down]
+                .iter()
+                .rev()
+                .map(|&t| {
+                    let s = self.ledger.borrowed_share(p, t, pool, none, none);
+                    u64::MAX - (s.unwrap_or(0.0) * 1e9).round() as u64
+                })
+                .collect())
+        } else {
+            Err(())
+        })
+    }
+
+    /// (d) Finds the cheapest sufficient set of allowed victims in `pool` and admits `w`; the
+    /// protected workloads otherwise.
+    fn preempt_for(
+        &mut self,
+        w: usize,
+        pool: usize,
+        scope: Option<usize>,
+    ) -> Result<Status, (Vec<Protected>, usize)> {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        let prio = p.classes[wl.class].priority;
+        let amount = wl.demand.gpus() * i64::from(wl.min_member);
+        let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
+        // Borrowers compete for borrowed work of their own priority here: whether one may take
+        // another's depends on both tenants' shares, so a refusal holds for no one else.
+        let fair = p.pools[pool].fair_share_preemption && !requester_guaranteed;
+        let refusal_key = (!requester_guaranteed && !fair).then_some((pool, scope, prio));
+        if let (Some(key), Some((k, owners, refusal))) = (refusal_key, &self.refused)
+            && key == *k
+            && !owners.contains(&wl.tenant)
+        {
+            return Err(refusal.clone());
+        }
+        let mut protected = Blocking::default();
+        let mut eligible = Vec::new();
+        // Eligible by fair share alone, with how far above its share each level of its side
+        // is (see `fairly_yields`).
+        let mut fair_victims: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        // Tenants whose borrower could displace protected work here (their own, within
+        // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
+        let mut owners = BTreeSet::new();
+        // Whether each tenant is in the scope: a borrower's scan visits thousands of
+        // candidates, a fleet has hundreds of tenants.
+        let in_scope: Option<Vec<bool>> =
+            scope.map(|x| p.tenants.iter().map(|t| t.lineage.contains(&x)).collect());
+        for &Running {
+            workload: v,
+            tenant,
+        } in &self.running_by_pool[pool]
+        {
+            if in_scope.as_ref().is_some_and(|s| !s[tenant]) {
+                continue;
+            }
+            if !matches!(self.status[v], Some(Status::Keep)) {
+                continue;
+            }
+            let vl = &p.workloads[v];
+            let class = &p.classes[vl.class];
+            // Names are cloned only for the few candidates a reason lists (see `listed`).
+            let name = v;
+            let Phase::Running { started_at, .. } = vl.phase else {
+                continue;
+            };
+            let ran = (p.now - started_at).max(0) as u64;
+            if !class.preemptible {
+                protected.push(name, Blocked::NonPreemptible);
+            } else if ran < class.min_runtime_seconds {
+                protected.push(name, Blocked::MinRuntime(class.min_runtime_seconds - ran));
+            } else if self.within_guarantee[v]
+                && !(class.priority < prio && (requester_guaranteed || vl.tenant == wl.tenant))
+            {
+                // Guarantee protection guards against other tenants' borrowing; within one
+                // tenant, priority alone decides.
+                if class.priority < prio {
+                    owners.insert(vl.tenant);
+                }
+                protected.push(name, Blocked::WithinGuarantee);
+            } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
+                match (fair && class.priority == prio)
+                    .then(|| self.fairly_yields(w, v, pool))
+                    .flatten()
+                {
+                    Some(Ok(rank)) => {
+                        fair_victims.insert(v, rank);
+                        eligible.push(v);
+                    }
+                    Some(Err(())) => protected.push(name, Blocked::FairShare),
+                    None => protected.push(name, Blocked::NotLowerPriority),
+                }
+            } else if !self.within_guarantee[v]
+                && requester_guaranteed
+                && class.priority >= prio
+                && vl.tenant == wl.tenant
+            {
+                // Reclaiming from oneself is no reclaim.
+                protected.push(name, Blocked::NotLowerPriority);
+            } else {
+                eligible.push(v);
+            }
+        }
+        let cost = |v: usize| {
+            let vl = &p.workloads[v];
+            (
+                vl.amount(vl.replicas).gpus,
+                lost_units_seconds(p, v),
+                p.classes[vl.class].priority,
+                vl.name.clone(),
+            )
+        };
+        // Preempting within-guarantee work is only for work that stays within guarantee: a
+        // guaranteed requester takes no more replicas than its guarantee covers.
+        let cap = if requester_guaranteed {
+            (wl.min_member..=wl.replicas)
+                .rev()
+                .find(|&n| {
+                    self.ledger
+                        .split(p, wl.tenant, pool, wl.demand.gpus() * i64::from(n))
+                        .1
+                        == Gpus::ZERO
+                })
+                .unwrap_or(wl.min_member)
+        } else {
+            wl.replicas
+        };
+        let attempt = |victims: &[usize]| {
+            let (fleet, ledger) = self.without(pool, victims);
+            let admitted = try_pool(p, &fleet, &ledger, w, pool, cap).map_err(|_| ())?;
+            // Taken together, each side that gives up work by fair share still holds at least
+            // what the requester's side holds with the gang admitted.
+            let fair_ok = victims
+                .iter()
+                .filter(|v| fair_victims.contains_key(v))
+                .all(|&v| {
+                    let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
+                        .expect("a fair victim has a side");
+                    let none = Amounts::default();
+                    match (
+                        admitted.1.borrowed_share(p, a, pool, none, none),
+                        admitted.1.borrowed_share(p, b, pool, none, none),
+                    ) {
+                        (Some(mine), Some(theirs)) => at_most(mine, theirs),
+                        _ => false,
+                    }
+                });
+            if fair_ok { Ok(admitted) } else { Err(()) }
+        };
+        // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
+        // its GPUs) is not needed.
+        if eligible.is_empty() {
+            let refusal = listed(p, protected);
+            if let Some(key) = refusal_key {
+                self.refused = Some((key, owners, refusal.clone()));
+            }
+            return Err(refusal);
+        }
+        // A what-if costs a fleet clone. It cannot succeed unless the pool's free GPU units plus
+        // what the victims hold reach the gang's minimum, nor unless enough nodes then have a
+        // replica's units free: skip those that cannot (units freed are over-counted for
+        // partial gangs and unhealthy GPUs, and a node's free units bound what one replica
+        // finds there, so nothing is skipped that could succeed).
+        let node_free: BTreeMap<usize, i64> = p.pools[pool]
+            .nodes
+            .iter()
+            .map(|&n| (n, self.fleet.node_free(p, n)))
+            .collect();
+        let pool_free: i64 = node_free.values().sum();
+        let needed = amount.units();
+        let holds = |v: usize| {
+            let vl = &p.workloads[v];
+            vl.amount(vl.replicas).gpus.units()
+        };
+        let per_replica = wl.demand.gpus().units();
+        let replicas_on = |n: usize, freed: i64| {
+            let free = node_free.get(&n).copied().unwrap_or(0);
+            if per_replica > 0 {
+                (free + freed) / per_replica
+            } else {
+                i64::MAX / 4
+            }
+        };
+        let base_fit: i64 = node_free.keys().map(|&n| replicas_on(n, 0)).sum();
+        // What each victim frees, by node.
+        let frees = |v: usize, freed: &mut BTreeMap<usize, i64>| {
+            let units = p.workloads[v].demand.gpus().units();
+            for slot in self.fleet.placed[v].iter().flat_map(|s| s.iter()) {
+                *freed.entry(slot.node).or_default() += units;
+            }
+        };
+        let fit_with = |freed: &BTreeMap<usize, i64>| {
+            base_fit
+                + freed
+                    .iter()
+                    .map(|(&n, &f)| replicas_on(n, f) - replicas_on(n, 0))
+                    .sum::<i64>()
+        };
+        let could_fit = |victims: &[usize]| {
+            let mut freed = BTreeMap::new();
+            for &v in victims {
+                frees(v, &mut freed);
+            }
+            let fit = fit_with(&freed) >= i64::from(wl.min_member);
+            // The bound is only worth having if it never skips a what-if that succeeds.
+            debug_assert!(
+                fit || attempt(victims).is_err(),
+                "a what-if skipped would succeed"
+            );
+            fit
+        };
+        // One victim, the cheapest that suffices; borrowed work of the requester's priority
+        // last, from the side furthest above its share first.
+        let mut singles: Vec<usize> = eligible.clone();
+        singles.sort_by_cached_key(|&v| (fair_victims.get(&v).cloned(), cost(v)));
+        let mut chosen = None;
+        for &v in &singles {
+            if pool_free + holds(v) < needed || !could_fit(&[v]) {
+                continue;
+            }
+            if let Ok(admitted) = attempt(&[v]) {
+                chosen = Some((vec![v], admitted));
+                break;
+            }
+        }
+        // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
+        if chosen.is_none() {
+            let mut order = eligible.clone();
+            // Among borrowed work of the requester's priority, the side furthest above its
+            // share gives first.
+            order.sort_by_cached_key(|&v| {
+                let c = cost(v);
+                (
+                    self.within_guarantee[v],
+                    c.2,
+                    fair_victims.get(&v).cloned(),
+                    c.0,
+                    c.1,
+                    c.3,
+                )
+            });
+            let mut set = Vec::new();
+            let mut freed = 0;
+            let mut freed_by_node = BTreeMap::new();
+            for v in order {
+                set.push(v);
+                freed += holds(v);
+                frees(v, &mut freed_by_node);
+                if pool_free + freed < needed {
+                    continue;
+                }
+                if fit_with(&freed_by_node) < i64::from(wl.min_member) {
+                    debug_assert!(attempt(&set).is_err(), "a what-if skipped would succeed");
+                    continue;
+                }
+                if let Ok(mut admitted) = attempt(&set) {
+                    let mut i = set.len();
+                    while i > 0 {
+                        i -= 1;
+                        let mut without = set.clone();
+                        without.remove(i);
+                        if without.is_empty() || !could_fit(&without) {
+                            continue;
+                        }
+                        if let Ok(smaller) = attempt(&without) {
+                            set = without;
+                            admitted = smaller;
+                        }
+                    }
+                    chosen = Some((set, admitted));
+                    break;
+                }
+            }
+        }
+        // The what-if of the victims chosen is the fleet that admits `w`.
+        let Some((victims, (fleet, ledger, guaranteed, borrowed))) = chosen else {
+            let refusal = listed(p, protected);
+            // The scope's own work, released, gives back the quota but not the room: work
+            // outside the scope may be allowed to make the room, as for any gang short of
+            // capacity (Kueue weighs a queue's own and its cohort's candidates together). The
+            // search without a scope keeps the scope's victims only where the limit needs them.
+            if scope.is_some() {
+                let (_, released) = self.without(pool, &eligible);
+                if released
+                    .check_limit(p, wl.tenant, pool, wl.amount(wl.min_member))
+                    .is_ok()
+                    && let Ok(status) = self.preempt_for(w, pool, None)
+                {
+                    return Ok(status);
+                }
+            }
+            return Err(refusal);
+        };
+        for &v in &victims {
+            // Drains are recorded on the fleet that admits `w`.
+            let reason = if fair_victims.contains_key(&v) {
+                let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
+                    .expect("a fair victim has a side");
+                PreemptReason::FairShare {
+                    for_workload: wl.name.clone(),
+                    from: p.tenants[b].name.clone(),
+                    to: p.tenants[a].name.clone(),
+                }
+            } else if requester_guaranteed && !self.within_guarantee[v] {
+                PreemptReason::Reclaim {
+                    for_workload: wl.name.clone(),
+                    owner: p.tenants[wl.tenant].name.clone(),
+                }
+            } else {
+                PreemptReason::Priority {
+                    for_workload: wl.name.clone(),
+                    priority: prio,
+                }
+            };
+            self.status[v] = Some(Status::Preempt(reason));
+        }
+        self.refused = None;
+        self.victims = victims;
+        self.fleet = fleet;
+        self.ledger = ledger;
+        Ok(Status::Admit {
+            guaranteed,
+            borrowed,
+        })
+    }
+}
+
+/// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
+/// (guaranteed, borrowed) split of what was admitted.
+fn try_pool(
+    p: &Problem,
+    fleet: &Fleet,
+    ledger: &Ledger,
+    w: usize,
+    pool: usize,
+    cap: u32,
+) -> Result<(Fleet, Ledger, Gpus, Gpus), Reason> {
+    let wl = &p.workloads[w];
+    let min = wl.min_member;
+    ledger.check_limit(p, wl.tenant, pool, wl.amount(min))?;
+    // The most replicas (up to `cap`) the limit and the reservations allow.
+    let mut want = min;
+    for n in (min..=cap.clamp(min, wl.replicas)).rev() {
+        if ledger.check_limit(p, wl.tenant, pool, wl.amount(n)).is_ok() {
+            want = n;
+            break;
+        }
+    }
+    let borrow_ok = |n: u32| {
+        let gpus = wl.amount(n).gpus;
+        let (_, borrowed) = ledger.split(p, wl.tenant, pool, gpus);
+        ledger.check_borrow(p, wl.tenant, pool, gpus, borrowed)
+    };
+    borrow_ok(min)?;
+    while want > min && borrow_ok(want).is_err() {
+        want -= 1;
+    }
+    let fleet = fleet.place_gang(p, w, pool, want, min)?;
+    let placed = fleet.placed[w].as_ref().map_or(0, |v| v.len() as u32);
+    let amount = wl.amount(placed);
+    let (guaranteed, borrowed) = ledger.split(p, wl.tenant, pool, amount.gpus);
+    let mut ledger = ledger.clone();
+    ledger.add(p, wl.tenant, pool, amount);
+    Ok((fleet, ledger, guaranteed, borrowed))
+}
+
+fn no_pool_reason(p: &Problem, w: usize) -> Reason {
+    let wl = &p.workloads[w];
+    let isolation: Vec<String> = wl
+        .excluded
+        .iter()
+        .filter(|(_, e)| matches!(e, Exclusion::Isolation { .. }))
+        .map(|(pool, _)| p.pools[*pool].name.clone())
+        .collect();
+    if !isolation.is_empty() {
+        let class = &p.classes[wl.class];
+        return Reason::Isolation {
+            class: class.name.clone(),
+            minimum: class.isolation_minimum,
+            pools: isolation,
+        };
+    }
+    Reason::NoPool {
+        attempts: wl
+            .excluded
+            .iter()
+            .map(|(pool, e)| PoolAttempt {
+                pool: p.pools[*pool].name.clone(),
+                reason: match e {
+                    Exclusion::Isolation { .. } => unreachable!("handled above"),
+                    Exclusion::NoQuota => {
+                        format!("tenant `{}` has no quota there", p.tenants[wl.tenant].name)
+                    }
+                    Exclusion::Shape(s) => s.clone(),
+                },
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,70 @@
+//! The candidates a preemption search found protected, counted and listed by name for the
+//! waiting workload's reason.
+
+use super::*;
+
+/// Why a candidate victim is protected, before its name is needed.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Blocked {
+    NonPreemptible,
+    MinRuntime(u64),
+    WithinGuarantee,
+    NotLowerPriority,
+    /// Borrowed work of the requester's priority whose side would hold less than the
+    /// requester's after the swap.
+    FairShare,
+}
+
+/// The protected candidates of one preemption search: all counted, the first
+/// [`crate::decision::PROTECTED_LISTED`] by name kept (a borrower refused on a large fleet
+/// has thousands, and a queue has thousands of borrowers).
+#[derive(Debug, Default)]
+pub(super) struct Blocking {
+    /// By index, which is by name: candidates are running workloads, which the problem
+    /// numbers in name order.
+    pub(super) first: Vec<(usize, Blocked)>,
+    pub(super) total: usize,
+}
+
+impl Blocking {
+    pub(super) fn push(&mut self, v: usize, why: Blocked) {
+        self.total += 1;
+        // The scan visits candidates by index: past the first few, this returns at once.
+        if self.first.len() == crate::decision::PROTECTED_LISTED {
+            if self.first.last().is_some_and(|&(last, _)| last < v) {
+                return;
+            }
+            self.first.pop();
+        }
+        let at = self.first.partition_point(|&(u, _)| u < v);
+        self.first.insert(at, (v, why));
+    }
+}
+
+/// The protected candidates a reason lists, by name, and how many there were in all. Names
+/// are cloned for the listed ones only.
+pub(super) fn listed(p: &Problem, blocked: Blocking) -> (Vec<Protected>, usize) {
+    let Blocking { first, total } = blocked;
+    debug_assert!(
+        first
+            .windows(2)
+            .all(|x| p.workloads[x[0].0].name < p.workloads[x[1].0].name)
+    );
+    let list = first
+        .into_iter()
+        .map(|(v, why)| {
+            let workload = p.workloads[v].name.clone();
+            match why {
+                Blocked::NonPreemptible => Protected::NonPreemptible { workload },
+                Blocked::MinRuntime(remaining_seconds) => Protected::MinRuntime {
+                    workload,
+                    remaining_seconds,
+                },
+                Blocked::WithinGuarantee => Protected::WithinGuarantee { workload },
+                Blocked::NotLowerPriority => Protected::NotLowerPriority { workload },
+                Blocked::FairShare => Protected::FairShare { workload },
+            }
+        })
+        .collect();
+    (list, total)
+}
