@@ -396,6 +396,9 @@ impl Service {
     fn start(repo: &Path, work: &Path, extra: &[&str]) -> Service {
         use std::io::{BufRead, BufReader};
         let nodes = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reconcile/nodes.yaml");
+        // `/status` shows why the service is Degraded to the operator only.
+        let tokens = work.join("tokens.yaml");
+        std::fs::write(&tokens, format!("admin: {ADMIN}\ntenants: {{}}\n")).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["reconcile", "--repo"])
             .arg(repo)
@@ -416,6 +419,8 @@ impl Service {
             .arg("--state-dir")
             .arg(work.join("state"))
             .args(["--listen", "127.0.0.1:0", "--cycle-period", "1s"])
+            .arg("--tokens")
+            .arg(&tokens)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -446,6 +451,7 @@ impl Service {
     fn status(&self) -> serde_json::Value {
         let mut r = Self::agent()
             .get(&format!("{}/status", self.base))
+            .header("Authorization", &format!("Bearer {ADMIN}"))
             .call()
             .expect("the service answers");
         serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
@@ -465,6 +471,9 @@ impl Service {
             .as_u16()
     }
 }
+
+/// The operator's token of the services these tests start.
+const ADMIN: &str = "operator-token-0123456789abcdef";
 
 impl Drop for Service {
     fn drop(&mut self) {

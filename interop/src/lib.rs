@@ -1,8 +1,8 @@
 //! Translation between tessera's policy and the formats of its peers, with plain data in and
 //! out (no I/O: the binary reads and writes the files).
 //!
-//! - [`kueue::export`]: a compiled policy as Kueue objects (`kueue.x-k8s.io/v1beta2`), and
-//!   [`kueue::import`]: Kueue objects (v1beta1 or v1beta2) as policy documents. Both go through
+//! - [`kueue::export()`]: a compiled policy as Kueue objects (`kueue.x-k8s.io/v1beta2`), and
+//!   [`kueue::import()`]: Kueue objects (v1beta1 or v1beta2) as policy documents. Both go through
 //!   [`Fleet`], the part of a policy both can express; `import ∘ export` is the identity on it.
 //! - [`mig_parted::export`]: the MIG pools' layouts as NVIDIA mig-parted's `config.yaml`.
 //!
