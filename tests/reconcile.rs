@@ -10,10 +10,12 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use git2::{Repository, RepositoryInitOptions};
 use serde_json::{Value, json};
+
+use common::eventually;
 
 const ADMIN: &str = "admin-token-0123456789abcdef";
 const PRODUCT: &str = "product-token-0123456789abcdef";
@@ -248,18 +250,6 @@ fn stop_workloads(service: &Service) {
                 );
             }
         }
-    }
-}
-
-/// Polls `f` until it returns `Some`, for at most two minutes.
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -10,6 +10,8 @@ use std::process::{Command, Stdio};
 
 use git2::{Oid, Repository, RepositoryInitOptions, Signature, Time};
 
+use common::{eventually, tessera};
+
 /// A key that signs commits the way Git does (`gpg.format = ssh` or OpenPGP).
 enum Signer {
     Ssh { key: PathBuf },
@@ -218,10 +220,6 @@ impl PolicyRepo {
             .reference("refs/heads/main", id, true, "test")
             .unwrap();
     }
-}
-
-fn tessera(args: &[&str]) -> (i32, String, String) {
-    common::tessera(args)
 }
 
 struct Keys {
@@ -479,21 +477,6 @@ impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Polls `f` until it returns `Some`, for at most two minutes; never asserts on time.
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 

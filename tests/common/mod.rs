@@ -29,6 +29,22 @@ pub fn commit_all(repo: &Repository, tick: i64, message: &str) -> String {
         .to_string()
 }
 
+/// Polls `f` until it returns `Some`, for at most two minutes; a test that waits on a running
+/// service says what it waited for, and never asserts on time.
+pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Runs `tessera ARGS` in the package root without colour; returns exit code, stdout, stderr.
 pub fn tessera(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
