@@ -12,247 +12,101 @@ use std::fmt;
 use nvml_wrapper_sys::bindings::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// An NVML return code, named as `nvml.h` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum NvmlReturn {
-    Success,
-    Uninitialized,
-    InvalidArgument,
-    NotSupported,
-    NoPermission,
-    AlreadyInitialized,
-    NotFound,
-    InsufficientSize,
-    InsufficientPower,
-    DriverNotLoaded,
-    Timeout,
-    IrqIssue,
-    LibraryNotFound,
-    FunctionNotFound,
-    CorruptedInforom,
-    GpuIsLost,
-    ResetRequired,
-    OperatingSystem,
-    LibRmVersionMismatch,
-    InUse,
-    Memory,
-    NoData,
-    VgpuEccNotSupported,
-    InsufficientResources,
-    FreqNotSupported,
-    ArgumentVersionMismatch,
-    Deprecated,
-    NotReady,
-    GpuNotFound,
-    InvalidState,
-    ResetTypeNotSupported,
-    Unknown,
-    /// A code the bindings do not name (a newer driver's); kept as NVML returned it.
-    Other(u32),
+/// Writes [`NvmlReturn`] and its conversions from one table: a row per code, with the variant,
+/// the bindings' constant, its `nvml.h` name and what `nvmlErrorString` answers for it.
+macro_rules! nvml_codes {
+    ($($variant:ident = $constant:ident, $name:literal, $message:literal;)*) => {
+        /// An NVML return code, named as `nvml.h` names it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum NvmlReturn {
+            $($variant,)*
+            /// A code the bindings do not name (a newer driver's); kept as NVML returned it.
+            Other(u32),
+        }
+
+        /// Every named code, for tables and round-trip tests.
+        pub const NAMED: &[NvmlReturn] = &[$(NvmlReturn::$variant,)*];
+
+        /// The bindings' constant of each row, so that a test can check each row's name.
+        #[cfg(test)]
+        const CONSTANTS: &[&str] = &[$(stringify!($constant),)*];
+
+        impl NvmlReturn {
+            /// The code for a raw `nvmlReturn_t`.
+            // The bindings' constants keep nvml.h's names.
+            #[allow(non_upper_case_globals)]
+            pub const fn from_raw(raw: nvmlReturn_t) -> NvmlReturn {
+                match raw {
+                    $($constant => NvmlReturn::$variant,)*
+                    other => NvmlReturn::Other(other),
+                }
+            }
+
+            /// The raw `nvmlReturn_t`.
+            pub const fn raw(self) -> nvmlReturn_t {
+                match self {
+                    $(NvmlReturn::$variant => $constant,)*
+                    NvmlReturn::Other(raw) => raw,
+                }
+            }
+
+            /// `NVML_SUCCESS` / `NVML_ERROR_*` as `nvml.h` spells it; `None` for
+            /// [`NvmlReturn::Other`].
+            pub const fn name(self) -> Option<&'static str> {
+                match self {
+                    $(NvmlReturn::$variant => Some($name),)*
+                    NvmlReturn::Other(_) => None,
+                }
+            }
+
+            /// What `nvmlErrorString` answers, as read from driver 580.159.04 (an unnamed code
+            /// reads "Unknown Error" there too).
+            pub const fn message(self) -> &'static CStr {
+                match self {
+                    $(NvmlReturn::$variant => $message,)*
+                    NvmlReturn::Other(_) => c"Unknown Error",
+                }
+            }
+        }
+    };
 }
 
-/// Every named code, for tables and round-trip tests.
-pub const NAMED: [NvmlReturn; 32] = {
-    use NvmlReturn::*;
-    [
-        Success,
-        Uninitialized,
-        InvalidArgument,
-        NotSupported,
-        NoPermission,
-        AlreadyInitialized,
-        NotFound,
-        InsufficientSize,
-        InsufficientPower,
-        DriverNotLoaded,
-        Timeout,
-        IrqIssue,
-        LibraryNotFound,
-        FunctionNotFound,
-        CorruptedInforom,
-        GpuIsLost,
-        ResetRequired,
-        OperatingSystem,
-        LibRmVersionMismatch,
-        InUse,
-        Memory,
-        NoData,
-        VgpuEccNotSupported,
-        InsufficientResources,
-        FreqNotSupported,
-        ArgumentVersionMismatch,
-        Deprecated,
-        NotReady,
-        GpuNotFound,
-        InvalidState,
-        ResetTypeNotSupported,
-        Unknown,
-    ]
-};
+nvml_codes! {
+    Success = nvmlReturn_enum_NVML_SUCCESS, "NVML_SUCCESS", c"Success";
+    Uninitialized = nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, "NVML_ERROR_UNINITIALIZED", c"Uninitialized";
+    InvalidArgument = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "NVML_ERROR_INVALID_ARGUMENT", c"Invalid Argument";
+    NotSupported = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, "NVML_ERROR_NOT_SUPPORTED", c"Not Supported";
+    NoPermission = nvmlReturn_enum_NVML_ERROR_NO_PERMISSION, "NVML_ERROR_NO_PERMISSION", c"Insufficient Permissions";
+    AlreadyInitialized = nvmlReturn_enum_NVML_ERROR_ALREADY_INITIALIZED, "NVML_ERROR_ALREADY_INITIALIZED", c"Already Initialized";
+    NotFound = nvmlReturn_enum_NVML_ERROR_NOT_FOUND, "NVML_ERROR_NOT_FOUND", c"Not Found";
+    InsufficientSize = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, "NVML_ERROR_INSUFFICIENT_SIZE", c"Insufficient Size";
+    InsufficientPower = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_POWER, "NVML_ERROR_INSUFFICIENT_POWER", c"Insufficient External Power";
+    DriverNotLoaded = nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED, "NVML_ERROR_DRIVER_NOT_LOADED", c"Driver Not Loaded";
+    Timeout = nvmlReturn_enum_NVML_ERROR_TIMEOUT, "NVML_ERROR_TIMEOUT", c"Timeout";
+    IrqIssue = nvmlReturn_enum_NVML_ERROR_IRQ_ISSUE, "NVML_ERROR_IRQ_ISSUE", c"Interrupt Request Issue";
+    LibraryNotFound = nvmlReturn_enum_NVML_ERROR_LIBRARY_NOT_FOUND, "NVML_ERROR_LIBRARY_NOT_FOUND", c"NVML Shared Library Not Found";
+    FunctionNotFound = nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND, "NVML_ERROR_FUNCTION_NOT_FOUND", c"Function Not Found";
+    CorruptedInforom = nvmlReturn_enum_NVML_ERROR_CORRUPTED_INFOROM, "NVML_ERROR_CORRUPTED_INFOROM", c"Corrupted infoROM";
+    GpuIsLost = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, "NVML_ERROR_GPU_IS_LOST", c"GPU is lost";
+    ResetRequired = nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED, "NVML_ERROR_RESET_REQUIRED", c"GPU requires reset";
+    OperatingSystem = nvmlReturn_enum_NVML_ERROR_OPERATING_SYSTEM, "NVML_ERROR_OPERATING_SYSTEM", c"GPU access blocked by the operating system";
+    LibRmVersionMismatch = nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", c"Driver/library version mismatch";
+    InUse = nvmlReturn_enum_NVML_ERROR_IN_USE, "NVML_ERROR_IN_USE", c"In use by another client";
+    Memory = nvmlReturn_enum_NVML_ERROR_MEMORY, "NVML_ERROR_MEMORY", c"Insufficient Memory";
+    NoData = nvmlReturn_enum_NVML_ERROR_NO_DATA, "NVML_ERROR_NO_DATA", c"No data";
+    VgpuEccNotSupported = nvmlReturn_enum_NVML_ERROR_VGPU_ECC_NOT_SUPPORTED, "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED", c"vGPU ECC not supported";
+    InsufficientResources = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES, "NVML_ERROR_INSUFFICIENT_RESOURCES", c"Insufficient Resources";
+    FreqNotSupported = nvmlReturn_enum_NVML_ERROR_FREQ_NOT_SUPPORTED, "NVML_ERROR_FREQ_NOT_SUPPORTED", c"Invalid Frequency";
+    ArgumentVersionMismatch = nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", c"Argument version mismatch";
+    Deprecated = nvmlReturn_enum_NVML_ERROR_DEPRECATED, "NVML_ERROR_DEPRECATED", c"Requested functionality has been deprecated";
+    NotReady = nvmlReturn_enum_NVML_ERROR_NOT_READY, "NVML_ERROR_NOT_READY", c"System is not in ready state";
+    GpuNotFound = nvmlReturn_enum_NVML_ERROR_GPU_NOT_FOUND, "NVML_ERROR_GPU_NOT_FOUND", c"No supported GPUs were found";
+    InvalidState = nvmlReturn_enum_NVML_ERROR_INVALID_STATE, "NVML_ERROR_INVALID_STATE", c"Resource not in correct state to perform requested operation";
+    ResetTypeNotSupported = nvmlReturn_enum_NVML_ERROR_RESET_TYPE_NOT_SUPPORTED, "NVML_ERROR_RESET_TYPE_NOT_SUPPORTED", c"Reset type is not supported for given device";
+    Unknown = nvmlReturn_enum_NVML_ERROR_UNKNOWN, "NVML_ERROR_UNKNOWN", c"Unknown Error";
+}
 
 impl NvmlReturn {
-    /// The code for a raw `nvmlReturn_t`.
-    // The bindings' constants keep nvml.h's names.
-    #[allow(non_upper_case_globals)]
-    pub const fn from_raw(raw: nvmlReturn_t) -> NvmlReturn {
-        use NvmlReturn::*;
-        match raw {
-            nvmlReturn_enum_NVML_SUCCESS => Success,
-            nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => Uninitialized,
-            nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => InvalidArgument,
-            nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => NotSupported,
-            nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => NoPermission,
-            nvmlReturn_enum_NVML_ERROR_ALREADY_INITIALIZED => AlreadyInitialized,
-            nvmlReturn_enum_NVML_ERROR_NOT_FOUND => NotFound,
-            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => InsufficientSize,
-            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_POWER => InsufficientPower,
-            nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => DriverNotLoaded,
-            nvmlReturn_enum_NVML_ERROR_TIMEOUT => Timeout,
-            nvmlReturn_enum_NVML_ERROR_IRQ_ISSUE => IrqIssue,
-            nvmlReturn_enum_NVML_ERROR_LIBRARY_NOT_FOUND => LibraryNotFound,
-            nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND => FunctionNotFound,
-            nvmlReturn_enum_NVML_ERROR_CORRUPTED_INFOROM => CorruptedInforom,
-            nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => GpuIsLost,
-            nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED => ResetRequired,
-            nvmlReturn_enum_NVML_ERROR_OPERATING_SYSTEM => OperatingSystem,
-            nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH => LibRmVersionMismatch,
-            nvmlReturn_enum_NVML_ERROR_IN_USE => InUse,
-            nvmlReturn_enum_NVML_ERROR_MEMORY => Memory,
-            nvmlReturn_enum_NVML_ERROR_NO_DATA => NoData,
-            nvmlReturn_enum_NVML_ERROR_VGPU_ECC_NOT_SUPPORTED => VgpuEccNotSupported,
-            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES => InsufficientResources,
-            nvmlReturn_enum_NVML_ERROR_FREQ_NOT_SUPPORTED => FreqNotSupported,
-            nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH => ArgumentVersionMismatch,
-            nvmlReturn_enum_NVML_ERROR_DEPRECATED => Deprecated,
-            nvmlReturn_enum_NVML_ERROR_NOT_READY => NotReady,
-            nvmlReturn_enum_NVML_ERROR_GPU_NOT_FOUND => GpuNotFound,
-            nvmlReturn_enum_NVML_ERROR_INVALID_STATE => InvalidState,
-            nvmlReturn_enum_NVML_ERROR_RESET_TYPE_NOT_SUPPORTED => ResetTypeNotSupported,
-            nvmlReturn_enum_NVML_ERROR_UNKNOWN => Unknown,
-            other => Other(other),
-        }
-    }
-
-    /// The raw `nvmlReturn_t`.
-    pub const fn raw(self) -> nvmlReturn_t {
-        use NvmlReturn::*;
-        match self {
-            Success => nvmlReturn_enum_NVML_SUCCESS,
-            Uninitialized => nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
-            InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
-            NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
-            NoPermission => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
-            AlreadyInitialized => nvmlReturn_enum_NVML_ERROR_ALREADY_INITIALIZED,
-            NotFound => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
-            InsufficientSize => nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE,
-            InsufficientPower => nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_POWER,
-            DriverNotLoaded => nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
-            Timeout => nvmlReturn_enum_NVML_ERROR_TIMEOUT,
-            IrqIssue => nvmlReturn_enum_NVML_ERROR_IRQ_ISSUE,
-            LibraryNotFound => nvmlReturn_enum_NVML_ERROR_LIBRARY_NOT_FOUND,
-            FunctionNotFound => nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND,
-            CorruptedInforom => nvmlReturn_enum_NVML_ERROR_CORRUPTED_INFOROM,
-            GpuIsLost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
-            ResetRequired => nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED,
-            OperatingSystem => nvmlReturn_enum_NVML_ERROR_OPERATING_SYSTEM,
-            LibRmVersionMismatch => nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-            InUse => nvmlReturn_enum_NVML_ERROR_IN_USE,
-            Memory => nvmlReturn_enum_NVML_ERROR_MEMORY,
-            NoData => nvmlReturn_enum_NVML_ERROR_NO_DATA,
-            VgpuEccNotSupported => nvmlReturn_enum_NVML_ERROR_VGPU_ECC_NOT_SUPPORTED,
-            InsufficientResources => nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES,
-            FreqNotSupported => nvmlReturn_enum_NVML_ERROR_FREQ_NOT_SUPPORTED,
-            ArgumentVersionMismatch => nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-            Deprecated => nvmlReturn_enum_NVML_ERROR_DEPRECATED,
-            NotReady => nvmlReturn_enum_NVML_ERROR_NOT_READY,
-            GpuNotFound => nvmlReturn_enum_NVML_ERROR_GPU_NOT_FOUND,
-            InvalidState => nvmlReturn_enum_NVML_ERROR_INVALID_STATE,
-            ResetTypeNotSupported => nvmlReturn_enum_NVML_ERROR_RESET_TYPE_NOT_SUPPORTED,
-            Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
-            Other(raw) => raw,
-        }
-    }
-
-    /// `NVML_SUCCESS` / `NVML_ERROR_*` as `nvml.h` spells it; `None` for [`NvmlReturn::Other`].
-    pub const fn name(self) -> Option<&'static str> {
-        use NvmlReturn::*;
-        Some(match self {
-            Success => "NVML_SUCCESS",
-            Uninitialized => "NVML_ERROR_UNINITIALIZED",
-            InvalidArgument => "NVML_ERROR_INVALID_ARGUMENT",
-            NotSupported => "NVML_ERROR_NOT_SUPPORTED",
-            NoPermission => "NVML_ERROR_NO_PERMISSION",
-            AlreadyInitialized => "NVML_ERROR_ALREADY_INITIALIZED",
-            NotFound => "NVML_ERROR_NOT_FOUND",
-            InsufficientSize => "NVML_ERROR_INSUFFICIENT_SIZE",
-            InsufficientPower => "NVML_ERROR_INSUFFICIENT_POWER",
-            DriverNotLoaded => "NVML_ERROR_DRIVER_NOT_LOADED",
-            Timeout => "NVML_ERROR_TIMEOUT",
-            IrqIssue => "NVML_ERROR_IRQ_ISSUE",
-            LibraryNotFound => "NVML_ERROR_LIBRARY_NOT_FOUND",
-            FunctionNotFound => "NVML_ERROR_FUNCTION_NOT_FOUND",
-            CorruptedInforom => "NVML_ERROR_CORRUPTED_INFOROM",
-            GpuIsLost => "NVML_ERROR_GPU_IS_LOST",
-            ResetRequired => "NVML_ERROR_RESET_REQUIRED",
-            OperatingSystem => "NVML_ERROR_OPERATING_SYSTEM",
-            LibRmVersionMismatch => "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
-            InUse => "NVML_ERROR_IN_USE",
-            Memory => "NVML_ERROR_MEMORY",
-            NoData => "NVML_ERROR_NO_DATA",
-            VgpuEccNotSupported => "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED",
-            InsufficientResources => "NVML_ERROR_INSUFFICIENT_RESOURCES",
-            FreqNotSupported => "NVML_ERROR_FREQ_NOT_SUPPORTED",
-            ArgumentVersionMismatch => "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
-            Deprecated => "NVML_ERROR_DEPRECATED",
-            NotReady => "NVML_ERROR_NOT_READY",
-            GpuNotFound => "NVML_ERROR_GPU_NOT_FOUND",
-            InvalidState => "NVML_ERROR_INVALID_STATE",
-            ResetTypeNotSupported => "NVML_ERROR_RESET_TYPE_NOT_SUPPORTED",
-            Unknown => "NVML_ERROR_UNKNOWN",
-            Other(_) => return None,
-        })
-    }
-
-    /// What `nvmlErrorString` answers, as read from driver 580.159.04 (an unnamed code reads
-    /// "Unknown Error" there too).
-    pub const fn message(self) -> &'static CStr {
-        use NvmlReturn::*;
-        match self {
-            Success => c"Success",
-            Uninitialized => c"Uninitialized",
-            InvalidArgument => c"Invalid Argument",
-            NotSupported => c"Not Supported",
-            NoPermission => c"Insufficient Permissions",
-            AlreadyInitialized => c"Already Initialized",
-            NotFound => c"Not Found",
-            InsufficientSize => c"Insufficient Size",
-            InsufficientPower => c"Insufficient External Power",
-            DriverNotLoaded => c"Driver Not Loaded",
-            Timeout => c"Timeout",
-            IrqIssue => c"Interrupt Request Issue",
-            LibraryNotFound => c"NVML Shared Library Not Found",
-            FunctionNotFound => c"Function Not Found",
-            CorruptedInforom => c"Corrupted infoROM",
-            GpuIsLost => c"GPU is lost",
-            ResetRequired => c"GPU requires reset",
-            OperatingSystem => c"GPU access blocked by the operating system",
-            LibRmVersionMismatch => c"Driver/library version mismatch",
-            InUse => c"In use by another client",
-            Memory => c"Insufficient Memory",
-            NoData => c"No data",
-            VgpuEccNotSupported => c"vGPU ECC not supported",
-            InsufficientResources => c"Insufficient Resources",
-            FreqNotSupported => c"Invalid Frequency",
-            ArgumentVersionMismatch => c"Argument version mismatch",
-            Deprecated => c"Requested functionality has been deprecated",
-            NotReady => c"System is not in ready state",
-            GpuNotFound => c"No supported GPUs were found",
-            InvalidState => c"Resource not in correct state to perform requested operation",
-            ResetTypeNotSupported => c"Reset type is not supported for given device",
-            Unknown | Other(_) => c"Unknown Error",
-        }
-    }
-
     /// The spelling fault plans and state files use: the `nvml.h` name without its prefix, in
     /// lower case (`in_use`, `gpu_is_lost`); `None` for [`NvmlReturn::Other`].
     pub fn snake_name(self) -> Option<String> {
@@ -339,7 +193,7 @@ mod tests {
 
     #[test]
     fn every_named_code_round_trips_through_its_number_and_names() {
-        for code in NAMED {
+        for &code in NAMED {
             assert_eq!(NvmlReturn::from_raw(code.raw()), code);
             assert!(!matches!(code, NvmlReturn::Other(_)));
             let snake = code.snake_name().unwrap();
@@ -353,6 +207,16 @@ mod tests {
         raws.sort_unstable();
         raws.dedup();
         assert_eq!(raws.len(), NAMED.len());
+    }
+
+    #[test]
+    fn each_row_names_its_own_constant() {
+        for (code, constant) in NAMED.iter().zip(CONSTANTS) {
+            assert_eq!(
+                Some(constant.trim_start_matches("nvmlReturn_enum_")),
+                code.name()
+            );
+        }
     }
 
     #[test]

@@ -4,6 +4,12 @@
 //! one inference admission as a full cycle, the same arrivals decided incrementally by a
 //! [`Session`] held on the steady fleet (the first decision applied), and peak memory. Figures
 //! only; no assertion on time. `cargo bench -p tessera-solver --bench reference_fleet`
+//!
+//! `-- --scale X` grows the fleet X times (nodes × X in the same training/MIG proportion,
+//! organisations × √X, so tenants grow slower than nodes as they do in a real company; the
+//! queue max(2,000, 400·X)); `--nodes N`, `--orgs K` and `--pending P` set one dimension
+//! exactly. At 12.5 it is the 50,000-GPU fleet: 6,250 nodes, 35 organisations (1,051 tenants),
+//! about 64,000 running and 5,000 pending.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -20,10 +26,72 @@ use tessera_solver::decision::Decision;
 use tessera_solver::session::{Admission, Session};
 use tessera_solver::{Outcome, SolveOptions, solve};
 
-const TRAIN_NODES: usize = 436;
-const INFER_NODES: usize = 64;
-const ORGS: usize = 10;
 const PROJECTS_PER_ORG: usize = 29;
+
+/// The fleet's dimensions; `Shape::default()` is the reference fleet.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    train_nodes: usize,
+    infer_nodes: usize,
+    orgs: usize,
+    pending: usize,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            train_nodes: 436,
+            infer_nodes: 64,
+            orgs: 10,
+            pending: 2000,
+        }
+    }
+}
+
+impl Shape {
+    fn scaled(x: f64) -> Shape {
+        let nodes = (500.0 * x).round() as usize;
+        let infer_nodes = ((nodes * 64) as f64 / 500.0).round() as usize;
+        Shape {
+            train_nodes: nodes - infer_nodes,
+            infer_nodes,
+            orgs: ((10.0 * x.sqrt()).round() as usize).max(1),
+            pending: (400.0 * x).round().max(2000.0) as usize,
+        }
+    }
+
+    fn nodes(&self) -> usize {
+        self.train_nodes + self.infer_nodes
+    }
+
+    /// Reads `--scale X`, then any of `--nodes N`, `--orgs K`, `--pending P` on top.
+    fn from_args(args: &[String]) -> Shape {
+        let value = |flag: &str| {
+            args.iter().position(|a| a == flag).map(|i| {
+                match args.get(i + 1).map(|v| v.parse::<f64>()) {
+                    Some(Ok(v)) if v > 0.0 => v,
+                    _ => {
+                        eprintln!("{flag} takes a positive number");
+                        std::process::exit(2)
+                    }
+                }
+            })
+        };
+        let mut shape = value("--scale").map_or_else(Shape::default, Shape::scaled);
+        if let Some(n) = value("--nodes") {
+            let n = n as usize;
+            shape.infer_nodes = ((n * 64) as f64 / 500.0).round() as usize;
+            shape.train_nodes = n - shape.infer_nodes;
+        }
+        if let Some(k) = value("--orgs") {
+            shape.orgs = k as usize;
+        }
+        if let Some(p) = value("--pending") {
+            shape.pending = p as usize;
+        }
+        shape
+    }
+}
 
 /// A small deterministic generator (SplitMix64): the fleet is the same on every run.
 struct Rng(u64);
@@ -40,7 +108,18 @@ impl Rng {
     }
 }
 
-fn policy() -> String {
+fn policy(shape: Shape) -> String {
+    let Shape {
+        train_nodes,
+        infer_nodes,
+        orgs,
+        ..
+    } = shape;
+    // Guarantees split the pools evenly, org by org and project by project, as at 1×.
+    let org_train = train_nodes * 8 / orgs;
+    let org_infer = infer_nodes * 8 / orgs;
+    let project_train = org_train / PROJECTS_PER_ORG;
+    let project_infer = (org_infer / PROJECTS_PER_ORG).max(1);
     let h = "apiVersion: tessera/v1alpha1\n";
     let mut s = String::new();
     let _ = write!(
@@ -50,21 +129,21 @@ fn policy() -> String {
          {h}kind: SloClass\nmetadata: {{name: training}}\nspec: {{tier: batch, preemptible: true, isolation: {{minimum: exclusive}}, preemption: {{signal: SIGUSR1, gracePeriod: 5m, minRuntime: 30m}}}}\n---\n\
          {h}kind: MigLayout\nmetadata: {{name: all-1g}}\nspec: {{gpuModel: H100-SXM5-80GB, instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]}}\n---\n\
          {h}kind: MigLayout\nmetadata: {{name: halves}}\nspec: {{gpuModel: H100-SXM5-80GB, instances: [4g.40gb, 3g.40gb]}}\n---\n\
-         {h}kind: Pool\nmetadata: {{name: train}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: exclusive, capacity: {{nodes: {TRAIN_NODES}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
-         {h}kind: Pool\nmetadata: {{name: infer}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: mig, migLayouts: [all-1g, halves], capacity: {{nodes: {INFER_NODES}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
+         {h}kind: Pool\nmetadata: {{name: train}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: exclusive, capacity: {{nodes: {train_nodes}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
+         {h}kind: Pool\nmetadata: {{name: infer}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: mig, migLayouts: [all-1g, halves], capacity: {{nodes: {infer_nodes}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
          {h}kind: Tenant\nmetadata: {{name: root}}\nspec: {{guarantee: {{train: {}, infer: {}}}, sloClasses: [serving, training]}}\n",
-        TRAIN_NODES * 8,
-        INFER_NODES * 8
+        train_nodes * 8,
+        infer_nodes * 8
     );
-    for o in 0..ORGS {
+    for o in 0..orgs {
         let _ = write!(
             s,
-            "---\n{h}kind: Tenant\nmetadata: {{name: org-{o}}}\nspec: {{parent: root, guarantee: {{train: 348, infer: 51}}, trustDomain: org-{o}}}\n"
+            "---\n{h}kind: Tenant\nmetadata: {{name: org-{o}}}\nspec: {{parent: root, guarantee: {{train: {org_train}, infer: {org_infer}}}, trustDomain: org-{o}}}\n"
         );
         for p in 0..PROJECTS_PER_ORG {
             let _ = write!(
                 s,
-                "---\n{h}kind: Tenant\nmetadata: {{name: p-{o}-{p}}}\nspec: {{parent: org-{o}, guarantee: {{train: 12, infer: 1}}, weight: {}}}\n",
+                "---\n{h}kind: Tenant\nmetadata: {{name: p-{o}-{p}}}\nspec: {{parent: org-{o}, guarantee: {{train: {project_train}, infer: {project_infer}}}, weight: {}}}\n",
                 1 + p % 3
             );
         }
@@ -72,18 +151,24 @@ fn policy() -> String {
     s
 }
 
-fn project(rng: &mut Rng) -> String {
-    format!("p-{}-{}", rng.below(ORGS), rng.below(PROJECTS_PER_ORG))
+fn project(rng: &mut Rng, orgs: usize) -> String {
+    format!("p-{}-{}", rng.below(orgs), rng.below(PROJECTS_PER_ORG))
 }
 
 /// The snapshot: training nodes filled with gangs of 1-8 GPUs (a few nodes left free), MIG
 /// GPUs cut in seven 1g instances each held by an inference replica, and a queue.
-fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
+fn state(shape: Shape, pending_extra: Option<&str>) -> (String, usize, usize) {
+    let Shape {
+        train_nodes,
+        infer_nodes,
+        orgs,
+        pending: queued,
+    } = shape;
     let mut rng = Rng(20_261_122);
     let mut s = String::from(
         "apiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {name: reference}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n",
     );
-    for n in 0..TRAIN_NODES {
+    for n in 0..train_nodes {
         let _ = write!(
             s,
             "    - {{name: t{n}, pool: train, cpu: 192, memory: 2Ti, gpus: ["
@@ -97,7 +182,7 @@ fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
         }
         s.push_str("]}\n");
     }
-    for n in 0..INFER_NODES {
+    for n in 0..infer_nodes {
         let _ = writeln!(
             s,
             "    - name: m{n}\n      pool: infer\n      cpu: 192\n      memory: 2Ti\n      gpus:"
@@ -116,7 +201,7 @@ fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
     }
     s.push_str("  running:\n");
     let mut running = 0;
-    for n in 0..TRAIN_NODES {
+    for n in 0..train_nodes {
         if n % 20 == 19 {
             continue; // a free node now and then
         }
@@ -127,7 +212,7 @@ fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
             let _ = writeln!(
                 s,
                 "    - {{name: train-{running}, spec: {{tenant: {}, sloClass: training, gpu: {{count: {size}}}, cpu: 8, memory: 64Gi}}, bindings: [{{node: t{n}, gpus: [{}]}}], startedAt: \"2026-11-20T0{}:00:00Z\"}}",
-                project(&mut rng),
+                project(&mut rng, orgs),
                 gpus.join(", "),
                 rng.below(7)
             );
@@ -135,7 +220,7 @@ fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
             g += size;
         }
     }
-    for n in 0..INFER_NODES {
+    for n in 0..infer_nodes {
         for g in 0..8 {
             for i in 0..7 {
                 if rng.below(50) == 0 {
@@ -144,7 +229,7 @@ fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
                 let _ = writeln!(
                     s,
                     "    - {{name: serve-{running}, spec: {{tenant: {}, sloClass: serving, gpu: {{migProfile: 1g.10gb}}, cpu: 2, memory: 16Gi}}, bindings: [{{node: m{n}, gpus: [{g}], migStart: {i}}}], startedAt: \"2026-11-20T06:00:00Z\"}}",
-                    project(&mut rng),
+                    project(&mut rng, orgs),
                 );
                 running += 1;
             }
@@ -152,7 +237,7 @@ fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
     }
     s.push_str("  pending:\n");
     let mut pending = 0;
-    for i in 0..2000 {
+    for i in 0..queued {
         let (class, gpu) = if i % 4 == 0 {
             ("serving", "{migProfile: 1g.10gb}".to_owned())
         } else {
@@ -164,7 +249,7 @@ fn state(pending_extra: Option<&str>) -> (String, usize, usize) {
         let _ = writeln!(
             s,
             "    - {{name: queued-{i}, spec: {{tenant: {}, sloClass: {class}, gpu: {gpu}, cpu: 4, memory: 32Gi}}, submittedAt: \"2026-11-20T07:{:02}:00Z\"}}",
-            project(&mut rng),
+            project(&mut rng, orgs),
             i % 60
         );
         pending += 1;
@@ -232,15 +317,17 @@ fn arrival(name: &str, tenant: &str, class: &str, count: Option<u32>, cpu: u64) 
 
 fn main() {
     // `-- --fair-preemption`: the training pool lets borrowers preempt each other by fair share.
-    let fair = std::env::args().any(|a| a == "--fair-preemption");
-    let mut policy_text = policy();
+    let args: Vec<String> = std::env::args().collect();
+    let fair = args.iter().any(|a| a == "--fair-preemption");
+    let shape = Shape::from_args(&args);
+    let mut policy_text = policy(shape);
     if fair {
         policy_text = policy_text.replace(
             "sharing: exclusive,",
             "sharing: exclusive, preemption: {borrowers: FairShare},",
         );
     }
-    let (state_text, running, pending) = state(None);
+    let (state_text, running, pending) = state(shape, None);
     let sources = [
         SourceFile::new("policy.yaml", policy_text.clone()),
         SourceFile::new("state.yaml", state_text),
@@ -269,7 +356,7 @@ fn main() {
     // One inference replica arriving into the fleet as decided (the queue emptied of what was
     // admitted): a cycle with the steady fleet plus one pending workload.
     let extra = "    - {name: one-more, spec: {tenant: p-0-0, sloClass: serving, gpu: {migProfile: 1g.10gb}, cpu: 2, memory: 16Gi}, submittedAt: \"2026-11-20T07:59:00Z\"}\n";
-    let (one_text, _, _) = state(Some(extra));
+    let (one_text, _, _) = state(shape, Some(extra));
     let c1 = compile(&[
         SourceFile::new("policy.yaml", policy_text),
         SourceFile::new("state.yaml", one_text),
@@ -289,8 +376,10 @@ fn main() {
         .filter(|w| matches!(w.outcome, tessera_solver::Outcome::Admit { .. }))
         .count();
     println!(
-        "reference fleet: {} nodes ({INFER_NODES} MIG), {} tenants, {running} running, {pending} pending",
-        TRAIN_NODES + INFER_NODES,
+        "reference fleet: {} nodes ({} MIG, {} GPUs), {} tenants, {running} running, {pending} pending",
+        shape.nodes(),
+        shape.infer_nodes,
+        shape.nodes() * 8,
         compiled.tenants.len()
     );
     println!(
@@ -340,15 +429,33 @@ fn main() {
     let arrivals = [
         (
             "inference 1g MIG",
-            arrival("new-serve", "p-3-7", "serving", None, 2),
+            arrival(
+                "new-serve",
+                &format!("p-{}-7", 3 % shape.orgs),
+                "serving",
+                None,
+                2,
+            ),
         ),
         (
             "training 1 GPU",
-            arrival("new-train-1", "p-5-2", "training", Some(1), 8),
+            arrival(
+                "new-train-1",
+                &format!("p-{}-2", 5 % shape.orgs),
+                "training",
+                Some(1),
+                8,
+            ),
         ),
         (
             "training 8-GPU gang",
-            arrival("new-train-8", "p-8-11", "training", Some(8), 32),
+            arrival(
+                "new-train-8",
+                &format!("p-{}-11", 8 % shape.orgs),
+                "training",
+                Some(8),
+                32,
+            ),
         ),
         // A project well under its guarantee: it reclaims borrowed work, ahead of the waiting
         // borrowers, which are then decided again.

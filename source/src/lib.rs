@@ -8,11 +8,19 @@
 //! refused unread, never followed; a cap on each file and on the whole tree, past which nothing
 //! more is read. What is refused is returned as [`Loaded::Refused`] so that the compiler reports
 //! it at its path like any other problem.
+//!
+//! With the `verify` feature, [`signature`] decides whether a revision is signed by a key the
+//! operator trusts (SSH and OpenPGP, verified in process) and [`commit`] reads a commit's
+//! signature out of the repository: `tessera plan`, `tessera verify` and the service share it.
 
+#[cfg(feature = "verify")]
+pub mod commit;
 mod disk;
 #[cfg(feature = "git")]
 pub mod git;
 pub mod rules;
+#[cfg(feature = "verify")]
+pub mod signature;
 
 pub use disk::{SourceError, discover, discover_with};
 pub use rules::{Limits, MAX_FILE_BYTES, MAX_FILES, MAX_TREE_BYTES};

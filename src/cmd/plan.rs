@@ -309,7 +309,7 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Whether `reconcile --verify-signatures` would accept the head, in one line.
-fn signature_line(v: &tessera_reconciler::repo::Verdict) -> String {
+fn signature_line(v: &tessera_source::signature::Verdict) -> String {
     if v.is_trusted() {
         format!("accepted: {v}")
     } else {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tessera_reconciler::repo::{TrustedSigners, Verdict};
+use tessera_source::signature::{TrustedSigners, Verdict};
 
 use crate::cli::TextOrJson;
 use crate::output::emit;
@@ -28,7 +28,7 @@ pub fn verdict(
     rev: &str,
     trusted: &TrustedSigners,
 ) -> anyhow::Result<Verdict> {
-    let signature = tessera_reconciler::repo::commit::signature(repo, rev)?;
+    let signature = tessera_source::commit::signature(repo, rev)?;
     Ok(trusted.verify(&signature.as_signed()))
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use git2::{FetchOptions, RemoteCallbacks, Repository};
 
-use super::commit::CommitSignature;
+use tessera_source::commit::CommitSignature;
 use tessera_source::git::{self as tree, Snapshot, TreeError};
 
 /// Where the policy lives.
@@ -165,7 +165,7 @@ impl Mirror {
 
     /// The signature of `commit` and the bytes it covers.
     pub fn signature(&self, commit: &str) -> Result<CommitSignature, RepoError> {
-        Ok(super::commit::signature(&self.repo, commit)?)
+        Ok(tessera_source::commit::signature(&self.repo, commit)?)
     }
 
     /// For a repository on this machine, the directory whose changes mean a new commit (its

@@ -1,9 +1,9 @@
 //! A commit's signature and the bytes it covers, read out of the repository for
-//! [`super::signature`].
+//! [`crate::signature`].
 
 use git2::Repository;
 
-use tessera_source::git::TreeError;
+use crate::git::TreeError;
 
 /// A commit as signature verification sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,8 +19,8 @@ pub struct CommitSignature {
 }
 
 impl CommitSignature {
-    pub fn as_signed(&self) -> super::signature::SignedCommit<'_> {
-        super::signature::SignedCommit {
+    pub fn as_signed(&self) -> crate::signature::SignedCommit<'_> {
+        crate::signature::SignedCommit {
             id: &self.id,
             signature: self.signature.as_deref(),
             signed_data: &self.signed_data,

@@ -1,7 +1,7 @@
 //! Signed revisions: whether a commit is signed by a key the operator trusts.
 //!
 //! Pure: a commit's signed bytes, its signature and the trusted signers in, a [`Verdict`] out.
-//! Nothing here reads Git or the file system; `repo::commit` extracts the signature from a commit
+//! Nothing here reads Git or the file system; [`crate::commit`] extracts the signature from a commit
 //! object and callers read the trust files. Signatures are verified in process: SSH signatures
 //! (`ssh-keygen -Y sign -n git`, what Git makes with `gpg.format = ssh`) against entries in Git's
 //! `allowed_signers` format, and OpenPGP signatures against armored public keys.
