@@ -1201,6 +1201,7 @@ fn a_start_the_service_keeps_dying_during_is_failed_after_three() {
     let mut job = small_inference();
     job["gpu"] = json!({"migProfile": "3g.40gb"});
     let spec: WorkloadSpec = serde_json::from_value(job).unwrap();
+    let crasher = tessera_compiler::WorkloadKey::new(&spec.tenant, "crasher");
     Store::open(&db)
         .unwrap()
         .submit("crasher", &spec, Origin::Submitted, now())
@@ -1215,13 +1216,14 @@ fn a_start_the_service_keeps_dying_during_is_failed_after_three() {
                 mig_start: Some(0),
                 share: None,
             };
-            store.mark_starting("crasher", &[binding], now()).unwrap();
-            let intent = json!({"action": "start", "workload": "crasher", "bindings": []});
+            store.mark_starting(&crasher, &[binding], now()).unwrap();
+            let intent =
+                json!({"action": "start", "workload": crasher.to_string(), "bindings": []});
             store.begin_action(1, &intent, now()).unwrap();
         }
         let out = once();
         let text = String::from_utf8_lossy(&out.stdout);
-        let record = Store::open(&db).unwrap().workload("crasher").unwrap();
+        let record = Store::open(&db).unwrap().workload(&crasher).unwrap();
         if round < 3 {
             assert_eq!(record.phase, Phase::Pending, "round {round}: {text}");
             assert!(

@@ -94,7 +94,7 @@ pub(crate) fn solve_directed(
     s.keep_running();
     for &v in &d.preempt {
         if !matches!(s.status[v], Some(Status::Keep)) {
-            return Err(ReplayError::NotKept(p.workloads[v].name.clone()));
+            return Err(ReplayError::NotKept(p.workloads[v].key.to_string()));
         }
         let vl = &p.workloads[v];
         s.fleet.release(p, v, true);
@@ -111,7 +111,7 @@ pub(crate) fn solve_directed(
     }
     for &v in &d.preempt {
         let reason = beneficiary(p, &s, d, v)
-            .ok_or_else(|| ReplayError::NoBeneficiary(p.workloads[v].name.clone()))?;
+            .ok_or_else(|| ReplayError::NoBeneficiary(p.workloads[v].key.to_string()))?;
         s.status[v] = Some(Status::Preempt(reason));
     }
     for &w in &d.hold {
