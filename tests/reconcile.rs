@@ -840,6 +840,77 @@ fn a_suspended_service_applies_nothing_until_resumed() {
     service.stop();
 }
 
+/// Workload names are per tenant: another tenant's `chat` neither shows (no 409 for it, no
+/// name in an error) nor blocks a committed `chat`, and both run side by side.
+#[test]
+fn two_tenants_workloads_of_one_name_both_run() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let research_chat = json!({
+        "tenant": "research", "sloClass": "training", "pool": "train", "gpu": {"count": 1},
+    });
+    // Research takes the name first; product then commits a workload of the same name.
+    let (code, body) = service.submit(RESEARCH, "chat", research_chat.clone());
+    assert_eq!(code, 201, "{body}");
+    repo.write(
+        "policy/chat.yaml",
+        "apiVersion: tessera/v1alpha1\nkind: Workload\nmetadata: {name: chat}\nspec:\n  \
+         tenant: product\n  sloClass: serving\n  pool: infer\n  gpu: {migProfile: 3g.40gb}\n",
+    );
+    repo.commit("product's chat");
+    service.await_phase(PRODUCT, "chat", "running");
+    service.await_phase(RESEARCH, "chat", "running");
+    // Nothing is blocked or Degraded (it was: the submitted name took the committed one's).
+    eventually("Synced and Healthy", || {
+        let s = service.status();
+        (s["sync"] == "Synced" && s["health"] == "Healthy").then_some(())
+    });
+    assert_eq!(service.workload(PRODUCT, "chat")["origin"], "committed");
+    assert_eq!(service.workload(RESEARCH, "chat")["origin"], "submitted");
+
+    // A 409 only for the tenant's own live name, and it names no other tenant.
+    let (code, body) = service.submit(PRODUCT, "chat", small_inference());
+    assert_eq!(code, 409, "{body}");
+    assert!(!body.to_string().contains("research"), "{body}");
+    let (code, body) = service.submit(RESEARCH, "chat", research_chat);
+    assert_eq!(code, 409, "{body}");
+    assert!(!body.to_string().contains("product"), "{body}");
+
+    // The operator says whose: a bare name two tenants use is ambiguous.
+    let (code, body) = service.call("GET", "/v1/workloads/chat", Some(ADMIN), None);
+    assert_eq!(code, 400, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("product") && error.contains("research") && error.contains("?tenant="),
+        "{error}"
+    );
+    let (code, body) = service.call(
+        "GET",
+        "/v1/workloads/chat?tenant=research",
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!((code, body["tenant"].as_str()), (200, Some("research")));
+    // A tenant cannot name another tenant's workload.
+    let (code, _) = service.call(
+        "GET",
+        "/v1/workloads/chat?tenant=product",
+        Some(RESEARCH),
+        None,
+    );
+    assert_eq!(code, 403);
+
+    // Cancelling research's `chat` leaves product's running.
+    let (code, body) = service.call("DELETE", "/v1/workloads/chat", Some(RESEARCH), None);
+    assert_eq!(code, 200, "{body}");
+    service.await_phase(RESEARCH, "chat", "cancelled");
+    assert_eq!(phase(&service.workload(PRODUCT, "chat")), "running");
+    stop_workloads(&service);
+    service.stop();
+}
+
 #[test]
 fn committed_workloads_follow_the_repository_like_a_deployment() {
     let mut repo = PolicyRepo::new();

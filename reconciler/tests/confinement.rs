@@ -257,6 +257,7 @@ fn the_environment_is_the_specs_and_the_runtimes_only() {
             "STATE",
             "TESSERA_CHECKPOINT_DIR",
             "TESSERA_REPLICA",
+            "TESSERA_TENANT",
             "TESSERA_WORKLOAD",
         ]
     );
@@ -395,8 +396,8 @@ fn the_runtimes_files_are_private() {
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(host.rt.root()), 0o700);
     assert_eq!(mode(&host.rt.root().join("t.victim")), 0o700);
-    assert_eq!(mode(&host.rt.root().join("victim/0.log")), 0o600);
-    assert_eq!(mode(&host.rt.root().join("victim/0.exit")), 0o600);
+    assert_eq!(mode(&host.rt.root().join("t.victim/0.log")), 0o600);
+    assert_eq!(mode(&host.rt.root().join("t.victim/0.exit")), 0o600);
 }
 
 #[test]

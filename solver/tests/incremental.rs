@@ -70,8 +70,11 @@ fn assert_whole(session: &mut Session, d: &Decision, what: &str) {
     assert_eq!(&mine, d, "{what}: the standing decision whole");
 }
 
-fn by_name(d: &[WorkloadDecision]) -> BTreeMap<String, WorkloadDecision> {
-    d.iter().map(|w| (w.name.clone(), w.clone())).collect()
+/// Decisions by key: names are per tenant.
+fn by_key(d: &[WorkloadDecision]) -> BTreeMap<WorkloadKey, WorkloadDecision> {
+    d.iter()
+        .map(|w| (WorkloadKey::new(&w.tenant, &w.name), w.clone()))
+        .collect()
 }
 
 /// How often each path was taken, so that the tests can tell they exercised it.
@@ -189,7 +192,8 @@ fn case(seed: u64, tally: &mut Tally) {
             submitted_at: format_rfc3339(now - i64::from(rng.range(0, 40)) * 60),
         };
         state.pending.push(arrival.clone());
-        let before = by_name(&session.decisions());
+        let before = by_key(&session.decisions());
+        let arrival_key = WorkloadKey::new(&arrival.spec.tenant, &arrival.name);
         match session.admit(&arrival).unwrap() {
             Admission::Decided {
                 decision,
@@ -220,9 +224,9 @@ fn case(seed: u64, tally: &mut Tally) {
                 }
                 before_geometry = d.geometry.clone();
                 tally.relaid_out += u32::from(!geometry.is_empty());
-                let expected = by_name(&d.workloads);
+                let expected = by_key(&d.workloads);
                 assert_eq!(
-                    *decision, expected[&arrival.name],
+                    *decision, expected[&arrival_key],
                     "seed {seed}: arrival {k}"
                 );
                 assert_eq!(session.decisions(), d.workloads, "seed {seed}: arrival {k}");
@@ -230,7 +234,10 @@ fn case(seed: u64, tally: &mut Tally) {
                 let differ: Vec<&WorkloadDecision> = d
                     .workloads
                     .iter()
-                    .filter(|w| w.name != arrival.name && before.get(&w.name) != Some(*w))
+                    .filter(|w| {
+                        let key = WorkloadKey::new(&w.tenant, &w.name);
+                        key != arrival_key && before.get(&key) != Some(*w)
+                    })
                     .collect();
                 assert_eq!(
                     changed.iter().collect::<Vec<_>>(),
