@@ -42,6 +42,23 @@ impl WorkloadKey {
     }
 }
 
+/// The workload a snapshot's reservation names: `tenant/name`, or a bare name as snapshots
+/// written before names were per tenant have it, which means the one workload of that name
+/// among `known` when there is exactly one.
+pub fn resolve_reference<'a>(
+    text: &str,
+    known: impl IntoIterator<Item = &'a WorkloadKey>,
+) -> Option<WorkloadKey> {
+    if let Some(key) = WorkloadKey::parse(text) {
+        return Some(key);
+    }
+    let mut named = known.into_iter().filter(|k| k.name == text);
+    match (named.next(), named.next()) {
+        (Some(only), None) => Some(only.clone()),
+        _ => None,
+    }
+}
+
 impl fmt::Display for WorkloadKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.tenant, self.name)
@@ -60,6 +77,24 @@ mod tests {
         for bad in ["train", "/train", "team-a/", "a/b/c", ""] {
             assert_eq!(WorkloadKey::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_bare_name_is_resolved_only_when_one_tenant_has_it() {
+        use super::resolve_reference;
+        let known = [
+            WorkloadKey::new("a", "train"),
+            WorkloadKey::new("b", "train"),
+            WorkloadKey::new("b", "solo"),
+        ];
+        let b_train = Some(WorkloadKey::new("b", "train"));
+        assert_eq!(resolve_reference("b/train", &known), b_train);
+        assert_eq!(
+            resolve_reference("solo", &known),
+            Some(WorkloadKey::new("b", "solo"))
+        );
+        assert_eq!(resolve_reference("train", &known), None, "ambiguous");
+        assert_eq!(resolve_reference("nothing", &known), None);
     }
 
     #[test]

@@ -564,9 +564,10 @@ impl Problem {
         }
         // A record that no longer fits the snapshot (the gang started or left, a node or the
         // pool went away) is dropped: the solver chooses afresh if the gang still waits. A record
-        // names its gang as `tenant/name`.
+        // names its gang as `tenant/name`, or by a bare name one workload has (older records).
         for r in &state.reservations {
-            let Some(key) = WorkloadKey::parse(&r.workload) else {
+            let known = problem.workloads.iter().map(|w| &w.key);
+            let Some(key) = tessera_compiler::key::resolve_reference(&r.workload, known) else {
                 continue;
             };
             let Some(workload) = problem
