@@ -358,7 +358,7 @@ fn a_policy_change_re_partitions_a_gpu_and_starts_the_waiting_workload() {
         "{layout:?}"
     );
     // The process was given the instance the solver placed it on.
-    let checkpoints = work.path().join("state/checkpoints/chat-small");
+    let checkpoints = work.path().join("state/checkpoints/product/chat-small");
     let seen = eventually("the server wrote its devices", || {
         std::fs::read_to_string(checkpoints.join("devices-0")).ok()
     });
@@ -398,7 +398,7 @@ fn an_inference_burst_preempts_training_which_checkpoints_and_resumes() {
     });
     assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
     service.await_phase(RESEARCH, "pretrain", "running");
-    let checkpoints = work.path().join("state/checkpoints/pretrain");
+    let checkpoints = work.path().join("state/checkpoints/research/pretrain");
     eventually("training has started work", || {
         std::fs::read_to_string(checkpoints.join("devices-0")).ok()
     });
@@ -1057,7 +1057,7 @@ fn a_crash_looping_committed_service_backs_off() {
         let status = service.status();
         backing_off |= status["health"] == "Degraded"
             && status["lastError"].as_str().is_some_and(|e| {
-                e.contains("committed workload crash keeps ending after short runs")
+                e.contains("committed workload product/crash keeps ending after short runs")
             });
         (runs.len() >= 3).then_some(())
     });
@@ -1149,7 +1149,7 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
         let r = reservation(&service);
         r.is_object().then_some(r)
     });
-    assert_eq!(first["workload"], "pretrain", "{first}");
+    assert_eq!(first["workload"], "research/pretrain", "{first}");
     assert_eq!(first["nodes"], json!(["t0"]), "{first}");
     // Later cycles keep it, with its first instant.
     let cycles = service.status()["cycles"].as_u64().unwrap();
@@ -1225,10 +1225,10 @@ fn a_confined_workload_cannot_reach_the_service_or_other_tenants() {
         let w = service.workload(PRODUCT, "hostile");
         matches!(phase(&w), "succeeded" | "failed").then_some(w)
     });
-    let log = std::fs::read_to_string(work.path().join("state/runtime/hostile/0.log"));
+    let log = std::fs::read_to_string(work.path().join("state/runtime/product.hostile/0.log"));
     assert_eq!(phase(&ended), "succeeded", "{ended}\nlog: {log:?}");
     let report =
-        std::fs::read_to_string(work.path().join("state/checkpoints/hostile/report")).unwrap();
+        std::fs::read_to_string(work.path().join("state/checkpoints/product/hostile/report")).unwrap();
     assert_eq!(report, "done\n", "attacks that worked: {report}");
     // The service lives, and its store is what it wrote.
     assert!(service.status()["revision"].is_string());

@@ -165,7 +165,8 @@ pub struct WorkloadView {
     pub bindings: Vec<Binding>,
     pub replicas: Vec<ReplicaProcess>,
     pub spec: WorkloadSpec,
-    /// The most recent events of workloads of this name, oldest first (one workload only).
+    /// The most recent events of workloads of this tenant and name, oldest first (one workload
+    /// only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<EventView>>,
 }
