@@ -198,7 +198,7 @@ fn a_checkpoint_signal_is_handled_and_the_exit_is_clean() {
     let exit = wait_for_exit(&mut rt, pid);
     assert_eq!(
         (exit.workload.as_str(), exit.replica, exit.status),
-        ("ckpt", 0, ExitStatus::Code(0))
+        ("t.ckpt", 0, ExitStatus::Code(0))
     );
     let saved = std::fs::read_to_string(spec.checkpoint_dir.join("state")).unwrap();
     assert_eq!(saved.trim(), "saved");
