@@ -1228,7 +1228,8 @@ fn a_confined_workload_cannot_reach_the_service_or_other_tenants() {
     let log = std::fs::read_to_string(work.path().join("state/runtime/product.hostile/0.log"));
     assert_eq!(phase(&ended), "succeeded", "{ended}\nlog: {log:?}");
     let report =
-        std::fs::read_to_string(work.path().join("state/checkpoints/product/hostile/report")).unwrap();
+        std::fs::read_to_string(work.path().join("state/checkpoints/product/hostile/report"))
+            .unwrap();
     assert_eq!(report, "done\n", "attacks that worked: {report}");
     // The service lives, and its store is what it wrote.
     assert!(service.status()["revision"].is_string());
