@@ -149,6 +149,10 @@ pub enum Command {
     /// Cancel a submitted workload (stopping it if it runs).
     Cancel {
         name: String,
+        /// Whose workload: names are per tenant. A tenant's token means its own; the operator
+        /// names the tenant when several tenants use the name.
+        #[arg(long)]
+        tenant: Option<String>,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -170,6 +174,10 @@ pub enum Command {
     /// reservation's expected start, checkpoints and recent events.
     Describe {
         name: String,
+        /// Whose workload: names are per tenant. A tenant's token means its own; the operator
+        /// names the tenant when several tenants use the name.
+        #[arg(long)]
+        tenant: Option<String>,
         #[arg(short, long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
         #[command(flatten)]

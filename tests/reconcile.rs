@@ -358,7 +358,7 @@ fn a_policy_change_re_partitions_a_gpu_and_starts_the_waiting_workload() {
         "{layout:?}"
     );
     // The process was given the instance the solver placed it on.
-    let checkpoints = work.path().join("state/checkpoints/chat-small");
+    let checkpoints = work.path().join("state/checkpoints/product/chat-small");
     let seen = eventually("the server wrote its devices", || {
         std::fs::read_to_string(checkpoints.join("devices-0")).ok()
     });
@@ -398,7 +398,7 @@ fn an_inference_burst_preempts_training_which_checkpoints_and_resumes() {
     });
     assert_eq!(service.submit(RESEARCH, "pretrain", training).0, 201);
     service.await_phase(RESEARCH, "pretrain", "running");
-    let checkpoints = work.path().join("state/checkpoints/pretrain");
+    let checkpoints = work.path().join("state/checkpoints/research/pretrain");
     eventually("training has started work", || {
         std::fs::read_to_string(checkpoints.join("devices-0")).ok()
     });
@@ -840,6 +840,77 @@ fn a_suspended_service_applies_nothing_until_resumed() {
     service.stop();
 }
 
+/// Workload names are per tenant: another tenant's `chat` neither shows (no 409 for it, no
+/// name in an error) nor blocks a committed `chat`, and both run side by side.
+#[test]
+fn two_tenants_workloads_of_one_name_both_run() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let research_chat = json!({
+        "tenant": "research", "sloClass": "training", "pool": "train", "gpu": {"count": 1},
+    });
+    // Research takes the name first; product then commits a workload of the same name.
+    let (code, body) = service.submit(RESEARCH, "chat", research_chat.clone());
+    assert_eq!(code, 201, "{body}");
+    repo.write(
+        "policy/chat.yaml",
+        "apiVersion: tessera/v1alpha1\nkind: Workload\nmetadata: {name: chat}\nspec:\n  \
+         tenant: product\n  sloClass: serving\n  pool: infer\n  gpu: {migProfile: 3g.40gb}\n",
+    );
+    repo.commit("product's chat");
+    service.await_phase(PRODUCT, "chat", "running");
+    service.await_phase(RESEARCH, "chat", "running");
+    // Nothing is blocked or Degraded (it was: the submitted name took the committed one's).
+    eventually("Synced and Healthy", || {
+        let s = service.status();
+        (s["sync"] == "Synced" && s["health"] == "Healthy").then_some(())
+    });
+    assert_eq!(service.workload(PRODUCT, "chat")["origin"], "committed");
+    assert_eq!(service.workload(RESEARCH, "chat")["origin"], "submitted");
+
+    // A 409 only for the tenant's own live name, and it names no other tenant.
+    let (code, body) = service.submit(PRODUCT, "chat", small_inference());
+    assert_eq!(code, 409, "{body}");
+    assert!(!body.to_string().contains("research"), "{body}");
+    let (code, body) = service.submit(RESEARCH, "chat", research_chat);
+    assert_eq!(code, 409, "{body}");
+    assert!(!body.to_string().contains("product"), "{body}");
+
+    // The operator says whose: a bare name two tenants use is ambiguous.
+    let (code, body) = service.call("GET", "/v1/workloads/chat", Some(ADMIN), None);
+    assert_eq!(code, 400, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("product") && error.contains("research") && error.contains("?tenant="),
+        "{error}"
+    );
+    let (code, body) = service.call(
+        "GET",
+        "/v1/workloads/chat?tenant=research",
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!((code, body["tenant"].as_str()), (200, Some("research")));
+    // A tenant cannot name another tenant's workload.
+    let (code, _) = service.call(
+        "GET",
+        "/v1/workloads/chat?tenant=product",
+        Some(RESEARCH),
+        None,
+    );
+    assert_eq!(code, 403);
+
+    // Cancelling research's `chat` leaves product's running.
+    let (code, body) = service.call("DELETE", "/v1/workloads/chat", Some(RESEARCH), None);
+    assert_eq!(code, 200, "{body}");
+    service.await_phase(RESEARCH, "chat", "cancelled");
+    assert_eq!(phase(&service.workload(PRODUCT, "chat")), "running");
+    stop_workloads(&service);
+    service.stop();
+}
+
 #[test]
 fn committed_workloads_follow_the_repository_like_a_deployment() {
     let mut repo = PolicyRepo::new();
@@ -986,7 +1057,7 @@ fn a_crash_looping_committed_service_backs_off() {
         let status = service.status();
         backing_off |= status["health"] == "Degraded"
             && status["lastError"].as_str().is_some_and(|e| {
-                e.contains("committed workload crash keeps ending after short runs")
+                e.contains("committed workload product/crash keeps ending after short runs")
             });
         (runs.len() >= 3).then_some(())
     });
@@ -1078,7 +1149,7 @@ fn a_reservation_is_carried_across_cycles_until_the_gang_starts() {
         let r = reservation(&service);
         r.is_object().then_some(r)
     });
-    assert_eq!(first["workload"], "pretrain", "{first}");
+    assert_eq!(first["workload"], "research/pretrain", "{first}");
     assert_eq!(first["nodes"], json!(["t0"]), "{first}");
     // Later cycles keep it, with its first instant.
     let cycles = service.status()["cycles"].as_u64().unwrap();
@@ -1154,10 +1225,11 @@ fn a_confined_workload_cannot_reach_the_service_or_other_tenants() {
         let w = service.workload(PRODUCT, "hostile");
         matches!(phase(&w), "succeeded" | "failed").then_some(w)
     });
-    let log = std::fs::read_to_string(work.path().join("state/runtime/hostile/0.log"));
+    let log = std::fs::read_to_string(work.path().join("state/runtime/product.hostile/0.log"));
     assert_eq!(phase(&ended), "succeeded", "{ended}\nlog: {log:?}");
     let report =
-        std::fs::read_to_string(work.path().join("state/checkpoints/hostile/report")).unwrap();
+        std::fs::read_to_string(work.path().join("state/checkpoints/product/hostile/report"))
+            .unwrap();
     assert_eq!(report, "done\n", "attacks that worked: {report}");
     // The service lives, and its store is what it wrote.
     assert!(service.status()["revision"].is_string());
@@ -1201,6 +1273,7 @@ fn a_start_the_service_keeps_dying_during_is_failed_after_three() {
     let mut job = small_inference();
     job["gpu"] = json!({"migProfile": "3g.40gb"});
     let spec: WorkloadSpec = serde_json::from_value(job).unwrap();
+    let crasher = tessera_compiler::WorkloadKey::new(&spec.tenant, "crasher");
     Store::open(&db)
         .unwrap()
         .submit("crasher", &spec, Origin::Submitted, now())
@@ -1215,13 +1288,14 @@ fn a_start_the_service_keeps_dying_during_is_failed_after_three() {
                 mig_start: Some(0),
                 share: None,
             };
-            store.mark_starting("crasher", &[binding], now()).unwrap();
-            let intent = json!({"action": "start", "workload": "crasher", "bindings": []});
+            store.mark_starting(&crasher, &[binding], now()).unwrap();
+            let intent =
+                json!({"action": "start", "workload": crasher.to_string(), "bindings": []});
             store.begin_action(1, &intent, now()).unwrap();
         }
         let out = once();
         let text = String::from_utf8_lossy(&out.stdout);
-        let record = Store::open(&db).unwrap().workload("crasher").unwrap();
+        let record = Store::open(&db).unwrap().workload(&crasher).unwrap();
         if round < 3 {
             assert_eq!(record.phase, Phase::Pending, "round {round}: {text}");
             assert!(

@@ -9,6 +9,7 @@
 mod check;
 pub mod compiled;
 pub mod diagnostic;
+pub mod key;
 pub mod load;
 pub mod model;
 pub mod schema;
@@ -22,6 +23,7 @@ pub use tessera_source as source;
 
 pub use compiled::CompiledPolicy;
 pub use diagnostic::{Code, Diagnostic, Location, Severity};
+pub use key::WorkloadKey;
 pub use source::{Loaded, Refusal, SourceFile};
 
 use load::LoadedDocument;

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::units::Gpus;
 use tessera_solver::decision::{FairShareReport, GeometryPlan, Instance};
 use tessera_solver::{Decision, Outcome};
@@ -11,7 +12,7 @@ use tessera_solver::{Decision, Outcome};
 /// The decision under the head compared with the decision under the base, for the same state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DecisionDiff {
-    /// Workloads whose outcome differs, by name.
+    /// Workloads whose outcome differs, by tenant and name (a workload's identity).
     pub workloads: Vec<WorkloadChange>,
     /// GPUs whose target MIG geometry differs, by node and index.
     pub geometry: Vec<GeometryChange>,
@@ -233,25 +234,26 @@ fn instances(v: &[Instance]) -> Vec<String> {
 
 /// Compares two decisions taken for the same snapshot.
 pub fn decision_diff(before: &Decision, after: &Decision) -> DecisionDiff {
-    let by_name = |d: &Decision| -> BTreeMap<String, (String, Option<String>, Outcome)> {
+    // Workloads are identified by (tenant, name): names are per tenant.
+    let by_key = |d: &Decision| -> BTreeMap<WorkloadKey, (Option<String>, Outcome)> {
         d.workloads
             .iter()
             .map(|w| {
                 (
-                    w.name.clone(),
-                    (w.tenant.clone(), w.pool.clone(), w.outcome.clone()),
+                    WorkloadKey::new(&w.tenant, &w.name),
+                    (w.pool.clone(), w.outcome.clone()),
                 )
             })
             .collect()
     };
-    let (b, a) = (by_name(before), by_name(after));
-    let mut names: Vec<&String> = b.keys().chain(a.keys()).collect();
-    names.sort();
-    names.dedup();
+    let (b, a) = (by_key(before), by_key(after));
+    let mut keys: Vec<&WorkloadKey> = b.keys().chain(a.keys()).collect();
+    keys.sort();
+    keys.dedup();
     let mut workloads = Vec::new();
-    for name in names {
-        let fb = fate(b.get(name).map(|(_, p, o)| (p, o)));
-        let fa = fate(a.get(name).map(|(_, p, o)| (p, o)));
+    for key in keys {
+        let fb = fate(b.get(key).map(|(p, o)| (p, o)));
+        let fa = fate(a.get(key).map(|(p, o)| (p, o)));
         // Waiting under both is no change to the fleet, whatever the reason's numbers say.
         let waits = |f: &Fate| f.outcome == "pending";
         if fb == fa
@@ -267,14 +269,9 @@ pub fn decision_diff(before: &Decision, after: &Decision) -> DecisionDiff {
             (x, _) if x == "keep" || x == "admit" => Change::Moved,
             _ => Change::Admitted,
         };
-        let tenant = a
-            .get(name)
-            .or_else(|| b.get(name))
-            .map(|(t, _, _)| t.clone())
-            .unwrap_or_default();
         workloads.push(WorkloadChange {
-            name: name.clone(),
-            tenant,
+            name: key.name.clone(),
+            tenant: key.tenant.clone(),
             change,
             before: fb,
             after: fa,

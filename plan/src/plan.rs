@@ -578,8 +578,15 @@ fn locate(d: &PolicyDiff, sources: &[SourceFile]) -> Vec<ItemLocation> {
                 continue;
             };
             if let Some(loc) = loaded.loc("/metadata/name") {
+                // A workload's changes name it by key, `tenant/name` (see `policy_diff`).
+                let name = match &loaded.document {
+                    tessera_compiler::model::Document::Workload(spec) => {
+                        tessera_compiler::WorkloadKey::new(&spec.tenant, &loaded.name).to_string()
+                    }
+                    _ => loaded.name.clone(),
+                };
                 found
-                    .entry((loaded.kind(), loaded.name.clone()))
+                    .entry((loaded.kind(), name))
                     .or_insert((loc.file, loc.line));
             }
         }

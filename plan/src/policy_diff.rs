@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tessera_compiler::CompiledPolicy;
+use tessera_compiler::{CompiledPolicy, WorkloadKey};
 
 /// Every change between two policies, grouped by what changed, each group sorted by name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -66,11 +66,14 @@ pub struct FieldChange {
 
 pub fn policy_diff(before: &CompiledPolicy, after: &CompiledPolicy) -> PolicyDiff {
     PolicyDiff {
-        tenants: diff_items(&before.tenants, &after.tenants, |t| &t.name),
-        pools: diff_items(&before.pools, &after.pools, |p| &p.name),
-        slo_classes: diff_items(&before.slo_classes, &after.slo_classes, |c| &c.name),
-        tiers: diff_items(&before.tiers, &after.tiers, |t| &t.name),
-        workloads: diff_items(&before.workloads, &after.workloads, |w| &w.name),
+        tenants: diff_items(&before.tenants, &after.tenants, |t| t.name.clone()),
+        pools: diff_items(&before.pools, &after.pools, |p| p.name.clone()),
+        slo_classes: diff_items(&before.slo_classes, &after.slo_classes, |c| c.name.clone()),
+        tiers: diff_items(&before.tiers, &after.tiers, |t| t.name.clone()),
+        // A workload is named by its key, `tenant/name`: names are per tenant.
+        workloads: diff_items(&before.workloads, &after.workloads, |w| {
+            WorkloadKey::new(&w.tenant, &w.name).to_string()
+        }),
     }
 }
 
@@ -81,14 +84,14 @@ const IDENTITY_FIELDS: [&str; 3] = ["name", "path", "children"];
 fn diff_items<T: Serialize>(
     before: &[T],
     after: &[T],
-    name: impl Fn(&T) -> &String,
+    name: impl Fn(&T) -> String,
 ) -> Vec<ItemChange> {
     let as_map = |items: &[T]| -> BTreeMap<String, Value> {
         items
             .iter()
             .map(|i| {
                 (
-                    name(i).clone(),
+                    name(i),
                     serde_json::to_value(i).expect("policy types serialize"),
                 )
             })

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::Binding;
 use tessera_solver::Decision;
 use tessera_solver::decision::{GeometryPlan, Instance, Outcome, ReplicaBinding};
@@ -22,7 +23,9 @@ use crate::driver::{GpuDetail, GpuRef, Observation};
 /// What the planner needs to know of one workload the service tracks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadView {
-    pub name: String,
+    /// Its key shown as `tenant/name` ([`WorkloadKey`]): actions, waits and the journal name
+    /// workloads by key, since names are per tenant.
+    pub key: String,
     pub phase: LivePhase,
     /// Replica processes still alive.
     pub alive_processes: usize,
@@ -246,7 +249,7 @@ pub fn plan(
     now: i64,
 ) -> ActionPlan {
     let views: BTreeMap<&str, &WorkloadView> =
-        workloads.iter().map(|w| (w.name.as_str(), w)).collect();
+        workloads.iter().map(|w| (w.key.as_str(), w)).collect();
     let details: BTreeMap<&GpuRef, &GpuDetail> =
         observation.details.iter().map(|d| (&d.gpu, d)).collect();
     let blocked = |key: &str| throttle.backoff.get(key).copied().filter(|&t| t > now);
@@ -258,7 +261,8 @@ pub fn plan(
     let mut leaving: BTreeSet<&str> = BTreeSet::new();
 
     for w in &decision.workloads {
-        let Some(view) = views.get(w.name.as_str()) else {
+        let Some(view) = views.get(WorkloadKey::new(&w.tenant, &w.name).to_string().as_str())
+        else {
             continue;
         };
         match (&w.outcome, view.phase) {
@@ -268,31 +272,31 @@ pub fn plan(
                     stops.push(stop(view, "preempted"));
                 } else {
                     out.waits.push(Wait::Grace {
-                        workload: view.name.clone(),
+                        workload: view.key.clone(),
                         deadline,
                     });
                 }
                 if view.alive_processes > 0 {
-                    leaving.insert(&view.name);
+                    leaving.insert(&view.key);
                 }
             }
             (Outcome::Preempt { grace_seconds, .. }, LivePhase::Running) => {
-                let key = format!("workload/{}", view.name);
+                let key = format!("workload/{}", view.key);
                 if let Some(until) = blocked(&key) {
                     out.waits.push(Wait::Backoff { key, until });
-                    leaving.insert(&view.name);
+                    leaving.insert(&view.key);
                     continue;
                 }
                 if view.alive_processes == 0 {
                     stops.push(stop(view, "preempted"));
                 } else {
                     out.actions.push(Action::Checkpoint {
-                        workload: view.name.clone(),
+                        workload: view.key.clone(),
                         signal: view.checkpoint_signal.clone(),
                         deadline: now
                             .saturating_add(i64::try_from(*grace_seconds).unwrap_or(i64::MAX)),
                     });
-                    leaving.insert(&view.name);
+                    leaving.insert(&view.key);
                 }
             }
             _ => {}
@@ -311,19 +315,19 @@ pub fn plan(
                     node: b.node.clone(),
                     index,
                 };
-                if leaving.contains(view.name.as_str()) {
+                if leaving.contains(view.key.as_str()) {
                     leaving_gpus
                         .entry(gpu.clone())
                         .or_default()
-                        .push(view.name.clone());
+                        .push(view.key.clone());
                 }
                 if let (true, Some(start)) = (live, b.mig_start)
-                    && !stopped_now(&out.actions, &view.name)
+                    && !stopped_now(&out.actions, &view.key)
                 {
                     held_instances
                         .entry((gpu, start))
                         .or_default()
-                        .push(view.name.clone());
+                        .push(view.key.clone());
                 }
             }
         }
@@ -458,24 +462,25 @@ pub fn plan(
         let Outcome::Admit { bindings, .. } = &w.outcome else {
             continue;
         };
-        let Some(view) = views.get(w.name.as_str()) else {
+        let Some(view) = views.get(WorkloadKey::new(&w.tenant, &w.name).to_string().as_str())
+        else {
             continue;
         };
         if view.phase != LivePhase::Pending {
             continue;
         }
-        let key = format!("workload/{}", w.name);
+        let key = format!("workload/{}", view.key);
         if let Some(until) = blocked(&key) {
             out.waits.push(Wait::Backoff { key, until });
             continue;
         }
         match devices_ready(bindings, &unready, &leaving_gpus) {
             Ok(()) => out.actions.push(Action::Start {
-                workload: w.name.clone(),
+                workload: view.key.clone(),
                 bindings: bindings.clone(),
             }),
             Err(detail) => out.waits.push(Wait::Devices {
-                workload: w.name.clone(),
+                workload: view.key.clone(),
                 detail,
             }),
         }
@@ -485,7 +490,7 @@ pub fn plan(
 
 fn stop(view: &WorkloadView, reason: &str) -> Action {
     Action::Stop {
-        workload: view.name.clone(),
+        workload: view.key.clone(),
         reason: reason.to_string(),
     }
 }

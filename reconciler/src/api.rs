@@ -4,8 +4,8 @@
 //! |---|---|---|
 //! | `POST /v1/workloads` | tenant, admin | submit `{name, spec}` or a `kind: Workload` document |
 //! | `GET /v1/workloads[?tenant=T]` | tenant, admin | the caller's workloads (admin: all, or T's) |
-//! | `GET /v1/workloads/{name}` | tenant, admin | one workload, with its recent events |
-//! | `DELETE /v1/workloads/{name}` | tenant, admin | cancel |
+//! | `GET /v1/workloads/{name}[?tenant=T]` | tenant, admin | one workload, with its recent events |
+//! | `DELETE /v1/workloads/{name}[?tenant=T]` | tenant, admin | cancel |
 //! | `POST /v1/reconcile` | admin | run a cycle now |
 //! | `POST /v1/suspend`, `POST /v1/resume` | admin | stop and restart applying changes |
 //! | `GET /status` | anyone | sync and health; a tenant's token adds its own conditions, the operator's everything |
@@ -13,6 +13,10 @@
 //! | `GET /metrics` | anyone | Prometheus |
 //! | `GET /healthz` | anyone | liveness |
 //! | `POST /v1/hooks/git` | the forge (HMAC or token) | fetch now ([`hooks`]) |
+//!
+//! Workload names are per tenant. `{name}` with a tenant's token is that tenant's workload; the
+//! operator adds `?tenant=T`, or leaves it out for a name only one tenant has used (several:
+//! 400, saying which tenants).
 //!
 //! Workloads are shown as [`WorkloadView`]s: every instant in RFC 3339, with the reason the last
 //! decision gave for a waiting one.
@@ -108,6 +112,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
             ServiceError::Conflict(_) => StatusCode::CONFLICT,
             ServiceError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ServiceError::Ambiguous(_) => StatusCode::BAD_REQUEST,
             ServiceError::Forbidden(_) => StatusCode::FORBIDDEN,
             ServiceError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ServiceError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -298,13 +303,28 @@ async fn list(
     Ok(Json(json!({ "workloads": views })).into_response())
 }
 
+/// `?tenant=T` of one workload's routes: whose workload `{name}` is (names are per tenant).
+fn tenant_query(
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Option<String>, ApiError> {
+    let Query(query) = query.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{}; the only parameter is `tenant`", e.body_text()),
+        )
+    })?;
+    Ok(query.tenant)
+}
+
 async fn show(
     State(state): State<AppState>,
     Caller(who): Caller,
     Path(name): Path<String>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let tenant = tenant_query(query)?;
     let handle = state.handle.clone();
-    let view = blocking(move || handle.get(&who, &name)).await?;
+    let view = blocking(move || handle.get(&who, &name, tenant.as_deref())).await?;
     Ok(Json(view).into_response())
 }
 
@@ -312,9 +332,11 @@ async fn cancel(
     State(state): State<AppState>,
     Caller(who): Caller,
     Path(name): Path<String>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let tenant = tenant_query(query)?;
     let handle = state.handle.clone();
-    let view = blocking(move || handle.cancel(&who, &name)).await?;
+    let view = blocking(move || handle.cancel(&who, &name, tenant.as_deref())).await?;
     Ok(Json(view).into_response())
 }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tessera_compiler::compiled::{CompiledWorkload, GpuDemand};
 use tessera_compiler::model::{GpuRequest, Topology, WorkloadSpec};
-use tessera_compiler::{CompiledPolicy, Diagnostic, Loaded};
+use tessera_compiler::{CompiledPolicy, Diagnostic, Loaded, WorkloadKey};
 
 /// A compiled revision in force.
 #[derive(Debug, Clone)]
@@ -184,11 +184,11 @@ pub fn committed_spec(w: &CompiledWorkload) -> WorkloadSpec {
     }
 }
 
-/// Per committed workload name, its spec under the policy in force.
-pub fn committed(policy: &CompiledPolicy) -> BTreeMap<String, WorkloadSpec> {
+/// Per committed workload key (tenant and name), its spec under the policy in force.
+pub fn committed(policy: &CompiledPolicy) -> BTreeMap<WorkloadKey, WorkloadSpec> {
     policy
         .workloads
         .iter()
-        .map(|w| (w.name.clone(), committed_spec(w)))
+        .map(|w| (WorkloadKey::new(&w.tenant, &w.name), committed_spec(w)))
         .collect()
 }

@@ -105,9 +105,10 @@ fn state(nodes: Vec<Node>, running: &str, pending: &str) -> ClusterStateSpec {
 
 const NOW: i64 = 1_795_435_200; // 2026-11-23T12:00:00Z
 
-fn view(name: &str, phase: LivePhase, alive: usize, bindings: Vec<Binding>) -> WorkloadView {
+/// `key` is `tenant/name`, as actions name workloads.
+fn view(key: &str, phase: LivePhase, alive: usize, bindings: Vec<Binding>) -> WorkloadView {
     WorkloadView {
-        name: name.to_string(),
+        key: key.to_string(),
         phase,
         alive_processes: alive,
         bindings,
@@ -141,12 +142,12 @@ fn a_preemption_signals_first_and_the_preemptor_waits_for_the_devices() {
     let decision = solve(&policy, &state(nodes(), TRAINING, BURST));
     let views = [
         view(
-            "pretrain",
+            "research/pretrain",
             LivePhase::Running,
             1,
             vec![whole("t0", &[0, 1])],
         ),
-        view("burst", LivePhase::Pending, 0, vec![]),
+        view("product/burst", LivePhase::Pending, 0, vec![]),
     ];
     let plan = actions::plan(
         &decision,
@@ -164,7 +165,9 @@ fn a_preemption_signals_first_and_the_preemptor_waits_for_the_devices() {
     };
     assert_eq!(signal, "SIGUSR1");
     assert_eq!(*deadline, NOW + 20, "the class's 20 s grace period");
-    assert!(matches!(&plan.waits[..], [Wait::Devices { workload, .. }] if workload == "burst"));
+    assert!(
+        matches!(&plan.waits[..], [Wait::Devices { workload, .. }] if workload == "product/burst")
+    );
 }
 
 #[test]
@@ -174,12 +177,12 @@ fn inside_the_grace_period_nothing_moves_and_after_it_the_victim_is_stopped() {
     let checkpointing = |alive| {
         [
             view(
-                "pretrain",
+                "research/pretrain",
                 LivePhase::Checkpointing { deadline: NOW + 5 },
                 alive,
                 vec![whole("t0", &[0, 1])],
             ),
-            view("burst", LivePhase::Pending, 0, vec![]),
+            view("product/burst", LivePhase::Pending, 0, vec![]),
         ]
     };
     let observation = observe(&nodes(), &[]);
@@ -218,7 +221,7 @@ fn inside_the_grace_period_nothing_moves_and_after_it_the_victim_is_stopped() {
 fn a_geometry_change_destroys_compute_then_gpu_instances_then_creates_then_starts() {
     let policy = policy(true);
     let decision = solve(&policy, &state(nodes(), "[]", SMALL));
-    let views = [view("small", LivePhase::Pending, 0, vec![])];
+    let views = [view("product/small", LivePhase::Pending, 0, vec![])];
     let plan = actions::plan(
         &decision,
         &observe(&nodes(), &[]),
@@ -250,7 +253,7 @@ fn a_geometry_change_destroys_compute_then_gpu_instances_then_creates_then_start
 fn an_instance_in_use_is_never_destroyed() {
     let policy = policy(true);
     let decision = solve(&policy, &state(nodes(), "[]", SMALL));
-    let views = [view("small", LivePhase::Pending, 0, vec![])];
+    let views = [view("product/small", LivePhase::Pending, 0, vec![])];
     let gpu = GpuRef {
         node: "i0".into(),
         index: 0,
@@ -281,7 +284,7 @@ fn an_instance_in_use_is_never_destroyed() {
     assert!(
         plan.waits
             .iter()
-            .any(|w| matches!(w, Wait::Devices { workload, .. } if workload == "small"))
+            .any(|w| matches!(w, Wait::Devices { workload, .. } if workload == "product/small"))
     );
 }
 
@@ -289,7 +292,7 @@ fn an_instance_in_use_is_never_destroyed() {
 fn keys_in_backoff_or_over_the_reconfiguration_budget_wait() {
     let policy = policy(true);
     let decision = solve(&policy, &state(nodes(), "[]", SMALL));
-    let views = [view("small", LivePhase::Pending, 0, vec![])];
+    let views = [view("product/small", LivePhase::Pending, 0, vec![])];
     let gpu = GpuRef {
         node: "i0".into(),
         index: 0,

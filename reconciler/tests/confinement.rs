@@ -93,6 +93,7 @@ impl Host {
 
 fn launch(state: &Path, workload: &str, script: &str) -> LaunchSpec {
     LaunchSpec {
+        tenant: "t".into(),
         workload: workload.to_string(),
         replica: 0,
         command: vec!["sh".into(), "-c".into(), script.into()],
@@ -186,7 +187,7 @@ const ATTACKS: [(&str, &str, &str); 11] = [
     ),
     (
         "overwrites another tenant's log",
-        "grep -q victim $STATE/runtime/victim/0.log && echo evil >> $STATE/runtime/victim/0.log",
+        "grep -q victim $STATE/runtime/t.victim/0.log && echo evil >> $STATE/runtime/t.victim/0.log",
         "echo victim > $OWN/0.log && grep -q victim $OWN/0.log && echo evil >> $OWN/0.log",
     ),
     (
@@ -231,7 +232,7 @@ fn every_attack_fails_and_its_control_succeeds() {
         read("mirror.git/config"),
         "[remote \"origin\"]\n\turl = /policy"
     );
-    assert_eq!(read("runtime/victim/0.log"), "victim-log-line\n");
+    assert_eq!(read("runtime/t.victim/0.log"), "victim-log-line\n");
     assert!(!Path::new("/usr/pwned").exists() && !Path::new("/etc/pwned").exists());
 }
 
@@ -256,6 +257,7 @@ fn the_environment_is_the_specs_and_the_runtimes_only() {
             "STATE",
             "TESSERA_CHECKPOINT_DIR",
             "TESSERA_REPLICA",
+            "TESSERA_TENANT",
             "TESSERA_WORKLOAD",
         ]
     );
@@ -393,9 +395,9 @@ fn the_runtimes_files_are_private() {
     let host = Host::new();
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(host.rt.root()), 0o700);
-    assert_eq!(mode(&host.rt.root().join("victim")), 0o700);
-    assert_eq!(mode(&host.rt.root().join("victim/0.log")), 0o600);
-    assert_eq!(mode(&host.rt.root().join("victim/0.exit")), 0o600);
+    assert_eq!(mode(&host.rt.root().join("t.victim")), 0o700);
+    assert_eq!(mode(&host.rt.root().join("t.victim/0.log")), 0o600);
+    assert_eq!(mode(&host.rt.root().join("t.victim/0.exit")), 0o600);
 }
 
 #[test]

@@ -24,6 +24,7 @@ const IDLE: &str = "i=0; while [ ! -e stop ] && [ $i -lt 600 ]; do sleep 0.05; i
 
 fn launch(dir: &Path, workload: &str, script: &str) -> LaunchSpec {
     LaunchSpec {
+        tenant: "t".into(),
         workload: workload.to_string(),
         replica: 0,
         command: vec!["sh".into(), "-c".into(), script.into()],
@@ -86,7 +87,7 @@ fn the_command_sees_its_devices_and_checkpoint_dirs() {
         dir.path(),
         "envs",
         r#"printf '%s\n' "$CUDA_VISIBLE_DEVICES" "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" \
-             "$TESSERA_WORKLOAD" "$TESSERA_REPLICA" "$TESSERA_CHECKPOINT_DIR" \
+             "$TESSERA_WORKLOAD" "$TESSERA_TENANT" "$TESSERA_REPLICA" "$TESSERA_CHECKPOINT_DIR" \
              "$TESSERA_RESUME_FROM" "$EXTRA" "$(pwd)" > env.txt
            echo to-stdout; echo to-stderr >&2"#,
     );
@@ -108,6 +109,7 @@ fn the_command_sees_its_devices_and_checkpoint_dirs() {
             "MIG-aaaa,MIG-bbbb",
             "25",
             "envs",
+            "t",
             "2",
             ckpt.to_str().unwrap(),
             ckpt.to_str().unwrap(),
@@ -115,11 +117,48 @@ fn the_command_sees_its_devices_and_checkpoint_dirs() {
             work.to_str().unwrap(),
         ]
     );
-    let log = std::fs::read_to_string(rt.root().join("envs").join("2.log")).unwrap();
+    let log = std::fs::read_to_string(rt.root().join("t.envs").join("2.log")).unwrap();
     assert!(
         log.contains("to-stdout") && log.contains("to-stderr"),
         "log: {log}"
     );
+}
+
+#[test]
+fn two_tenants_workloads_of_one_name_run_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rt = runtime(dir.path().join("rt"));
+    let spec = |tenant: &str| {
+        let mut spec = launch(
+            dir.path(),
+            "train",
+            &format!("echo \"$TESSERA_TENANT\"; touch ready; {IDLE}"),
+        );
+        spec.tenant = tenant.to_string();
+        spec.work_dir = dir.path().join("work").join(tenant).join("train");
+        spec
+    };
+    let (a, b) = (spec("a"), spec("b"));
+    // Names are per tenant: the second is no `AlreadyRunning`, and neither shares the
+    // other's files or cgroup.
+    let pa = rt.start(&a).unwrap().pid;
+    let pb = rt.start(&b).unwrap().pid;
+    wait_for_file(&a.work_dir.join("ready"));
+    wait_for_file(&b.work_dir.join("ready"));
+    assert_eq!(rt.pids_of("a.train"), [pa]);
+    assert_eq!(rt.pids_of("b.train"), [pb]);
+    for (tenant, spec, pid) in [("a", &a, pa), ("b", &b, pb)] {
+        std::fs::write(spec.work_dir.join("stop"), "").unwrap();
+        let log = rt.root().join(format!("{tenant}.train")).join("0.log");
+        wait_for_exit(&mut rt, pid);
+        assert_eq!(std::fs::read_to_string(log).unwrap(), format!("{tenant}\n"));
+    }
+    let mut dotted = spec("a");
+    dotted.tenant = "a.b".into();
+    assert!(matches!(
+        rt.start(&dotted),
+        Err(RuntimeError::InvalidTenant(_))
+    ));
 }
 
 #[test]
@@ -159,12 +198,12 @@ fn a_checkpoint_signal_is_handled_and_the_exit_is_clean() {
     let exit = wait_for_exit(&mut rt, pid);
     assert_eq!(
         (exit.workload.as_str(), exit.replica, exit.status),
-        ("ckpt", 0, ExitStatus::Code(0))
+        ("t.ckpt", 0, ExitStatus::Code(0))
     );
     let saved = std::fs::read_to_string(spec.checkpoint_dir.join("state")).unwrap();
     assert_eq!(saved.trim(), "saved");
     assert!(
-        rt.pids_of("ckpt").is_empty(),
+        rt.pids_of("t.ckpt").is_empty(),
         "reported once, then forgotten"
     );
     assert!(rt.poll().is_empty());
@@ -252,13 +291,13 @@ fn a_fresh_runtime_in_the_same_process_adopts_and_reaps() {
     };
     wait_for_file(&spec.work_dir.join("ready"));
     let mut second = runtime(&root);
-    assert_eq!(second.pids_of("same"), [pid], "found from its pid file");
-    second.adopt("same", 0, pid).unwrap();
+    assert_eq!(second.pids_of("t.same"), [pid], "found from its pid file");
+    second.adopt("t.same", 0, pid).unwrap();
     std::fs::write(spec.work_dir.join("stop"), "").unwrap();
     assert_eq!(wait_for_exit(&mut second, pid).status, ExitStatus::Code(7));
     let mut third = runtime(&root);
     assert!(
-        third.pids_of("same").is_empty(),
+        third.pids_of("t.same").is_empty(),
         "a reported exit is not adopted again"
     );
     assert!(third.poll().is_empty());
@@ -319,7 +358,7 @@ fn an_adopted_orphan_reports_its_exit_through_the_exit_file() {
     let dir = tempfile::tempdir().unwrap();
     let pid = start_orphan(dir.path());
     let mut rt = runtime(dir.path().join("rt"));
-    rt.adopt("orphan", 0, pid).unwrap();
+    rt.adopt("t.orphan", 0, pid).unwrap();
     assert!(rt.poll().is_empty(), "it still runs");
     rt.signal(pid, Signal::Usr1).unwrap();
     let exit = wait_for_exit(&mut rt, pid);
@@ -334,7 +373,7 @@ fn an_adopted_orphan_killed_by_us_reads_as_killed() {
     let dir = tempfile::tempdir().unwrap();
     let pid = start_orphan(dir.path());
     let mut rt = runtime(dir.path().join("rt"));
-    assert_eq!(rt.pids_of("orphan"), [pid], "adopted from its pid file");
+    assert_eq!(rt.pids_of("t.orphan"), [pid], "adopted from its pid file");
     rt.kill(pid).unwrap();
     assert_eq!(wait_for_exit(&mut rt, pid).status, ExitStatus::Signal(9));
 }
@@ -415,8 +454,8 @@ fn bad_specs_fail_before_anything_starts() {
         Err(RuntimeError::InvalidSpec { .. })
     ));
 
-    assert!(rt.pids_of("bad").is_empty());
-    assert!(!rt.root().join("bad").join("0.pid").exists());
+    assert!(rt.pids_of("t.bad").is_empty());
+    assert!(!rt.root().join("t.bad").join("0.pid").exists());
     assert!(matches!(
         rt.signal(12345678, Signal::Term),
         Err(RuntimeError::UnknownProcess(12345678))

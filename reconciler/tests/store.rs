@@ -2,11 +2,17 @@
 //! migrations, tenant filtering, revisions and events.
 
 use serde_json::json;
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_reconciler::store::{
     ActionState, Durability, EndReason, Origin, Phase, ReplicaProcess, RevisionStatus, Store,
     StoreError, WorkloadRecord,
 };
+
+/// Tenant `a`'s workload `name`.
+fn a(name: &str) -> WorkloadKey {
+    WorkloadKey::new("a", name)
+}
 
 fn spec(tenant: &str) -> WorkloadSpec {
     serde_json::from_value(json!({
@@ -44,7 +50,7 @@ fn replicas(pids: [u32; 2]) -> Vec<ReplicaProcess> {
 
 fn kinds(store: &Store, workload: &str) -> Vec<String> {
     store
-        .workload_events(workload, 0, 100)
+        .workload_events(&a(workload), 0, 100)
         .unwrap()
         .into_iter()
         .map(|e| e.kind)
@@ -65,12 +71,12 @@ fn a_workload_runs_is_preempted_resumes_and_succeeds() {
         "the spec survives its JSON column"
     );
 
-    let starting = store.mark_starting("train", &bindings(), 110).unwrap();
+    let starting = store.mark_starting(&a("train"), &bindings(), 110).unwrap();
     assert_eq!(starting.phase, Phase::Starting);
     assert_eq!(starting.bindings, bindings());
 
     let running = store
-        .mark_running("train", &replicas([41, 42]), 111)
+        .mark_running(&a("train"), &replicas([41, 42]), 111)
         .unwrap();
     assert_eq!(running.phase, Phase::Running);
     assert_eq!(running.started_at, Some(111));
@@ -80,19 +86,19 @@ fn a_workload_runs_is_preempted_resumes_and_succeeds() {
         Some("train".to_string())
     );
 
-    let checkpointing = store.mark_checkpointing("train", 150, 120).unwrap();
+    let checkpointing = store.mark_checkpointing(&a("train"), 150, 120).unwrap();
     assert_eq!(checkpointing.phase, Phase::Checkpointing);
     assert_eq!(
         (checkpointing.signalled_at, checkpointing.grace_deadline),
         (Some(120), Some(150))
     );
     store
-        .record_checkpoint("train", "/ckpt/train", 125)
+        .record_checkpoint(&a("train"), "/ckpt/train", 125)
         .unwrap();
-    assert_eq!(store.replica_exited("train", 41, 126).unwrap(), 1);
-    assert_eq!(store.replica_exited("train", 42, 127).unwrap(), 0);
+    assert_eq!(store.replica_exited(&a("train"), 41, 126).unwrap(), 1);
+    assert_eq!(store.replica_exited(&a("train"), 42, 127).unwrap(), 0);
 
-    let requeued = store.requeue("train", "preempted", 128).unwrap();
+    let requeued = store.requeue(&a("train"), "preempted", 128).unwrap();
     assert_eq!(requeued.phase, Phase::Pending);
     assert_eq!(requeued.attempts, 1);
     assert_eq!(requeued.checkpoint_dir.as_deref(), Some("/ckpt/train"));
@@ -108,12 +114,12 @@ fn a_workload_runs_is_preempted_resumes_and_succeeds() {
     );
     assert_eq!(store.workload_by_pid(42).unwrap(), None);
 
-    store.mark_starting("train", &bindings(), 200).unwrap();
+    store.mark_starting(&a("train"), &bindings(), 200).unwrap();
     store
-        .mark_running("train", &replicas([51, 52]), 201)
+        .mark_running(&a("train"), &replicas([51, 52]), 201)
         .unwrap();
     let done = store
-        .finish("train", EndReason::Exited { code: 0 }, 300)
+        .finish(&a("train"), EndReason::Exited { code: 0 }, 300)
         .unwrap();
     assert_eq!(done.phase, Phase::Succeeded);
     assert_eq!(done.ended_at, Some(300));
@@ -159,9 +165,9 @@ fn end_reasons_give_their_phase() {
         store
             .submit(&name, &spec("a"), Origin::Submitted, 1)
             .unwrap();
-        store.mark_starting(&name, &bindings(), 2).unwrap();
-        store.mark_running(&name, &replicas([7, 8]), 3).unwrap();
-        let ended = store.finish(&name, reason.clone(), 4).unwrap();
+        store.mark_starting(&a(&name), &bindings(), 2).unwrap();
+        store.mark_running(&a(&name), &replicas([7, 8]), 3).unwrap();
+        let ended = store.finish(&a(&name), reason.clone(), 4).unwrap();
         assert_eq!((ended.phase, ended.end), (phase, Some(reason)));
     }
 }
@@ -175,39 +181,46 @@ fn a_queued_workload_can_be_rejected_by_a_policy_change() {
     let reason = EndReason::Rejected {
         reason: "tenant gone was removed".into(),
     };
-    let ended = store.finish("w", reason.clone(), 2).unwrap();
+    let gone = WorkloadKey::new("gone", "w");
+    let ended = store.finish(&gone, reason.clone(), 2).unwrap();
     assert_eq!((ended.phase, ended.end), (Phase::Failed, Some(reason)));
-    assert_eq!(kinds(&store, "w"), ["submitted", "failed"]);
+    let kinds: Vec<String> = store
+        .workload_events(&gone, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["submitted", "failed"]);
 }
 
 #[test]
 fn illegal_transitions_are_refused_and_change_nothing() {
     let store = Store::open_in_memory().unwrap();
     store.submit("w", &spec("a"), Origin::Submitted, 1).unwrap();
-    let before = store.workload("w").unwrap();
+    let before = store.workload(&a("w")).unwrap();
     let events_before = store.events(0, 1000).unwrap();
 
     let refused: Vec<(&str, Result<WorkloadRecord, StoreError>)> = vec![
         (
             "run before start",
-            store.mark_running("w", &replicas([1, 2]), 5),
+            store.mark_running(&a("w"), &replicas([1, 2]), 5),
         ),
         (
             "checkpoint while pending",
-            store.mark_checkpointing("w", 9, 5),
+            store.mark_checkpointing(&a("w"), 9, 5),
         ),
-        ("requeue while pending", store.requeue("w", "x", 5)),
+        ("requeue while pending", store.requeue(&a("w"), "x", 5)),
         (
             "exit while pending",
-            store.finish("w", EndReason::Exited { code: 0 }, 5),
+            store.finish(&a("w"), EndReason::Exited { code: 0 }, 5),
         ),
         (
             "lost while pending",
-            store.finish("w", EndReason::Lost { node: "n".into() }, 5),
+            store.finish(&a("w"), EndReason::Lost { node: "n".into() }, 5),
         ),
         (
             "checkpoint recorded while pending",
-            store.record_checkpoint("w", "/c", 5),
+            store.record_checkpoint(&a("w"), "/c", 5),
         ),
     ];
     for (what, result) in refused {
@@ -219,48 +232,50 @@ fn illegal_transitions_are_refused_and_change_nothing() {
         }
     }
     assert!(matches!(
-        store.replica_exited("w", 1, 5),
+        store.replica_exited(&a("w"), 1, 5),
         Err(StoreError::IllegalTransition { .. })
     ));
-    assert_eq!(store.workload("w").unwrap(), before);
+    assert_eq!(store.workload(&a("w")).unwrap(), before);
     assert_eq!(store.events(0, 1000).unwrap(), events_before);
 
     // Ended is final.
-    store.mark_starting("w", &bindings(), 6).unwrap();
-    store.mark_running("w", &replicas([1, 2]), 7).unwrap();
-    store.finish("w", EndReason::Exited { code: 1 }, 8).unwrap();
-    let ended = store.workload("w").unwrap();
+    store.mark_starting(&a("w"), &bindings(), 6).unwrap();
+    store.mark_running(&a("w"), &replicas([1, 2]), 7).unwrap();
+    store
+        .finish(&a("w"), EndReason::Exited { code: 1 }, 8)
+        .unwrap();
+    let ended = store.workload(&a("w")).unwrap();
     let events_before = store.events(0, 1000).unwrap();
     assert!(matches!(
-        store.mark_starting("w", &bindings(), 9),
+        store.mark_starting(&a("w"), &bindings(), 9),
         Err(StoreError::IllegalTransition {
             from: Phase::Failed,
             ..
         })
     ));
     assert!(matches!(
-        store.finish("w", EndReason::Exited { code: 0 }, 9),
+        store.finish(&a("w"), EndReason::Exited { code: 0 }, 9),
         Err(StoreError::IllegalTransition { .. })
     ));
     assert!(matches!(
-        store.cancel("w", 9),
+        store.cancel(&a("w"), 9),
         Err(StoreError::IllegalTransition { .. })
     ));
-    assert_eq!(store.workload("w").unwrap(), ended);
+    assert_eq!(store.workload(&a("w")).unwrap(), ended);
     assert_eq!(store.events(0, 1000).unwrap(), events_before);
 
     // An unknown pid of a running workload is refused too.
     store
         .submit("v", &spec("a"), Origin::Submitted, 10)
         .unwrap();
-    store.mark_starting("v", &bindings(), 11).unwrap();
-    store.mark_running("v", &replicas([3, 4]), 12).unwrap();
+    store.mark_starting(&a("v"), &bindings(), 11).unwrap();
+    store.mark_running(&a("v"), &replicas([3, 4]), 12).unwrap();
     assert!(matches!(
-        store.replica_exited("v", 99, 13),
+        store.replica_exited(&a("v"), 99, 13),
         Err(StoreError::NotFound(_))
     ));
     assert!(matches!(
-        store.mark_running("missing", &[], 1),
+        store.mark_running(&a("missing"), &[], 1),
         Err(StoreError::NotFound(_))
     ));
 }
@@ -270,14 +285,14 @@ fn names_conflict_while_live_and_are_reusable_after() {
     let store = Store::open_in_memory().unwrap();
     store.submit("w", &spec("a"), Origin::Submitted, 1).unwrap();
     assert!(matches!(
-        store.submit("w", &spec("b"), Origin::Submitted, 2),
+        store.submit("w", &spec("a"), Origin::Submitted, 2),
         Err(StoreError::Conflict(_))
     ));
-    store.cancel("w", 3).unwrap();
-    let again = store.submit("w", &spec("b"), Origin::Submitted, 4).unwrap();
-    assert_eq!((again.phase, again.tenant.as_str()), (Phase::Pending, "b"));
-    // The name's current record is the live one; the ended one stays as history.
-    assert_eq!(store.workload("w").unwrap().tenant, "b");
+    store.cancel(&a("w"), 3).unwrap();
+    let again = store.submit("w", &spec("a"), Origin::Submitted, 4).unwrap();
+    assert_eq!(again.phase, Phase::Pending);
+    // The key's current record is the live one; the ended one stays as history.
+    assert_eq!(store.workload(&a("w")).unwrap().phase, Phase::Pending);
     let all = store.list(None).unwrap();
     assert_eq!(
         all.iter().map(|r| r.phase).collect::<Vec<_>>(),
@@ -286,25 +301,78 @@ fn names_conflict_while_live_and_are_reusable_after() {
 }
 
 #[test]
+fn names_are_per_tenant() {
+    let store = Store::open_in_memory().unwrap();
+    store
+        .submit("train", &spec("a"), Origin::Committed, 1)
+        .unwrap();
+    // Another tenant's live `train` is no conflict, and says nothing of tenant a's.
+    let theirs = store
+        .submit("train", &spec("b"), Origin::Submitted, 2)
+        .unwrap();
+    assert_eq!(
+        (theirs.tenant.as_str(), theirs.phase),
+        ("b", Phase::Pending)
+    );
+    match store.submit("train", &spec("b"), Origin::Submitted, 3) {
+        Err(StoreError::Conflict(message)) => {
+            assert!(message.contains("\"b\""), "{message}");
+            assert!(!message.contains("\"a\""), "{message}");
+        }
+        other => panic!("expected a conflict in tenant b, got {other:?}"),
+    }
+    let b = WorkloadKey::new("b", "train");
+    // Each key's transitions and events are its own.
+    store.cancel(&b, 4).unwrap();
+    assert_eq!(store.workload(&a("train")).unwrap().phase, Phase::Pending);
+    assert_eq!(store.workload(&b).unwrap().phase, Phase::Cancelled);
+    assert_eq!(kinds(&store, "train"), ["submitted"]);
+    assert_eq!(
+        store
+            .workload_events(&b, 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.kind, e.tenant))
+            .collect::<Vec<_>>(),
+        [
+            ("submitted".to_string(), Some("b".to_string())),
+            ("cancelled".to_string(), Some("b".to_string()))
+        ]
+    );
+    assert_eq!(store.tenants_with("train").unwrap(), ["a", "b"]);
+    assert!(store.tenants_with("nothing").unwrap().is_empty());
+    // Committed records are per key too: tenant b's submission is not tenant a's history.
+    let committed: Vec<String> = store
+        .committed()
+        .unwrap()
+        .iter()
+        .map(|r| r.key().to_string())
+        .collect();
+    assert_eq!(committed, ["a/train"]);
+}
+
+#[test]
 fn cancel_ends_a_queued_workload_and_waits_for_a_running_one() {
     let store = Store::open_in_memory().unwrap();
     store
         .submit("queued", &spec("a"), Origin::Submitted, 1)
         .unwrap();
-    let c = store.cancel("queued", 2).unwrap();
+    let c = store.cancel(&a("queued"), 2).unwrap();
     assert_eq!(
         (c.phase, c.end.clone(), c.ended_at),
         (Phase::Cancelled, Some(EndReason::Cancelled), Some(2))
     );
     // Cancelling again is harmless.
-    assert_eq!(store.cancel("queued", 3).unwrap(), c);
+    assert_eq!(store.cancel(&a("queued"), 3).unwrap(), c);
 
     store
         .submit("busy", &spec("a"), Origin::Submitted, 1)
         .unwrap();
-    store.mark_starting("busy", &bindings(), 2).unwrap();
-    store.mark_running("busy", &replicas([5, 6]), 3).unwrap();
-    let requested = store.cancel("busy", 4).unwrap();
+    store.mark_starting(&a("busy"), &bindings(), 2).unwrap();
+    store
+        .mark_running(&a("busy"), &replicas([5, 6]), 3)
+        .unwrap();
+    let requested = store.cancel(&a("busy"), 4).unwrap();
     assert_eq!(
         requested.phase,
         Phase::Running,
@@ -312,7 +380,7 @@ fn cancel_ends_a_queued_workload_and_waits_for_a_running_one() {
     );
     assert_eq!(requested.cancel_requested_at, Some(4));
     assert_eq!(
-        store.cancel("busy", 5).unwrap().cancel_requested_at,
+        store.cancel(&a("busy"), 5).unwrap().cancel_requested_at,
         Some(4)
     );
     assert_eq!(
@@ -325,7 +393,7 @@ fn cancel_ends_a_queued_workload_and_waits_for_a_running_one() {
         ["busy"]
     );
     // Stopped through a requeue (a preemption racing the cancel): it ends cancelled.
-    let stopped = store.requeue("busy", "stopped", 6).unwrap();
+    let stopped = store.requeue(&a("busy"), "stopped", 6).unwrap();
     assert_eq!(
         (stopped.phase, stopped.end.clone()),
         (Phase::Cancelled, Some(EndReason::Cancelled))
@@ -374,14 +442,14 @@ fn committed_lists_the_current_record_of_each_committed_name() {
     store
         .submit("adhoc", &spec("a"), Origin::Submitted, 1)
         .unwrap();
-    store.cancel("nightly", 2).unwrap();
+    store.cancel(&a("nightly"), 2).unwrap();
     store
         .submit("nightly", &spec("a"), Origin::Committed, 3)
         .unwrap();
     store
         .submit("done", &spec("a"), Origin::Committed, 4)
         .unwrap();
-    store.cancel("done", 5).unwrap();
+    store.cancel(&a("done"), 5).unwrap();
     let committed: Vec<(String, Phase)> = store
         .committed()
         .unwrap()
@@ -435,7 +503,7 @@ fn journal_survives_a_killed_service(durability: Durability) {
     assert_eq!(open[0].cycle, 7);
     assert_eq!(open[0].action, json!({"destroyGpuInstance": 3}));
     assert_eq!(open[1].begun_at, 13);
-    assert_eq!(store.workload("w").unwrap().phase, Phase::Pending);
+    assert_eq!(store.workload(&a("w")).unwrap().phase, Phase::Pending);
 
     // Closing twice is refused; an unknown id is not found.
     assert!(matches!(
@@ -520,7 +588,7 @@ fn corrupt_json_is_an_error_not_a_panic() {
     drop(conn);
     let store = Store::open(&path).unwrap();
     assert!(matches!(
-        store.workload("w"),
+        store.workload(&a("w")),
         Err(StoreError::CorruptJson { column: "spec", .. })
     ));
 }
@@ -585,7 +653,7 @@ fn interrupted_starts_are_counted_per_workload_since_its_submission() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("t.db")).unwrap();
     let interrupted = "interrupted: the service stopped";
-    let start = |w: &str| json!({"action": "start", "workload": w, "bindings": []});
+    let start = |w: &str| json!({"action": "start", "workload": format!("a/{w}"), "bindings": []});
     let close = |action: serde_json::Value, at: i64, error: &str| {
         let id = store.begin_action(1, &action, at).unwrap();
         store.fail_action(id, error, at).unwrap();
@@ -595,7 +663,7 @@ fn interrupted_starts_are_counted_per_workload_since_its_submission() {
     close(start("crasher"), 11, "start failed: no such command"); // failed, not interrupted
     close(start("other"), 12, interrupted);
     close(
-        json!({"action": "stop", "workload": "crasher", "reason": "x"}),
+        json!({"action": "stop", "workload": "a/crasher", "reason": "x"}),
         13,
         interrupted,
     );
@@ -604,17 +672,38 @@ fn interrupted_starts_are_counted_per_workload_since_its_submission() {
     store.complete_action(done, 15).unwrap();
     assert_eq!(
         store
-            .interrupted_starts("crasher", 10, interrupted)
+            .interrupted_starts(&a("crasher"), 10, interrupted)
             .unwrap(),
         2
     );
     assert_eq!(
-        store.interrupted_starts("other", 0, interrupted).unwrap(),
+        store
+            .interrupted_starts(&a("other"), 0, interrupted)
+            .unwrap(),
         1
     );
     assert_eq!(
-        store.interrupted_starts("nobody", 0, interrupted).unwrap(),
+        store
+            .interrupted_starts(&a("nobody"), 0, interrupted)
+            .unwrap(),
         0
+    );
+    // Another tenant's workload of the same name has its own count.
+    assert_eq!(
+        store
+            .interrupted_starts(&WorkloadKey::new("b", "crasher"), 0, interrupted)
+            .unwrap(),
+        0
+    );
+    // A start journaled before names were per tenant names the workload alone.
+    close(
+        json!({"action": "start", "workload": "old", "bindings": []}),
+        20,
+        interrupted,
+    );
+    assert_eq!(
+        store.interrupted_starts(&a("old"), 0, interrupted).unwrap(),
+        1
     );
 }
 
@@ -651,7 +740,7 @@ fn a_tenants_live_submissions_are_counted_apart_from_committed_and_ended_ones() 
         .submit("b1", &spec("b"), Origin::Submitted, 1)
         .unwrap();
     assert_eq!(store.live_submitted("a").unwrap(), 2);
-    store.cancel("a1", 2).unwrap();
+    store.cancel(&a("a1"), 2).unwrap();
     assert_eq!(store.live_submitted("a").unwrap(), 1);
     assert_eq!(store.live_submitted("b").unwrap(), 1);
     assert_eq!(store.live_submitted("nobody").unwrap(), 0);
@@ -661,14 +750,14 @@ fn a_tenants_live_submissions_are_counted_apart_from_committed_and_ended_ones() 
 fn a_workloads_recent_events_are_the_last_ones_oldest_first() {
     let store = Store::open_in_memory().unwrap();
     store.submit("w", &spec("a"), Origin::Submitted, 1).unwrap();
-    store.cancel("w", 2).unwrap();
+    store.cancel(&a("w"), 2).unwrap();
     store.submit("w", &spec("a"), Origin::Submitted, 3).unwrap();
     store
         .submit("other", &spec("a"), Origin::Submitted, 4)
         .unwrap();
     let kinds = |limit| -> Vec<String> {
         store
-            .recent_workload_events("w", limit)
+            .recent_workload_events(&a("w"), limit)
             .unwrap()
             .into_iter()
             .map(|e| e.kind)

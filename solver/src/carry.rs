@@ -35,15 +35,15 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
             gpu.mig.enabled = true;
         }
     }
-    let outcome: BTreeMap<&str, &Outcome> = d
+    let outcome: BTreeMap<(&str, &str), &Outcome> = d
         .workloads
         .iter()
-        .map(|w| (w.name.as_str(), &w.outcome))
+        .map(|w| ((w.tenant.as_str(), w.name.as_str()), &w.outcome))
         .collect();
     let mut running = Vec::new();
     let mut pending = Vec::new();
     for r in &before.running {
-        match outcome.get(r.name.as_str()) {
+        match outcome.get(&(r.spec.tenant.as_str(), r.name.as_str())) {
             Some(Outcome::Keep { .. }) => running.push(r.clone()),
             Some(Outcome::Preempt { .. }) => pending.push(PendingWorkload {
                 name: r.name.clone(),
@@ -54,7 +54,7 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
         }
     }
     for p in &before.pending {
-        match outcome.get(p.name.as_str()) {
+        match outcome.get(&(p.spec.tenant.as_str(), p.name.as_str())) {
             Some(Outcome::Admit { bindings, .. }) => {
                 running.push(RunningWorkload {
                     name: p.name.clone(),
@@ -75,7 +75,7 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
             _ => pending.push(p.clone()),
         }
     }
-    running.sort_by(|a, b| a.name.cmp(&b.name));
+    running.sort_by(|a, b| (&a.spec.tenant, &a.name).cmp(&(&b.spec.tenant, &b.name)));
     ClusterStateSpec {
         observed_at: d.now.clone(),
         nodes,

@@ -1,6 +1,6 @@
 //! [`Decision`]: what the solver decided for one cycle, serializable and byte-stable.
 //!
-//! Collections are in a fixed order (workloads by name, GPUs by node and index, tenants in the
+//! Collections are in a fixed order (workloads by tenant and name, GPUs by node and index, tenants in the
 //! policy's pre-order, pools by name) so that the same inputs serialize to the same bytes.
 
 use std::fmt;
@@ -29,7 +29,8 @@ pub struct Decision {
     pub bound: Option<f64>,
     /// `(bound − objective) / |bound|` when a bound exists; `None` otherwise.
     pub gap: Option<f64>,
-    /// Every workload of the snapshot and every committed workload of the policy, by name.
+    /// Every workload of the snapshot and every committed workload of the policy, by tenant and
+    /// name (a workload is identified by both: names are per tenant).
     pub workloads: Vec<WorkloadDecision>,
     /// Every GPU of a MIG pool, by node and index: its geometry now and after the decision.
     pub geometry: Vec<GeometryPlan>,
@@ -41,7 +42,7 @@ pub struct Decision {
     /// `usage`) and what it leads to. Absent when no tenant sets `fairShare`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_share: Option<FairShareReport>,
-    /// Capacity held for waiting gangs (the next snapshot's `reservations`), by workload.
+    /// Capacity held for waiting gangs (the next snapshot's `reservations`), by workload key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<ReservationReport>,
 }
@@ -71,6 +72,7 @@ pub struct TenantShare {
 /// Capacity held for one waiting gang.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReservationReport {
+    /// The gang's key, `tenant/name`.
     pub workload: String,
     pub pool: String,
     /// The nodes it will land on.

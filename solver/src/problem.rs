@@ -12,13 +12,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_compiler::CompiledPolicy;
 use tessera_compiler::compiled::{Amounts, CompiledFairShare, PoolQuota};
 use tessera_compiler::mig::{self, Placement};
 use tessera_compiler::model::{
     Binding, ClusterStateSpec, Health, Sharing, TopologyMode, UsageRecord, WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
+use tessera_compiler::{CompiledPolicy, WorkloadKey};
 
 /// Why a snapshot cannot be solved: it contradicts itself or the policy in a way no decision can
 /// repair.
@@ -220,6 +220,8 @@ pub enum Phase {
 #[derive(Debug, Clone)]
 pub struct WorkloadInfo {
     pub name: String,
+    /// `(tenant, name)`: what identifies the workload (names are per tenant).
+    pub key: WorkloadKey,
     pub tenant: usize,
     pub class: usize,
     pub demand: Demand,
@@ -287,8 +289,8 @@ pub struct Problem {
     pub nodes: Vec<NodeInfo>,
     /// By node, then device index.
     pub gpus: Vec<GpuInfo>,
-    /// Running workloads by name, then pending ones in submission order (committed workloads of
-    /// the policy absent from the snapshot last, by name).
+    /// Running workloads by (tenant, name), then pending ones in submission order (committed
+    /// workloads of the policy absent from the snapshot last, by tenant and name).
     pub workloads: Vec<WorkloadInfo>,
     pub orphans: Vec<Orphan>,
     /// The snapshot's usage record brought to `now` ([`crate::fairshare::accrue`]); `None` when
@@ -517,13 +519,16 @@ impl Problem {
             policy,
         };
 
-        let mut names = BTreeSet::new();
+        // Workloads are identified by (tenant, name): two tenants may each run a `train`.
+        let mut keys = BTreeSet::new();
         let mut running: Vec<_> = state.running.iter().collect();
-        running.sort_by(|a, b| a.name.cmp(&b.name));
+        running.sort_by(|a, b| (&a.spec.tenant, &a.name).cmp(&(&b.spec.tenant, &b.name)));
         for run in running {
-            if !names.insert(run.name.clone()) {
-                return Err(ProblemError::DuplicateWorkload(run.name.clone()));
+            let key = WorkloadKey::new(&run.spec.tenant, &run.name);
+            if keys.contains(&key) {
+                return Err(ProblemError::DuplicateWorkload(key.to_string()));
             }
+            keys.insert(key);
             let started_at = parse_ts(&run.started_at, &run.name, "startedAt")?;
             let last_checkpoint_at = run
                 .last_checkpoint_at
@@ -534,9 +539,11 @@ impl Problem {
         }
         let mut pending: Vec<(i64, usize, &str, &WorkloadSpec)> = Vec::new();
         for (i, p) in state.pending.iter().enumerate() {
-            if !names.insert(p.name.clone()) {
-                return Err(ProblemError::DuplicateWorkload(p.name.clone()));
+            let key = WorkloadKey::new(&p.spec.tenant, &p.name);
+            if keys.contains(&key) {
+                return Err(ProblemError::DuplicateWorkload(key.to_string()));
             }
+            keys.insert(key);
             pending.push((
                 parse_ts(&p.submitted_at, &p.name, "submittedAt")?,
                 i,
@@ -551,17 +558,22 @@ impl Problem {
         // Committed workloads of the policy that the snapshot neither runs nor queues are demand
         // too (GitOps: what the repository declares should run).
         for w in &policy.workloads {
-            if names.insert(w.name.clone()) {
+            if keys.insert(WorkloadKey::new(&w.tenant, &w.name)) {
                 problem.add_committed(w, observed);
             }
         }
         // A record that no longer fits the snapshot (the gang started or left, a node or the
-        // pool went away) is dropped: the solver chooses afresh if the gang still waits.
+        // pool went away) is dropped: the solver chooses afresh if the gang still waits. A record
+        // names its gang as `tenant/name`, or by a bare name one workload has (older records).
         for r in &state.reservations {
+            let known = problem.workloads.iter().map(|w| &w.key);
+            let Some(key) = tessera_compiler::key::resolve_reference(&r.workload, known) else {
+                continue;
+            };
             let Some(workload) = problem
                 .workloads
                 .iter()
-                .position(|w| w.name == r.workload && !w.is_running())
+                .position(|w| w.key == key && !w.is_running())
             else {
                 continue;
             };
@@ -661,7 +673,7 @@ impl Problem {
         let spec = &run.spec;
         if run.bindings.len() != spec.replicas as usize {
             return Err(ProblemError::BindingCount {
-                workload: run.name.clone(),
+                workload: format!("{}/{}", spec.tenant, run.name),
                 replicas: spec.replicas,
                 bindings: run.bindings.len(),
             });
@@ -689,7 +701,7 @@ impl Problem {
         let Some(pool) = pool else {
             let Some(node) = run.bindings.first().and_then(node_of) else {
                 return Err(ProblemError::InvalidBinding {
-                    workload: run.name.clone(),
+                    workload: format!("{}/{}", spec.tenant, run.name),
                     binding: 0,
                     message: match run.bindings.first() {
                         Some(b) => format!("unknown node `{}`", b.node),
@@ -711,13 +723,13 @@ impl Problem {
         };
         let demand =
             demand_on(&self.pools[pool], spec).map_err(|message| ProblemError::InvalidRequest {
-                workload: run.name.clone(),
+                workload: format!("{}/{}", spec.tenant, run.name),
                 message,
             })?;
         let mut slots = Vec::with_capacity(run.bindings.len());
         for (i, b) in run.bindings.iter().enumerate() {
             let bad = |message: String| ProblemError::InvalidBinding {
-                workload: run.name.clone(),
+                workload: format!("{}/{}", spec.tenant, run.name),
                 binding: i,
                 message,
             };
@@ -779,6 +791,7 @@ impl Problem {
         }
         self.workloads.push(WorkloadInfo {
             name: run.name.clone(),
+            key: WorkloadKey::new(&spec.tenant, &run.name),
             tenant,
             class,
             demand,
@@ -862,12 +875,13 @@ impl Problem {
         let demand = match demand {
             Some(d) => d,
             None => fallback_demand(spec).ok_or_else(|| ProblemError::InvalidRequest {
-                workload: name.to_owned(),
+                workload: format!("{}/{name}", spec.tenant),
                 message: "`gpu` must set exactly one of count, migProfile, fraction".into(),
             })?,
         };
         self.workloads.push(WorkloadInfo {
             name: name.to_owned(),
+            key: WorkloadKey::new(&spec.tenant, name),
             tenant,
             class,
             demand,
@@ -924,6 +938,7 @@ impl Problem {
             .collect();
         self.workloads.push(WorkloadInfo {
             name: w.name.clone(),
+            key: WorkloadKey::new(&w.tenant, &w.name),
             tenant,
             class,
             demand,

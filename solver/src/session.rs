@@ -30,10 +30,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_compiler::CompiledPolicy;
 use tessera_compiler::compiled::Amounts;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
+use tessera_compiler::{CompiledPolicy, WorkloadKey};
 
 use crate::decision::{Decision, GeometryPlan, Method, WorkloadDecision};
 use crate::heuristic::{self, Parts, Solver, Status, Step, pool_of, queue_key};
@@ -47,8 +47,8 @@ pub enum FullCycle {
     /// The arrival would be decided before `before`, which the standing decision admits: from
     /// there on the cycle would see another fleet.
     Reorders { before: String },
-    /// The arrival takes the name of a workload the policy commits: which of the two stands is
-    /// the full cycle's to decide.
+    /// The arrival takes the key (tenant and name) of a workload the policy commits: which of
+    /// the two stands is the full cycle's to decide.
     ReplacesCommitted { name: String },
     /// The finished workload frees capacity in `pool` that waiting, admitted or preempted work of
     /// its component could use.
@@ -107,7 +107,7 @@ pub enum Admission {
         /// The arrival's decision: admitted with its bindings, or pending with its reason.
         decision: Box<WorkloadDecision>,
         /// Other workloads whose decision changed because of it (victims, and waiting work
-        /// decided again behind it), by name.
+        /// decided again behind it), by tenant and name.
         changed: Vec<WorkloadDecision>,
         /// The MIG GPUs whose geometry plan changed (a re-layout for an instance, a drain for
         /// a victim), as the full cycle's `geometry` lists them.
@@ -127,7 +127,7 @@ pub enum Removal {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SessionError {
-    /// The arrival is invalid, or its name is taken: the full cycle would fail the same way.
+    /// The arrival is invalid, or its key is taken: the full cycle would fail the same way.
     #[error(transparent)]
     Problem(#[from] ProblemError),
     #[error("no workload `{0}` in the session")]
@@ -144,8 +144,8 @@ pub struct Session {
     /// A ledger with no usage: a pool's within-guarantee flags are counted again on it when a
     /// running workload leaves.
     blank: Ledger,
-    /// Workloads of the session by name (finished ones removed), as indices into the problem.
-    names: BTreeMap<String, usize>,
+    /// Workloads of the session by key (finished ones removed), as indices into the problem.
+    names: BTreeMap<WorkloadKey, usize>,
     /// An upper bound on the standing decision's objective: the LP bound of the snapshot the
     /// session opened on, plus the most each decided arrival could add (see `bound.rs`).
     bound: Option<f64>,
@@ -203,7 +203,7 @@ impl Session {
             .workloads
             .iter()
             .enumerate()
-            .map(|(i, w)| (w.name.clone(), i))
+            .map(|(i, w)| (w.key.clone(), i))
             .collect();
         let session = Session {
             policy: policy.clone(),
@@ -254,7 +254,7 @@ impl Session {
             .workloads
             .iter()
             .enumerate()
-            .map(|(i, w)| self.names.get(&w.name) == Some(&i))
+            .map(|(i, w)| self.names.get(&w.key) == Some(&i))
             .collect();
         let s = Solver::from_parts(p, parts);
         let decision = heuristic::decision_of(p, &s, Method::Heuristic, self.bound, |w| live[w]);
@@ -279,8 +279,8 @@ impl Session {
     }
 
     /// The standing decision for one workload, as the full cycle would give it.
-    pub fn decision_for(&self, name: &str) -> Option<WorkloadDecision> {
-        if let Some(&w) = self.names.get(name) {
+    pub fn decision_for(&self, key: &WorkloadKey) -> Option<WorkloadDecision> {
+        if let Some(&w) = self.names.get(key) {
             let parts = self.parts();
             return Some(
                 heuristic::workload_decision(
@@ -295,19 +295,25 @@ impl Session {
         self.problem
             .orphans
             .iter()
-            .find(|o| o.name == name)
+            .find(|o| (o.tenant.as_str(), o.name.as_str()) == key.as_pair())
             .map(|o| heuristic::orphan_decision(&self.problem, o))
     }
 
-    /// Every workload's standing decision, by name.
+    /// Every workload's standing decision, by tenant and name.
     pub fn decisions(&self) -> Vec<WorkloadDecision> {
+        let orphans = self
+            .problem
+            .orphans
+            .iter()
+            .map(|o| WorkloadKey::new(&o.tenant, &o.name));
         let mut out: Vec<WorkloadDecision> = self
             .names
             .keys()
-            .chain(self.problem.orphans.iter().map(|o| &o.name))
-            .filter_map(|n| self.decision_for(n))
+            .cloned()
+            .chain(orphans)
+            .filter_map(|k| self.decision_for(&k))
             .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
         out
     }
 
@@ -340,15 +346,21 @@ impl Session {
 
     /// Decides one arriving workload against the standing decision.
     pub fn admit(&mut self, arrival: &PendingWorkload) -> Result<Admission, SessionError> {
-        if self.policy.workloads.iter().any(|w| w.name == arrival.name) {
+        let key = WorkloadKey::new(&arrival.spec.tenant, &arrival.name);
+        if self
+            .policy
+            .workloads
+            .iter()
+            .any(|w| (w.tenant.as_str(), w.name.as_str()) == key.as_pair())
+        {
             return Ok(Admission::NeedsFullCycle(FullCycle::ReplacesCommitted {
-                name: arrival.name.clone(),
+                name: key.to_string(),
             }));
         }
-        if self.names.contains_key(&arrival.name)
-            || self.problem.orphans.iter().any(|o| o.name == arrival.name)
-        {
-            return Err(ProblemError::DuplicateWorkload(arrival.name.clone()).into());
+        let orphaned =
+            |o: &crate::problem::Orphan| (o.tenant.as_str(), o.name.as_str()) == key.as_pair();
+        if self.names.contains_key(&key) || self.problem.orphans.iter().any(orphaned) {
+            return Err(ProblemError::DuplicateWorkload(key.to_string()).into());
         }
         // The arrival resolved on its own: pools, classes and tenants come from the policy in its
         // order, so indices agree with the session's problem, and no node is needed.
@@ -361,7 +373,7 @@ impl Session {
             reservations: Vec::new(),
         };
         let mut alone = Problem::new(&self.policy, &alone, Some(self.problem.now))?;
-        if let Some(i) = alone.orphans.iter().position(|o| o.name == arrival.name) {
+        if let Some(i) = alone.orphans.iter().position(orphaned) {
             let orphan = alone.orphans.swap_remove(i);
             let decision = heuristic::orphan_decision(&self.problem, &orphan);
             self.problem.orphans.push(orphan);
@@ -374,7 +386,7 @@ impl Session {
         let info = alone
             .workloads
             .into_iter()
-            .find(|w| w.name == arrival.name)
+            .find(|w| w.key == key)
             .expect("a pending workload is resolved or orphaned");
 
         if let Some(pool) = self.reserving(&info.pools) {
@@ -391,7 +403,7 @@ impl Session {
             }
         };
         let (changed, geometry) = self.decide(w, at);
-        self.names.insert(arrival.name.clone(), w);
+        self.names.insert(key, w);
         self.bound = self
             .bound
             .map(|b| b + crate::bound::most_added(&self.problem, w));
@@ -408,7 +420,7 @@ impl Session {
 
     /// Where in the trace the full cycle would pick workload `w` (an arrival already pushed on
     /// the problem): `Ok(None)` after every pick, `Ok(Some(i))` right before pick `i`, or the
-    /// name of an admission it would precede.
+    /// key (`tenant/name`) of an admission it would precede.
     fn position(&mut self, w: usize) -> Result<Option<usize>, String> {
         let pools = self.problem.workloads[w].pools.clone();
         if pools.is_empty() {
@@ -462,13 +474,13 @@ impl Session {
                 key = Some((k, usage.clone()));
             }
             let mine = &key.as_ref().expect("just computed").0;
-            if (mine, p.workloads[w].name.as_str()) < (&step.key, x.name.as_str()) {
+            if (mine, &p.workloads[w].key) < (&step.key, &x.key) {
                 first = Some(i);
                 admission_from_first = admission_seen;
             }
         }
         match (first, admission_from_first) {
-            (Some(_), Some(a)) => Err(p.workloads[parts.trace[a].w].name.clone()),
+            (Some(_), Some(a)) => Err(p.workloads[parts.trace[a].w].key.to_string()),
             (first, _) => Ok(first),
         }
     }
@@ -583,7 +595,7 @@ impl Session {
                 (now != then).then_some(now)
             })
             .collect();
-        changed.sort_by(|a, b| a.name.cmp(&b.name));
+        changed.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
         let geometry = heuristic::geometry_changes(p, &before, &s.fleet);
         in_pick_order(p, &mut s.trace);
         self.parts = Some(s.into_parts());
@@ -592,14 +604,19 @@ impl Session {
 
     /// Removes a workload that finished (or was cancelled) from the standing state, when that
     /// cannot change another decision; otherwise changes nothing and asks for a full cycle.
-    pub fn finish(&mut self, name: &str) -> Result<Removal, SessionError> {
-        let Some(&w) = self.names.get(name) else {
-            if let Some(i) = self.problem.orphans.iter().position(|o| o.name == name) {
+    pub fn finish(&mut self, key: &WorkloadKey) -> Result<Removal, SessionError> {
+        let Some(&w) = self.names.get(key) else {
+            if let Some(i) = self
+                .problem
+                .orphans
+                .iter()
+                .position(|o| (o.tenant.as_str(), o.name.as_str()) == key.as_pair())
+            {
                 // Orphans hold nothing in the decision.
                 self.problem.orphans.remove(i);
                 return Ok(Removal::Removed);
             }
-            return Err(SessionError::Unknown(name.to_owned()));
+            return Err(SessionError::Unknown(key.to_string()));
         };
         let pools = self.problem.workloads[w].pools.clone();
         if let Some(pool) = self.reserving(&pools) {
@@ -617,12 +634,12 @@ impl Session {
                 parts.trace.retain(|s| s.w != w);
                 in_pick_order(p, &mut parts.trace);
                 parts.status[w] = None;
-                self.names.remove(name);
+                self.names.remove(key);
                 return Ok(Removal::Removed);
             }
             Some(Status::Admit { .. }) | Some(Status::Preempt(_)) => {
                 return Ok(Removal::NeedsFullCycle(FullCycle::Decided {
-                    name: name.to_owned(),
+                    name: key.to_string(),
                 }));
             }
             Some(Status::Keep) | None => {}
@@ -669,13 +686,13 @@ impl Session {
             .ledger
             .remove(p, wl.tenant, pool, wl.amount(wl.replicas));
         parts.status[w] = None;
-        self.names.remove(name);
+        self.names.remove(key);
         self.refresh_guarantees(pool);
         Ok(Removal::Removed)
     }
 
     /// Recomputes which running workloads of `pool` are within their tenant's guarantee, as
-    /// the cycle's first step does: by priority desc, then start, then name.
+    /// the cycle's first step does: by priority desc, then start, then tenant and name.
     fn refresh_guarantees(&mut self, pool: usize) {
         let p = &self.problem;
         let parts = self
@@ -695,7 +712,7 @@ impl Session {
                 Phase::Running { started_at, .. } => started_at,
                 Phase::Pending { .. } => 0,
             };
-            (-p.classes[wl.class].priority, started, wl.name.clone())
+            (-p.classes[wl.class].priority, started, wl.key.clone())
         });
         let mut ledger = self.blank.clone();
         for v in running {

@@ -25,6 +25,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::compiled::{CompiledFairShare, CompiledPolicy};
 use tessera_compiler::model::{
     ClusterStateSpec, GpuRequest, PendingWorkload, TenantUsageRecord, Topology, UsageHours,
@@ -69,8 +70,11 @@ fn assert_whole(session: &mut Session, d: &Decision, what: &str) {
     assert_eq!(&mine, d, "{what}: the standing decision whole");
 }
 
-fn by_name(d: &[WorkloadDecision]) -> BTreeMap<String, WorkloadDecision> {
-    d.iter().map(|w| (w.name.clone(), w.clone())).collect()
+/// Decisions by key: names are per tenant.
+fn by_key(d: &[WorkloadDecision]) -> BTreeMap<WorkloadKey, WorkloadDecision> {
+    d.iter()
+        .map(|w| (WorkloadKey::new(&w.tenant, &w.name), w.clone()))
+        .collect()
 }
 
 /// How often each path was taken, so that the tests can tell they exercised it.
@@ -188,7 +192,8 @@ fn case(seed: u64, tally: &mut Tally) {
             submitted_at: format_rfc3339(now - i64::from(rng.range(0, 40)) * 60),
         };
         state.pending.push(arrival.clone());
-        let before = by_name(&session.decisions());
+        let before = by_key(&session.decisions());
+        let arrival_key = WorkloadKey::new(&arrival.spec.tenant, &arrival.name);
         match session.admit(&arrival).unwrap() {
             Admission::Decided {
                 decision,
@@ -219,9 +224,9 @@ fn case(seed: u64, tally: &mut Tally) {
                 }
                 before_geometry = d.geometry.clone();
                 tally.relaid_out += u32::from(!geometry.is_empty());
-                let expected = by_name(&d.workloads);
+                let expected = by_key(&d.workloads);
                 assert_eq!(
-                    *decision, expected[&arrival.name],
+                    *decision, expected[&arrival_key],
                     "seed {seed}: arrival {k}"
                 );
                 assert_eq!(session.decisions(), d.workloads, "seed {seed}: arrival {k}");
@@ -229,7 +234,10 @@ fn case(seed: u64, tally: &mut Tally) {
                 let differ: Vec<&WorkloadDecision> = d
                     .workloads
                     .iter()
-                    .filter(|w| w.name != arrival.name && before.get(&w.name) != Some(*w))
+                    .filter(|w| {
+                        let key = WorkloadKey::new(&w.tenant, &w.name);
+                        key != arrival_key && before.get(&key) != Some(*w)
+                    })
                     .collect();
                 assert_eq!(
                     changed.iter().collect::<Vec<_>>(),
@@ -255,19 +263,28 @@ fn case(seed: u64, tally: &mut Tally) {
         }
 
         // One workload of the snapshot finishes (or is cancelled).
-        let names: Vec<String> = state
+        let keys: Vec<WorkloadKey> = state
             .running
             .iter()
-            .map(|r| r.name.clone())
-            .chain(state.pending.iter().map(|p| p.name.clone()))
+            .map(|r| WorkloadKey::new(&r.spec.tenant, &r.name))
+            .chain(
+                state
+                    .pending
+                    .iter()
+                    .map(|p| WorkloadKey::new(&p.spec.tenant, &p.name)),
+            )
             .collect();
-        if names.is_empty() {
+        if keys.is_empty() {
             continue;
         }
-        let gone = rng.pick(&names).clone();
-        let was_running = state.running.iter().any(|r| r.name == gone);
-        state.running.retain(|r| r.name != gone);
-        state.pending.retain(|p| p.name != gone);
+        let gone = rng.pick(&keys).clone();
+        let is_gone = |tenant: &str, name: &str| (tenant, name) == gone.as_pair();
+        let was_running = state
+            .running
+            .iter()
+            .any(|r| is_gone(&r.spec.tenant, &r.name));
+        state.running.retain(|r| !is_gone(&r.spec.tenant, &r.name));
+        state.pending.retain(|p| !is_gone(&p.spec.tenant, &p.name));
         match session.finish(&gone).unwrap() {
             Removal::Removed => {
                 let d = full(&policy, &state);
@@ -338,7 +355,7 @@ fn a_taken_name_and_an_unknown_workload_are_errors() {
     assert_eq!(
         session.admit(&again),
         Err(SessionError::Problem(ProblemError::DuplicateWorkload(
-            again.name.clone()
+            format!("{}/{}", again.spec.tenant, again.name)
         )))
     );
     let mut late = again.clone();
@@ -349,8 +366,8 @@ fn a_taken_name_and_an_unknown_workload_are_errors() {
         Err(SessionError::Problem(ProblemError::Timestamp { .. }))
     ));
     assert_eq!(
-        session.finish("nobody"),
-        Err(SessionError::Unknown("nobody".into()))
+        session.finish(&WorkloadKey::new("nobody", "nobody")),
+        Err(SessionError::Unknown("nobody/nobody".into()))
     );
 }
 
@@ -426,7 +443,10 @@ fn a_finished_workload_moves_the_guarantee_line() {
     assert_eq!(changed[0].name, "recent");
     assert!(matches!(changed[0].outcome, Outcome::Preempt { .. }));
 
-    assert_eq!(session.finish("old-1"), Ok(Removal::Removed));
+    assert_eq!(
+        session.finish(&WorkloadKey::new("a", "old-1")),
+        Ok(Removal::Removed)
+    );
     state.running.retain(|r| r.name != "old-1");
     let Ok(Admission::Decided {
         decision, changed, ..

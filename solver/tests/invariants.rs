@@ -59,11 +59,17 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
     let now = parse_rfc3339(&state.observed_at).unwrap();
     let node = |n: &str| state.nodes.iter().find(|x| x.name == n).unwrap();
     let pool_of = |n: &str| policy.pool(&node(n).pool).unwrap();
-    let spec_of: BTreeMap<&str, &WorkloadSpec> = state
+    // By key, `tenant/name`: names are per tenant, and reasons name workloads by key.
+    let spec_of: BTreeMap<String, &WorkloadSpec> = state
         .running
         .iter()
-        .map(|r| (r.name.as_str(), &r.spec))
-        .chain(state.pending.iter().map(|p| (p.name.as_str(), &p.spec)))
+        .map(|r| (key(&r.spec.tenant, &r.name), &r.spec))
+        .chain(
+            state
+                .pending
+                .iter()
+                .map(|p| (key(&p.spec.tenant, &p.name), &p.spec)),
+        )
         .collect();
     let gpus_of = |spec: &WorkloadSpec| -> Gpus {
         if let Some(c) = spec.gpu.count {
@@ -95,9 +101,9 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
     let mut cpu: BTreeMap<String, u64> = BTreeMap::new();
     let mut mem: BTreeMap<String, u64> = BTreeMap::new();
     let mut trust: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
-    let mut admitted_borrowed: BTreeMap<&str, Gpus> = BTreeMap::new();
+    let mut admitted_borrowed: BTreeMap<String, Gpus> = BTreeMap::new();
     for w in &d.workloads {
-        let spec = spec_of[w.name.as_str()];
+        let spec = spec_of[&key(&w.tenant, &w.name)];
         let class = policy.slo_class(&spec.slo_class).unwrap();
         let bindings = match &w.outcome {
             Outcome::Keep { bindings } => {
@@ -119,7 +125,7 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
                     "partial gang {}: {n}",
                     w.name
                 );
-                admitted_borrowed.insert(&w.name, *borrowed);
+                admitted_borrowed.insert(key(&w.tenant, &w.name), *borrowed);
                 bindings
             }
             Outcome::Preempt { reason, .. } => {
@@ -131,7 +137,7 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
                 let run = state
                     .running
                     .iter()
-                    .find(|r| r.name == w.name)
+                    .find(|r| r.name == w.name && r.spec.tenant == w.tenant)
                     .expect("only running is preempted");
                 let ran = now - parse_rfc3339(&run.started_at).unwrap();
                 assert!(
@@ -229,7 +235,7 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
         (
             -c.priority,
             parse_rfc3339(&r.started_at).unwrap(),
-            r.name.clone(),
+            (r.spec.tenant.clone(), r.name.clone()),
         )
     });
     let mut cumulative: BTreeMap<(String, String), Gpus> = BTreeMap::new();
@@ -251,7 +257,11 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
         if before >= guarantee {
             continue;
         }
-        let w = d.workloads.iter().find(|w| w.name == r.name).unwrap();
+        let w = d
+            .workloads
+            .iter()
+            .find(|w| w.name == r.name && w.tenant == r.spec.tenant)
+            .unwrap();
         if let Outcome::Preempt { reason, .. } = &w.outcome {
             let beneficiary = match reason {
                 PreemptReason::Reclaim { for_workload, .. }
@@ -291,17 +301,17 @@ fn check_fair_preemptions(
     d: &Decision,
 ) -> usize {
     let mut count = 0;
-    let spec_of = |name: &str| -> WorkloadSpec {
+    let spec_of = |k: &str| -> WorkloadSpec {
         state
             .pending
             .iter()
-            .find(|p| p.name == name)
+            .find(|p| key(&p.spec.tenant, &p.name) == k)
             .map(|p| p.spec.clone())
             .or_else(|| {
                 state
                     .running
                     .iter()
-                    .find(|r| r.name == name)
+                    .find(|r| key(&r.spec.tenant, &r.name) == k)
                     .map(|r| r.spec.clone())
             })
             .expect("a workload of the snapshot")
@@ -323,7 +333,7 @@ fn check_fair_preemptions(
         let node = &state
             .running
             .iter()
-            .find(|r| r.name == w.name)
+            .find(|r| r.name == w.name && r.spec.tenant == w.tenant)
             .expect("only running work is preempted")
             .bindings[0]
             .node;
@@ -334,7 +344,7 @@ fn check_fair_preemptions(
             "{} preempted in {}",
             w.name, pool.name
         );
-        let (victim, winner) = (spec_of(&w.name), spec_of(for_workload));
+        let (victim, winner) = (spec_of(&key(&w.tenant, &w.name)), spec_of(for_workload));
         assert_ne!(
             victim.tenant, winner.tenant,
             "{} for its own tenant",
@@ -347,7 +357,7 @@ fn check_fair_preemptions(
         let beneficiary = d
             .workloads
             .iter()
-            .find(|x| &x.name == for_workload)
+            .find(|x| &key(&x.tenant, &x.name) == for_workload)
             .unwrap();
         match &beneficiary.outcome {
             Outcome::Admit { borrowed, .. } => {
@@ -389,13 +399,17 @@ fn fair_preemptions_stop(policy: &CompiledPolicy, mut state: ClusterStateSpec) {
 
 fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decision) {
     let now = parse_rfc3339(&state.observed_at).unwrap();
-    let pending: BTreeMap<&str, _> = state.pending.iter().map(|p| (p.name.as_str(), p)).collect();
-    let spec_of = |name: &str| -> &WorkloadSpec {
-        pending.get(name).map(|p| &p.spec).unwrap_or_else(|| {
+    let pending: BTreeMap<String, _> = state
+        .pending
+        .iter()
+        .map(|p| (key(&p.spec.tenant, &p.name), p))
+        .collect();
+    let spec_of = |k: &str| -> &WorkloadSpec {
+        pending.get(k).map(|p| &p.spec).unwrap_or_else(|| {
             &state
                 .running
                 .iter()
-                .find(|r| r.name == name)
+                .find(|r| key(&r.spec.tenant, &r.name) == k)
                 .expect("a workload of the snapshot")
                 .spec
         })
@@ -423,7 +437,11 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
             r.pool
         );
         assert!(r.held_idle + r.backfilled <= r.needed);
-        let w = d.workloads.iter().find(|w| w.name == r.workload).unwrap();
+        let w = d
+            .workloads
+            .iter()
+            .find(|w| key(&w.tenant, &w.name) == r.workload)
+            .unwrap();
         match &w.outcome {
             Outcome::Pending {
                 reason: Reason::Reserving { pool, needed, .. },
@@ -431,7 +449,7 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
             } => assert!(pool == &r.pool && *needed == r.needed),
             other => panic!("{} holds capacity but {other:?}", r.workload),
         }
-        let spec = &pending[r.workload.as_str()].spec;
+        let spec = &pending[&r.workload].spec;
         assert!(spec.pool.as_ref().is_none_or(|p| p == &r.pool));
         assert!(
             policy
@@ -449,10 +467,11 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
         }
     }
     for r in &d.reservations {
-        let gang = pending[r.workload.as_str()];
+        let gang = pending[&r.workload];
         let gang_prio = policy.slo_class(&gang.spec.slo_class).unwrap().priority;
         let gang_key = (
             parse_rfc3339(&gang.submitted_at).unwrap(),
+            gang.spec.tenant.as_str(),
             gang.name.as_str(),
         );
         let eta = r.eta.as_deref().map(|e| parse_rfc3339(e).unwrap());
@@ -468,19 +487,23 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
             if !bindings.iter().any(|b| r.nodes.contains(&b.node)) {
                 continue;
             }
-            let spec = spec_of(&w.name);
+            let spec = spec_of(&key(&w.tenant, &w.name));
             let class = policy.slo_class(&spec.slo_class).unwrap();
             let per_replica = spec
                 .gpu
                 .count
                 .map_or(Gpus::ZERO, |c| Gpus::whole(i64::from(c)));
             let min = spec.min_member.unwrap_or(spec.replicas);
-            let p = pending[w.name.as_str()];
+            let p = pending[&key(&w.tenant, &w.name)];
             let before_gang = class.priority > gang_prio
                 || *borrowed == Gpus::ZERO
                 || *guaranteed >= per_replica * i64::from(min)
                 || spec.tenant != gang.spec.tenant
-                || (parse_rfc3339(&p.submitted_at).unwrap(), p.name.as_str()) < gang_key;
+                || (
+                    parse_rfc3339(&p.submitted_at).unwrap(),
+                    p.spec.tenant.as_str(),
+                    p.name.as_str(),
+                ) < gang_key;
             let backfill = class.preemptible
                 || spec
                     .max_duration
@@ -503,7 +526,7 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
             let gang = d
                 .workloads
                 .iter()
-                .find(|x| &x.name == for_workload)
+                .find(|x| &key(&x.tenant, &x.name) == for_workload)
                 .unwrap();
             assert!(
                 matches!(gang.outcome, Outcome::Admit { .. }),
@@ -512,6 +535,11 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
             );
         }
     }
+}
+
+/// A workload's key as decisions' reasons show it, `tenant/name`.
+fn key(tenant: &str, name: &str) -> String {
+    format!("{tenant}/{name}")
 }
 
 fn bytes(policy: &CompiledPolicy, state: &ClusterStateSpec) -> String {

@@ -341,7 +341,7 @@ fn a_reservation_starts_the_gang_within_the_longest_run() {
                 ..
             } = &w.outcome
             {
-                assert_eq!(gang, "gang");
+                assert_eq!(gang, "hpc/gang");
                 reserved_for = true;
             }
         }
@@ -447,7 +447,7 @@ fn preemptible_backfill_yields() {
             assert_eq!(
                 reason,
                 &PreemptReason::Reservation {
-                    for_workload: "gang".into()
+                    for_workload: "hpc/gang".into()
                 }
             );
             assert!(w.name.starts_with("s-"), "{} yielded", w.name);

@@ -62,7 +62,7 @@ fn a_gang_is_placed_whole_or_not_at_all() {
     assert_eq!(
         message(&d, "big"),
         "pool `train` has room for 1 of the 2 replicas the gang needs (12 GPUs free); \
-         preemption not allowed: `hold-0` is non-preemptible, `hold-1` is non-preemptible"
+         preemption not allowed: `b/hold-0` is non-preemptible, `b/hold-1` is non-preemptible"
     );
     let pair = admitted(&d, "pair");
     assert_eq!(pair.len(), 2);
@@ -278,7 +278,7 @@ fn reconfiguration_budget_is_per_gpu_per_decision() {
     assert_eq!(
         message(&d, "second"),
         "reconfiguration budget spent on GPU m0/0 of pool `infer`; preemption not allowed: \
-         `big` is non-preemptible"
+         `b/big` is non-preemptible"
     );
 }
 
@@ -331,7 +331,7 @@ fn a_borrower_is_preempted_when_the_owner_needs_its_guarantee() {
             assert!(matches!(reason, PreemptReason::Reclaim { .. }));
             assert_eq!(
                 message,
-                "its borrowed capacity is reclaimed for `a-job`, within tenant `a`'s guarantee"
+                "its borrowed capacity is reclaimed for `a/a-job`, within tenant `a`'s guarantee"
             );
         }
         other => panic!("b-2 not preempted: {other:?}"),
@@ -360,7 +360,7 @@ fn a_non_preemptible_workload_is_never_preempted() {
     assert_eq!(
         message(&d, "a-job"),
         "pool `train` is full: GPUs in use 16 of 16, request 8; \
-         preemption not allowed: `b-1` is non-preemptible, `b-2` is non-preemptible"
+         preemption not allowed: `b/b-1` is non-preemptible, `b/b-2` is non-preemptible"
     );
     // With b-2 non-preemptible and of a higher tier, it is b's guaranteed work: the older but
     // lower-tier b-1 is the borrowed part, and is reclaimed instead.
@@ -380,7 +380,7 @@ fn min_runtime_is_honoured() {
     let d = run(&reclaim_state("batch", RECENT));
     assert!(matches!(get(&d, "b-2").outcome, Outcome::Keep { .. }));
     assert!(
-        message(&d, "a-job").contains("`b-2` has not reached its minRuntime (20m left)"),
+        message(&d, "a-job").contains("`b/b-2` has not reached its minRuntime (20m left)"),
         "{}",
         message(&d, "a-job")
     );
@@ -495,7 +495,7 @@ fn inconsistent_input_is_a_typed_error() {
     let err = tessera_solver::solve(&policy, &st, &Default::default()).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "inconsistent input: workload `old`: binding 0: GPU 9 of node `t0` does not exist"
+        "inconsistent input: workload `b/old`: binding 0: GPU 9 of node `t0` does not exist"
     );
 }
 
@@ -686,7 +686,7 @@ fn borrowers_are_served_by_fair_share_before_submission_time() {
     assert_eq!(
         message(&d, "a-more"),
         "pool `train` lacks room: GPUs in use 14 of 16, request 4; \
-         preemption not allowed: `a-run` is within its tenant's guarantee, `b-run` is within its \
+         preemption not allowed: `a/a-run` is within its tenant's guarantee, `b/b-run` is within its \
          tenant's guarantee"
     );
 }

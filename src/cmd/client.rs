@@ -136,8 +136,17 @@ pub fn submit(file: &Path, server: &ServerArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn cancel(name: &str, server: &ServerArgs) -> anyhow::Result<ExitCode> {
-    let (status, value) = call(server, "DELETE", &format!("/v1/workloads/{name}"), None)?;
+/// `/v1/workloads/{name}`, with `?tenant=` when the caller says whose (names are per tenant).
+fn workload_path(name: &str, tenant: Option<&str>) -> String {
+    let mut path = format!("/v1/workloads/{}", percent_encode(name));
+    if let Some(t) = tenant {
+        path.push_str(&format!("?tenant={}", percent_encode(t)));
+    }
+    path
+}
+
+pub fn cancel(name: &str, tenant: Option<&str>, server: &ServerArgs) -> anyhow::Result<ExitCode> {
+    let (status, value) = call(server, "DELETE", &workload_path(name, tenant), None)?;
     if !(200..300).contains(&status) {
         return refused(status, &value);
     }
@@ -222,13 +231,13 @@ pub fn get(
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn describe(name: &str, output: TextOrJson, server: &ServerArgs) -> anyhow::Result<ExitCode> {
-    let (status, value) = call(
-        server,
-        "GET",
-        &format!("/v1/workloads/{}", percent_encode(name)),
-        None,
-    )?;
+pub fn describe(
+    name: &str,
+    tenant: Option<&str>,
+    output: TextOrJson,
+    server: &ServerArgs,
+) -> anyhow::Result<ExitCode> {
+    let (status, value) = call(server, "GET", &workload_path(name, tenant), None)?;
     if !(200..300).contains(&status) {
         return refused(status, &value);
     }

@@ -99,7 +99,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reconcile(args) => reconcile::run(*args),
         Command::Observe(args) => observe::run(&args),
         Command::Submit { file, server } => client::submit(&file, &server),
-        Command::Cancel { name, server } => client::cancel(&name, &server),
+        Command::Cancel {
+            name,
+            tenant,
+            server,
+        } => client::cancel(&name, tenant.as_deref(), &server),
         Command::Get {
             resource: _,
             tenant,
@@ -108,9 +112,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => client::get(tenant.as_deref(), output, &server),
         Command::Describe {
             name,
+            tenant,
             output,
             server,
-        } => client::describe(&name, output, &server),
+        } => client::describe(&name, tenant.as_deref(), output, &server),
         Command::Status { server, output } => client::status(&server, output),
     }
 }

@@ -64,6 +64,20 @@ impl<'a> Repo<'a> {
     pub fn names(&self, kind: Kind) -> impl Iterator<Item = &'a str> + '_ {
         self.of(kind).map(|d| d.name.as_str())
     }
+
+    /// The `Workload` documents, first of each `(tenant, name)` only, in that order: workload
+    /// names are per tenant, so [`Repo::of`] (first of each name) would drop another tenant's.
+    pub fn workloads(&self) -> Vec<&'a LoadedDocument> {
+        let mut first: BTreeMap<(&str, &str), &'a LoadedDocument> = BTreeMap::new();
+        for d in self.docs {
+            if let crate::model::Document::Workload(spec) = &d.document {
+                first
+                    .entry((spec.tenant.as_str(), d.name.as_str()))
+                    .or_insert(d);
+            }
+        }
+        first.into_values().collect()
+    }
 }
 
 /// "unknown X `name`" at the value at `pointer`, with a did-you-mean among `candidates` when one

@@ -9,6 +9,7 @@ use super::models::{unknown_model, unknown_profile};
 use super::workloads::{Ctx, resolve_spec};
 use crate::compiled::GpuDemand;
 use crate::diagnostic::{Code, Diagnostic, did_you_mean};
+use crate::key::{WorkloadKey, resolve_reference};
 use crate::load::LoadedDocument;
 use crate::model::{Binding, ClusterStateSpec, Document, Kind, UsageRecord};
 use crate::units::{Gpus, parse_rfc3339};
@@ -174,12 +175,15 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
     let mut occupancy: BTreeMap<(&str, u32), Occupancy> = BTreeMap::new();
     for (w, run) in spec.running.iter().enumerate() {
         let wp = format!("/spec/running/{w}");
-        if !names.insert(run.name.as_str()) {
+        if !names.insert((run.spec.tenant.as_str(), run.name.as_str())) {
             sink.push(bad(
                 doc,
                 &format!("{wp}/name"),
-                format!("workload `{}` is listed twice", run.name),
-                "workload names are unique in a snapshot",
+                format!(
+                    "workload `{}/{}` is listed twice",
+                    run.spec.tenant, run.name
+                ),
+                "workload names are unique per tenant in a snapshot",
             ));
             continue;
         }
@@ -224,12 +228,15 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
     }
     for (w, pending) in spec.pending.iter().enumerate() {
         let wp = format!("/spec/pending/{w}");
-        if !names.insert(pending.name.as_str()) {
+        if !names.insert((pending.spec.tenant.as_str(), pending.name.as_str())) {
             sink.push(bad(
                 doc,
                 &format!("{wp}/name"),
-                format!("workload `{}` is listed twice", pending.name),
-                "workload names are unique in a snapshot",
+                format!(
+                    "workload `{}/{}` is listed twice",
+                    pending.spec.tenant, pending.name
+                ),
+                "workload names are unique per tenant in a snapshot",
             ));
             continue;
         }
@@ -324,12 +331,29 @@ fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, 
             .entry(node.name.as_str())
             .or_insert(node.pool.as_str());
     }
-    let pending: BTreeSet<&str> = spec.pending.iter().map(|p| p.name.as_str()).collect();
-    let running: BTreeSet<&str> = spec.running.iter().map(|r| r.name.as_str()).collect();
+    // A reservation names its gang by key, `tenant/name` (names are per tenant), or by a bare
+    // name that one workload of the snapshot has, as older snapshots do.
+    let pending: Vec<WorkloadKey> = spec
+        .pending
+        .iter()
+        .map(|p| WorkloadKey::new(&p.spec.tenant, &p.name))
+        .collect();
+    let running: Vec<WorkloadKey> = spec
+        .running
+        .iter()
+        .map(|r| WorkloadKey::new(&r.spec.tenant, &r.name))
+        .collect();
+    // What a misspelt reference is compared with: keys, or names for a bare name.
+    let shown: Vec<String> = pending.iter().map(ToString::to_string).collect();
+    let names: Vec<&str> = pending.iter().map(|k| k.name.as_str()).collect();
     let mut reserved = BTreeSet::new();
     for (r, res) in spec.reservations.iter().enumerate() {
         let rp = format!("/spec/reservations/{r}");
-        if !reserved.insert(res.workload.as_str()) {
+        let gang = resolve_reference(&res.workload, pending.iter().chain(&running));
+        let gang_text = gang
+            .as_ref()
+            .map_or_else(|| res.workload.clone(), ToString::to_string);
+        if !reserved.insert(gang_text) {
             sink.push(bad(
                 doc,
                 &format!("{rp}/workload"),
@@ -339,8 +363,13 @@ fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, 
             continue;
         }
         instant(doc, &format!("{rp}/since"), &res.since, sink);
-        if !pending.contains(res.workload.as_str()) {
-            let (message, help) = if running.contains(res.workload.as_str()) {
+        if !gang.as_ref().is_some_and(|g| pending.contains(g)) {
+            let candidates: Vec<&str> = if res.workload.contains('/') {
+                shown.iter().map(String::as_str).collect()
+            } else {
+                names.clone()
+            };
+            let (message, help) = if gang.as_ref().is_some_and(|g| running.contains(g)) {
                 (
                     format!(
                         "reservation for `{}`, which is already running: it is stale and ignored",
@@ -354,7 +383,7 @@ fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, 
                         "reservation for `{}`, which is not pending in this snapshot: it is stale and ignored",
                         res.workload
                     ),
-                    match did_you_mean(&res.workload, pending.iter().copied()) {
+                    match did_you_mean(&res.workload, candidates) {
                         Some(s) => format!("did you mean `{s}`?"),
                         None => {
                             "a reservation holds capacity for a pending workload; remove the entry"

@@ -56,7 +56,8 @@ pub(crate) fn resolve(
     sink: &mut Sink,
 ) -> Vec<CompiledWorkload> {
     let ctx = Ctx::new(repo, models, pools, classes, tenants);
-    repo.of(Kind::Workload)
+    repo.workloads()
+        .into_iter()
         .filter_map(|doc| match &doc.document {
             Document::Workload(spec) => {
                 resolve_spec(&ctx, &doc.name, spec, doc, "/spec", true, sink)

@@ -80,7 +80,8 @@ pub struct UsageHours {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReservationRecord {
-    /// The waiting workload (a pending one).
+    /// The waiting workload (a pending one), as `tenant/name`: workload names are per tenant.
+    /// A bare name, as older snapshots have, means the one workload of that name.
     pub workload: String,
     pub pool: String,
     /// The nodes the gang will land on; their GPUs, as they free up, are held for it.

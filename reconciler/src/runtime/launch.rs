@@ -34,6 +34,15 @@ pub fn check_name(name: &str) -> Result<(), RuntimeError> {
     }
 }
 
+/// A tenant name as the runtime id needs it: a name without `.` (a DNS label), so that
+/// `<tenant>.<name>` names one workload.
+pub fn check_tenant(tenant: &str) -> Result<(), RuntimeError> {
+    if tenant.contains('.') || check_name(tenant).is_err() {
+        return Err(RuntimeError::InvalidTenant(tenant.to_string()));
+    }
+    Ok(())
+}
+
 /// A replica ready to spawn: the wrapper command and, when confined, what confines it.
 pub struct Prepared {
     pub cmd: Command,
@@ -157,7 +166,7 @@ pub fn command(
                     source,
                 })?;
             }
-            let replica_group = sandbox.cgroups.group(&spec.workload, spec.replica);
+            let replica_group = sandbox.cgroups.group(&spec.id(), spec.replica);
             let cgroup_io = |source: std::io::Error| RuntimeError::Cgroup {
                 workload: spec.workload.clone(),
                 replica: spec.replica,
@@ -210,6 +219,7 @@ pub fn command(
     // Set after the spec's environment, so that a spec cannot widen its own devices.
     cmd.env("CUDA_VISIBLE_DEVICES", spec.devices.join(","))
         .env("TESSERA_WORKLOAD", &spec.workload)
+        .env("TESSERA_TENANT", &spec.tenant)
         .env("TESSERA_REPLICA", spec.replica.to_string())
         .env("TESSERA_CHECKPOINT_DIR", &checkpoint_dir);
     if let Some(p) = spec.mps_thread_percentage {

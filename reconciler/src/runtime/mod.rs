@@ -13,7 +13,10 @@
 //! ([`Runtime::adopt`], [`Runtime::new`]) after a restart. Dropping a [`Runtime`] leaves its
 //! processes running: the service's restart must not stop the fleet's work.
 //!
-//! Layout under the root: `<workload>/<replica>.log` (stdout and stderr, appended across
+//! A workload is known to the runtime by its id, `<tenant>.<name>` ([`workload_id`]): names
+//! are per tenant, so two tenants' `train` must not share files or cgroups.
+//!
+//! Layout under the root: `<id>/<replica>.log` (stdout and stderr, appended across
 //! attempts), `<replica>.pid` (until its exit is reported), `<replica>.exit`, `<replica>.uid`
 //! (the uid a confined replica runs as). The root and its files are the service's alone (0700,
 //! 0600); the sandbox never shows them.
@@ -45,6 +48,8 @@ use confine::Sandbox;
 /// What to start: one replica of a workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchSpec {
+    /// The workload's tenant and name: it is known to the runtime by [`LaunchSpec::id`].
+    pub tenant: String,
     pub workload: String,
     pub replica: u32,
     /// Program and arguments; the program is looked up in `PATH` unless it has a `/`.
@@ -68,6 +73,20 @@ pub struct LaunchSpec {
     pub checkpoint_dir: PathBuf,
     /// `TESSERA_RESUME_FROM`: the checkpoint a requeued workload resumes from.
     pub resume_from: Option<PathBuf>,
+}
+
+impl LaunchSpec {
+    /// The runtime's id of the workload: [`workload_id`].
+    pub fn id(&self) -> String {
+        workload_id(&self.tenant, &self.workload)
+    }
+}
+
+/// The runtime's id of a workload, `<tenant>.<name>`: what names its directory under the
+/// root and its replicas' cgroups. One id per workload key, since a tenant name (a DNS label)
+/// has no `.`: the first `.` ends it.
+pub fn workload_id(tenant: &str, name: &str) -> String {
+    format!("{tenant}.{name}")
 }
 
 /// A started replica: `pid` is its wrapper's, which is also its process group.
@@ -115,6 +134,11 @@ pub enum RuntimeError {
          '.', starting and ending with a letter or digit"
     )]
     InvalidName(String),
+    #[error(
+        "tenant name {0:?} cannot name a directory: use lowercase letters, digits and '-', \
+         starting and ending with a letter or digit"
+    )]
+    InvalidTenant(String),
     #[error("{workload}/{replica}: the command is empty")]
     EmptyCommand { workload: String, replica: u32 },
     #[error("{workload}/{replica}: command {command:?} not found (searched {searched})")]
@@ -276,19 +300,22 @@ impl Runtime {
     /// Starts one replica. Fails before spawning anything if the spec is invalid or its
     /// program cannot be found.
     pub fn start(&mut self, spec: &LaunchSpec) -> Result<Started, RuntimeError> {
+        launch::check_tenant(&spec.tenant)?;
         launch::check_name(&spec.workload)?;
+        let id = spec.id();
+        launch::check_name(&id)?;
         if let Some((&pid, _)) = self
             .processes
             .iter()
-            .find(|(_, p)| p.workload == spec.workload && p.replica == spec.replica)
+            .find(|(_, p)| p.workload == id && p.replica == spec.replica)
         {
             return Err(RuntimeError::AlreadyRunning {
-                workload: spec.workload.clone(),
+                workload: id.clone(),
                 replica: spec.replica,
                 pid,
             });
         }
-        let files = wrapper::Files::new(&self.root, &spec.workload, spec.replica);
+        let files = wrapper::Files::new(&self.root, &id, spec.replica);
         let confined = match &self.mode {
             Mode::Refused(why) => return Err(RuntimeError::CannotConfine(why.clone())),
             Mode::Insecure => None,
@@ -297,7 +324,7 @@ impl Runtime {
                 let uid = range
                     .allocate(self.processes.values().filter_map(|p| p.uid))
                     .ok_or_else(|| RuntimeError::NoUidLeft {
-                        workload: spec.workload.clone(),
+                        workload: id.clone(),
                         replica: spec.replica,
                         first: range.first,
                         count: range.count,
@@ -330,7 +357,7 @@ impl Runtime {
                 group.remove();
             }
             RuntimeError::Spawn {
-                workload: spec.workload.clone(),
+                workload: id.clone(),
                 replica: spec.replica,
                 source,
             }
@@ -339,7 +366,7 @@ impl Runtime {
         self.processes.insert(
             pid,
             Process {
-                workload: spec.workload.clone(),
+                workload: id,
                 replica: spec.replica,
                 uid,
                 handle: Handle::Child(child),
@@ -349,8 +376,9 @@ impl Runtime {
         Ok(Started { pid })
     }
 
-    /// Watches a replica a previous instance started (its pid from the store). Adopting a
-    /// process already tracked for the same replica changes nothing.
+    /// Watches a replica a previous instance started (its pid from the store), of the
+    /// workload with runtime id `workload` ([`workload_id`]). Adopting a process already
+    /// tracked for the same replica changes nothing.
     pub fn adopt(&mut self, workload: &str, replica: u32, pid: u32) -> Result<(), RuntimeError> {
         launch::check_name(workload)?;
         if let Some(p) = self.processes.get(&pid) {
@@ -401,7 +429,7 @@ impl Runtime {
         Ok(())
     }
 
-    /// The tracked pids of `workload`'s replicas.
+    /// The tracked pids of the replicas of the workload with runtime id `workload`.
     pub fn pids_of(&self, workload: &str) -> Vec<u32> {
         self.processes
             .iter()

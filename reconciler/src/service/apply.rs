@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::Binding;
 use tessera_solver::decision::ReplicaBinding;
 
@@ -44,6 +45,15 @@ pub struct Context<'a> {
     pub created: &'a mut BTreeMap<(GpuRef, u8), u32>,
 }
 
+/// The key an action names its workload by, `tenant/name`.
+fn key_of(workload: &str) -> Result<WorkloadKey, ApplyError> {
+    WorkloadKey::parse(workload).ok_or_else(|| {
+        ApplyError::Precondition(format!(
+            "`{workload}` is not a workload key (`tenant/name`)"
+        ))
+    })
+}
+
 pub fn apply(cx: &mut Context<'_>, action: &Action) -> Result<(), ApplyError> {
     match action {
         Action::Checkpoint {
@@ -51,21 +61,23 @@ pub fn apply(cx: &mut Context<'_>, action: &Action) -> Result<(), ApplyError> {
             signal,
             deadline,
         } => {
-            let record = cx.store.workload(workload)?;
+            let key = key_of(workload)?;
+            let record = cx.store.workload(&key)?;
             let signal = Signal::parse(signal)?;
             for pid in live_pids(&record) {
                 cx.runtime.signal(pid, signal)?;
             }
-            cx.store.mark_checkpointing(workload, *deadline, cx.now)?;
+            cx.store.mark_checkpointing(&key, *deadline, cx.now)?;
             Ok(())
         }
         Action::Stop { workload, reason } => {
-            let record = cx.store.workload(workload)?;
+            let key = key_of(workload)?;
+            let record = cx.store.workload(&key)?;
             for pid in live_pids(&record) {
                 cx.runtime.kill(pid)?;
                 cx.driver.process_ended(pid);
             }
-            cx.store.requeue(workload, reason, cx.now)?;
+            cx.store.requeue(&key, reason, cx.now)?;
             Ok(())
         }
         Action::DestroyComputeInstance {
@@ -101,13 +113,13 @@ pub fn apply(cx: &mut Context<'_>, action: &Action) -> Result<(), ApplyError> {
             cx.driver.create_compute_instance(gpu, gi)?;
             Ok(())
         }
-        Action::Start { workload, bindings } => start(cx, workload, bindings),
+        Action::Start { workload, bindings } => start(cx, &key_of(workload)?, bindings),
     }
 }
 
 fn start(
     cx: &mut Context<'_>,
-    workload: &str,
+    workload: &WorkloadKey,
     bindings: &[ReplicaBinding],
 ) -> Result<(), ApplyError> {
     let record = cx.store.workload(workload)?;
@@ -126,7 +138,8 @@ fn start(
     if cx.run_commands && !record.spec.command.is_empty() {
         for (replica, b, ReplicaDevices { uuids, gi, gpus }) in &launches {
             let spec = LaunchSpec {
-                workload: workload.to_string(),
+                tenant: workload.tenant.clone(),
+                workload: workload.name.clone(),
                 replica: *replica,
                 command: record.spec.command.clone(),
                 env: record.spec.env.clone(),
@@ -138,7 +151,7 @@ fn start(
                     // MPS takes a whole percentage; a share never rounds to 0.
                     ((s.as_f64() * 100.0).round() as u32).clamp(1, 100)
                 }),
-                work_dir: cx.state_dir.join("workloads").join(workload),
+                work_dir: work_dir(cx.state_dir, workload),
                 checkpoint_dir: checkpoint_dir.clone(),
                 resume_from: resume_from.clone(),
             };
@@ -190,9 +203,21 @@ pub fn live_pids(record: &WorkloadRecord) -> Vec<u32> {
 }
 
 /// Where a workload's checkpoints live: the same directory across attempts, so a requeued
-/// workload resumes from what it saved.
-pub fn checkpoint_dir(state_dir: &Path, workload: &str) -> PathBuf {
-    state_dir.join("checkpoints").join(workload)
+/// workload resumes from what it saved; one per tenant and name, so two tenants' workloads of
+/// one name never share it.
+pub fn checkpoint_dir(state_dir: &Path, workload: &WorkloadKey) -> PathBuf {
+    state_dir
+        .join("checkpoints")
+        .join(&workload.tenant)
+        .join(&workload.name)
+}
+
+/// A workload's working directory, per tenant and name like [`checkpoint_dir`].
+pub fn work_dir(state_dir: &Path, workload: &WorkloadKey) -> PathBuf {
+    state_dir
+        .join("workloads")
+        .join(&workload.tenant)
+        .join(&workload.name)
 }
 
 /// Whether a checkpoint directory holds anything to resume from.

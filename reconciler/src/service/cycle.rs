@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use tessera_compiler::WorkloadKey;
 use tessera_solver::session::Session;
 use tessera_solver::{Decision, SolveOptions};
 
@@ -199,10 +200,10 @@ impl Reconciler {
         for record in self.store.live()? {
             for r in &record.replicas {
                 let Some(pid) = r.pid else { continue };
-                if let Err(e) = self.runtime.adopt(&record.name, r.replica, pid) {
+                if let Err(e) = self.runtime.adopt(&runtime_id(&record), r.replica, pid) {
                     self.note(Condition::tenant(
                         record.tenant.clone(),
-                        format!("recovery: cannot adopt {}: {e}", record.name),
+                        format!("recovery: cannot adopt {}: {e}", record.key()),
                     ));
                 }
                 if let Some(b) = record.bindings.get(r.replica as usize) {
@@ -223,16 +224,19 @@ impl Reconciler {
             if record.phase == Phase::Starting {
                 // Killed between recording the start and recording its processes: whatever
                 // started is stopped, and the workload waits for the next cycle.
-                for pid in self.runtime.pids_of(&record.name) {
+                for pid in self.runtime.pids_of(&runtime_id(&record)) {
                     let _ = self.runtime.kill(pid);
                     self.driver.process_ended(pid);
                 }
-                if interrupted_starts.contains(&record.name) {
+                // A start journaled before names were per tenant names the workload alone.
+                if interrupted_starts.contains(&record.key().to_string())
+                    || interrupted_starts.contains(&record.name)
+                {
                     self.after_interrupted_start(&record, now)?;
                 } else {
                     self.store
-                        .requeue(&record.name, "interrupted while starting", now)?;
-                    info!(workload = %record.name, "requeued: interrupted while starting");
+                        .requeue(&record.key(), "interrupted while starting", now)?;
+                    info!(workload = %record.key(), "requeued: interrupted while starting");
                 }
             }
         }
@@ -256,22 +260,22 @@ impl Reconciler {
     ) -> Result<(), crate::store::StoreError> {
         let count =
             self.store
-                .interrupted_starts(&record.name, record.submitted_at, INTERRUPTED)?;
+                .interrupted_starts(&record.key(), record.submitted_at, INTERRUPTED)?;
         if count >= MAX_INTERRUPTED_STARTS {
             let error = format!(
                 "the service stopped during each of its last {count} starts; not started again \
                  (submit it anew once the cause is found)"
             );
             self.store
-                .finish(&record.name, EndReason::StartFailed { error }, now)?;
+                .finish(&record.key(), EndReason::StartFailed { error }, now)?;
             return Ok(());
         }
         self.store.requeue(
-            &record.name,
+            &record.key(),
             &format!("interrupted while starting ({count} so far)"),
             now,
         )?;
-        let key = format!("workload/{}", record.name);
+        let key = format!("workload/{}", record.key());
         let base = self.config.backoff_base.as_secs().max(1);
         let delay = base
             .saturating_mul(1u64 << count.saturating_sub(1).min(20))
@@ -287,7 +291,7 @@ impl Reconciler {
                 tenant: Some(record.tenant.clone()),
             },
         );
-        warn!(workload = %record.name, count, "the service stopped during this workload's start; backing off");
+        warn!(workload = %record.key(), count, "the service stopped during this workload's start; backing off");
         Ok(())
     }
 
@@ -574,7 +578,7 @@ impl Reconciler {
                     let message = e.to_string();
                     self.store.fail_action(id, &message, now)?;
                     let tenant = workload_of(action)
-                        .and_then(|w| records.iter().find(|r| r.name == w))
+                        .and_then(|w| records.iter().find(|r| r.key().to_string() == w))
                         .map(|r| r.tenant.clone());
                     self.back_off(action, &message, tenant, now);
                     warn!("failed: {action}: {message}");
@@ -622,36 +626,33 @@ impl Reconciler {
             let Some(record) = self.store.workload_by_pid(exit.pid)? else {
                 continue;
             };
-            let remaining = self.store.replica_exited(&record.name, exit.pid, now)?;
+            let key = record.key();
+            let remaining = self.store.replica_exited(&key, exit.pid, now)?;
             if remaining > 0 {
                 continue;
             }
             let how = match (record.phase, exit.status) {
                 (Phase::Checkpointing, _) => {
-                    let dir = apply::checkpoint_dir(&self.config.state_dir, &record.name);
+                    let dir = apply::checkpoint_dir(&self.config.state_dir, &key);
                     if apply::dir_has_entries(&dir) {
                         // What it saved bounds the work a later preemption loses.
-                        self.store.record_checkpoint(
-                            &record.name,
-                            &dir.display().to_string(),
-                            now,
-                        )?;
+                        self.store
+                            .record_checkpoint(&key, &dir.display().to_string(), now)?;
                     }
-                    self.store.requeue(&record.name, "checkpointed", now)?;
+                    self.store.requeue(&key, "checkpointed", now)?;
                     "checkpointed and requeued".to_string()
                 }
                 (_, ExitStatus::Code(0)) => {
                     self.store
-                        .finish(&record.name, EndReason::Exited { code: 0 }, now)?;
+                        .finish(&key, EndReason::Exited { code: 0 }, now)?;
                     "succeeded".to_string()
                 }
                 (_, status) => {
-                    self.store
-                        .finish(&record.name, EndReason::from_exit(status), now)?;
+                    self.store.finish(&key, EndReason::from_exit(status), now)?;
                     format!("failed ({status})")
                 }
             };
-            report.exits.push((record.name.clone(), how));
+            report.exits.push((key.to_string(), how));
         }
         self.stop_cancelled(now)
     }
@@ -683,8 +684,10 @@ impl Reconciler {
             let end = EndReason::TimedOut {
                 limit_seconds: limit,
             };
-            report.exits.push((record.name.clone(), end.to_string()));
-            self.store.finish(&record.name, end, now)?;
+            report
+                .exits
+                .push((record.key().to_string(), end.to_string()));
+            self.store.finish(&record.key(), end, now)?;
         }
         Ok(())
     }
@@ -696,7 +699,8 @@ impl Reconciler {
                 let _ = self.runtime.kill(pid);
                 self.driver.process_ended(pid);
             }
-            self.store.finish(&record.name, EndReason::Cancelled, now)?;
+            self.store
+                .finish(&record.key(), EndReason::Cancelled, now)?;
         }
         Ok(())
     }
@@ -714,25 +718,25 @@ impl Reconciler {
     ) -> Result<(), crate::store::StoreError> {
         let wanted = policy::committed(policy);
         for r in self.store.committed()? {
-            let stale = wanted.get(&r.name).is_none_or(|spec| *spec != r.spec);
+            let stale = wanted.get(&r.key()).is_none_or(|spec| *spec != r.spec);
             if !r.phase.is_ended() && r.cancel_requested_at.is_none() && stale {
-                self.store.cancel(&r.name, now)?;
+                self.store.cancel(&r.key(), now)?;
             }
         }
-        let live: BTreeSet<String> = self
+        let live: BTreeSet<WorkloadKey> = self
             .store
             .committed()?
             .into_iter()
             .filter(|r| !r.phase.is_ended())
-            .map(|r| r.name)
+            .map(|r| r.key())
             .collect();
         self.restarts.clear();
-        for (name, spec) in &wanted {
-            if live.contains(name) {
+        for (key, spec) in &wanted {
+            if live.contains(key) {
                 continue;
             }
             // Enough history to reach the cap: every doubling needs one record.
-            let history = self.store.ended(name, 24)?;
+            let history = self.store.ended(key, 24)?;
             let at = super::restart::restart_at(
                 &history,
                 self.config.restart_backoff_base.as_secs(),
@@ -745,11 +749,11 @@ impl Reconciler {
                         .as_ref()
                         .map_or_else(|| "ended".to_string(), ToString::to_string);
                     self.restarts
-                        .insert(name.clone(), (at, how, spec.tenant.clone()));
+                        .insert(key.to_string(), (at, how, spec.tenant.clone()));
                 }
                 _ => {
-                    self.store.submit(name, spec, Origin::Committed, now)?;
-                    info!(workload = %name, tenant = %spec.tenant, "committed workload queued");
+                    self.store.submit(&key.name, spec, Origin::Committed, now)?;
+                    info!(workload = %key, "committed workload queued");
                 }
             }
         }
@@ -973,7 +977,7 @@ fn preempted_because(decision: Option<&Decision>, action: &Action) -> Option<Str
     decision?
         .workloads
         .iter()
-        .find(|w| &w.name == workload)
+        .find(|w| WorkloadKey::new(&w.tenant, &w.name).to_string() == *workload)
         .and_then(|w| match &w.outcome {
             tessera_solver::decision::Outcome::Preempt { message, .. } => Some(message.clone()),
             _ => None,
@@ -987,6 +991,11 @@ fn workload_of(action: &Action) -> Option<&str> {
         | Action::Start { workload, .. } => Some(workload),
         _ => None,
     }
+}
+
+/// The runtime's id of a stored workload ([`crate::runtime::workload_id`]).
+fn runtime_id(r: &WorkloadRecord) -> String {
+    crate::runtime::workload_id(&r.tenant, &r.name)
 }
 
 fn tracked(r: &WorkloadRecord) -> Tracked {
@@ -1020,7 +1029,7 @@ fn view(r: &WorkloadRecord, policy: &tessera_compiler::CompiledPolicy) -> Worklo
         .find(|c| c.name == r.spec.slo_class)
         .map_or_else(|| "SIGTERM".to_string(), |c| c.checkpoint_signal.clone());
     WorkloadView {
-        name: r.name.clone(),
+        key: r.key().to_string(),
         phase,
         alive_processes: r.replicas.iter().filter(|p| p.pid.is_some()).count(),
         bindings: r.bindings.clone(),

@@ -21,6 +21,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{ClusterStateSpec, WorkloadSpec};
 use tessera_solver::Decision;
 use tracing::info;
@@ -135,6 +136,10 @@ pub enum ServiceError {
     Conflict(String),
     #[error("{0}")]
     Invalid(String),
+    /// The request does not say which workload it means (an operator's bare name that several
+    /// tenants use).
+    #[error("{0}")]
+    Ambiguous(String),
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
@@ -280,7 +285,7 @@ impl Handle {
             }
             store.submit(name, &spec, Origin::Submitted, crate::snapshot::now())?
         };
-        info!(workload = %name, tenant = %record.tenant, "submitted");
+        info!(workload = %record.key(), "submitted");
         self.shared.wake(Wake::Workloads);
         Ok(WorkloadView::of(record, None))
     }
@@ -365,17 +370,53 @@ impl Handle {
             .collect())
     }
 
+    /// Which workload `who` means by `name` (and `tenant`, when given): names are per tenant.
+    /// A tenant means its own (naming another tenant is refused, whether or not that tenant
+    /// has such a workload); the operator names the tenant, or a name only one tenant has
+    /// ever used.
+    fn resolve(
+        &self,
+        store: &Store,
+        who: &Principal,
+        name: &str,
+        tenant: Option<&str>,
+    ) -> Result<WorkloadKey, ServiceError> {
+        match (who, tenant) {
+            (Principal::Tenant(own), None) => Ok(WorkloadKey::new(own, name)),
+            (Principal::Tenant(own), Some(t)) if t == own => Ok(WorkloadKey::new(own, name)),
+            (Principal::Tenant(_), Some(t)) => Err(ServiceError::Forbidden(format!(
+                "your token is not tenant {t:?}'s: name your own tenant's workloads"
+            ))),
+            (Principal::Admin, Some(t)) => Ok(WorkloadKey::new(t, name)),
+            (Principal::Admin, None) => {
+                let tenants = store.tenants_with(name)?;
+                match tenants.as_slice() {
+                    [] => Err(ServiceError::NotFound(format!("no workload {name:?}"))),
+                    [one] => Ok(WorkloadKey::new(one, name)),
+                    several => Err(ServiceError::Ambiguous(format!(
+                        "tenants {} each have a workload {name:?}: say whose with                          `?tenant=TENANT` (`--tenant` in the CLI)",
+                        several.join(", ")
+                    ))),
+                }
+            }
+        }
+    }
+
     /// One workload with its recent events.
-    pub fn get(&self, who: &Principal, name: &str) -> Result<WorkloadView, ServiceError> {
+    pub fn get(
+        &self,
+        who: &Principal,
+        name: &str,
+        tenant: Option<&str>,
+    ) -> Result<WorkloadView, ServiceError> {
         let (record, events) = {
             let store = self.store();
-            let record = store.get(name)?;
-            // Another tenant's workload reads as absent: its existence is not confirmed.
-            let record = match record {
-                Some(r) if who.may_act_for(&r.tenant) => r,
-                _ => return Err(ServiceError::NotFound(format!("no workload {name:?}"))),
+            let key = self.resolve(&store, who, name, tenant)?;
+            let record = match store.get(&key)? {
+                Some(r) => r,
+                None => return Err(ServiceError::NotFound(format!("no workload {name:?}"))),
             };
-            let events = store.recent_workload_events(name, RECENT_EVENTS)?;
+            let events = store.recent_workload_events(&key, RECENT_EVENTS)?;
             (record, events)
         };
         let decisions = self.shared.decisions();
@@ -384,19 +425,28 @@ impl Handle {
         Ok(view)
     }
 
-    pub fn cancel(&self, who: &Principal, name: &str) -> Result<WorkloadView, ServiceError> {
-        let current = self.store().get(name)?;
-        let record = match current {
-            Some(r) if who.may_act_for(&r.tenant) => r,
-            _ => return Err(ServiceError::NotFound(format!("no workload {name:?}"))),
+    pub fn cancel(
+        &self,
+        who: &Principal,
+        name: &str,
+        tenant: Option<&str>,
+    ) -> Result<WorkloadView, ServiceError> {
+        let (key, current) = {
+            let store = self.store();
+            let key = self.resolve(&store, who, name, tenant)?;
+            let current = store.get(&key)?;
+            (key, current)
+        };
+        let Some(record) = current else {
+            return Err(ServiceError::NotFound(format!("no workload {name:?}")));
         };
         if record.origin == Origin::Committed {
             return Err(ServiceError::Invalid(format!(
                 "{name:?} is committed to the policy repository: remove it there"
             )));
         }
-        let record = self.store().cancel(name, crate::snapshot::now())?;
-        info!(workload = %name, tenant = %record.tenant, phase = %record.phase, "cancel requested");
+        let record = self.store().cancel(&key, crate::snapshot::now())?;
+        info!(workload = %key, phase = %record.phase, "cancel requested");
         self.shared.wake(Wake::Workloads);
         Ok(WorkloadView::for_viewer(
             record,

@@ -152,11 +152,15 @@ fn arrivals(after: &ClusterStateSpec, now: &ClusterStateSpec) -> Option<Vec<Pend
     let mut known = after.pending.iter().peekable();
     let mut new = Vec::new();
     // Both lists are in submission order; the standing queue must appear in `now` whole and
-    // unchanged, with only new names between.
+    // unchanged, with only new workloads (by tenant and name) between.
     for p in &now.pending {
         if known.peek().is_some_and(|k| *k == p) {
             known.next();
-        } else if after.pending.iter().any(|k| k.name == p.name) {
+        } else if after
+            .pending
+            .iter()
+            .any(|k| k.name == p.name && k.spec.tenant == p.spec.tenant)
+        {
             return None;
         } else {
             new.push(p.clone());

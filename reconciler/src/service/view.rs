@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_solver::Decision;
 use tessera_solver::decision::Outcome;
@@ -33,9 +34,9 @@ pub struct Decided {
 pub struct DecisionIndex {
     /// The decision's instant (RFC 3339).
     pub at: String,
-    pub workloads: BTreeMap<String, Decided>,
-    /// Each workload's tenant, to keep other tenants' workload names out of what one tenant
-    /// reads.
+    pub workloads: BTreeMap<WorkloadKey, Decided>,
+    /// Each workload's tenant by its key shown as `tenant/name` (how the solver's sentences
+    /// name workloads), to keep other tenants' workloads out of what one tenant reads.
     pub owners: BTreeMap<String, String>,
 }
 
@@ -50,6 +51,7 @@ impl DecisionIndex {
             .workloads
             .iter()
             .map(|w| {
+                let key = WorkloadKey::new(&w.tenant, &w.name);
                 let (outcome, reason, message) = match &w.outcome {
                     Outcome::Keep { .. } => ("keep", None, None),
                     Outcome::Admit { .. } => ("admit", None, None),
@@ -71,15 +73,18 @@ impl DecisionIndex {
                     outcome,
                     reason,
                     message,
-                    expected_start: eta.get(w.name.as_str()).map(|s| s.to_string()),
+                    expected_start: eta.get(key.to_string().as_str()).map(|s| s.to_string()),
                 };
-                (w.name.clone(), decided)
+                (key, decided)
             })
             .collect();
         let owners = decision
             .workloads
             .iter()
-            .map(|w| (w.name.clone(), w.tenant.clone()))
+            .map(|w| {
+                let key = WorkloadKey::new(&w.tenant, &w.name);
+                (key.to_string(), w.tenant.clone())
+            })
             .collect();
         DecisionIndex {
             at: decision.now.clone(),
@@ -160,7 +165,8 @@ pub struct WorkloadView {
     pub bindings: Vec<Binding>,
     pub replicas: Vec<ReplicaProcess>,
     pub spec: WorkloadSpec,
-    /// The most recent events of workloads of this name, oldest first (one workload only).
+    /// The most recent events of workloads of this tenant and name, oldest first (one workload
+    /// only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<EventView>>,
 }
@@ -206,7 +212,7 @@ impl WorkloadView {
     pub fn of(record: WorkloadRecord, decisions: Option<&DecisionIndex>) -> WorkloadView {
         let decided = decisions
             .filter(|_| !record.phase.is_ended())
-            .and_then(|d| d.workloads.get(&record.name).map(|w| (d, w)));
+            .and_then(|d| d.workloads.get(&record.key()).map(|w| (d, w)));
         let pool = decided
             .and_then(|(_, w)| w.pool.clone())
             .or_else(|| record.spec.pool.clone());
@@ -262,7 +268,7 @@ mod tests {
 
     fn index() -> DecisionIndex {
         DecisionIndex {
-            owners: [("mine", "a"), ("theirs", "b")]
+            owners: [("a/mine", "a"), ("b/theirs", "b")]
                 .into_iter()
                 .map(|(w, t)| (w.to_string(), t.to_string()))
                 .collect(),
@@ -274,18 +280,18 @@ mod tests {
     fn another_tenants_workload_is_not_named_to_a_tenant() {
         let d = index();
         assert_eq!(
-            d.redact("preempted for `theirs` of higher priority 5", "a"),
+            d.redact("preempted for `b/theirs` of higher priority 5", "a"),
             "preempted for (another tenant's workload) of higher priority 5"
         );
         assert_eq!(
-            d.redact("`mine` and `theirs` in pool `train`", "a"),
-            "`mine` and (another tenant's workload) in pool `train`"
+            d.redact("`a/mine` and `b/theirs` in pool `train`", "a"),
+            "`a/mine` and (another tenant's workload) in pool `train`"
         );
         assert_eq!(
-            d.redact("`mine` and `theirs` in pool `train`", "b"),
-            "(another tenant's workload) and `theirs` in pool `train`"
+            d.redact("`a/mine` and `b/theirs` in pool `train`", "b"),
+            "(another tenant's workload) and `b/theirs` in pool `train`"
         );
-        assert_eq!(d.redact("unpaired `theirs", "a"), "unpaired `theirs");
+        assert_eq!(d.redact("unpaired `b/theirs", "a"), "unpaired `b/theirs");
         assert_eq!(d.redact("no quotes", "a"), "no quotes");
         assert_eq!(d.redact("", "a"), "");
     }

@@ -5,6 +5,8 @@
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
+use tessera_compiler::WorkloadKey;
+
 use super::{Store, StoreError};
 
 /// One entry of the log.
@@ -17,7 +19,10 @@ pub struct Event {
     pub at: i64,
     /// A short fixed word: `submitted`, `running`, `requeued`, `revision-applied`, ...
     pub kind: String,
+    /// The workload's name and tenant: names are per tenant. An event written before names
+    /// were per tenant whose workload record was pruned has no tenant.
     pub workload: Option<String>,
+    pub tenant: Option<String>,
     pub message: String,
 }
 
@@ -29,7 +34,7 @@ impl Store {
     pub fn record_event(
         &self,
         kind: &str,
-        workload: Option<&str>,
+        workload: Option<&WorkloadKey>,
         message: &str,
         now: i64,
     ) -> Result<i64, StoreError> {
@@ -39,37 +44,42 @@ impl Store {
     /// Up to `limit` (at most [`MAX_LIMIT`]) events with an id above `since_id`, oldest first.
     pub fn events(&self, since_id: i64, limit: u32) -> Result<Vec<Event>, StoreError> {
         self.read_events(
-            "SELECT id, at, kind, workload, message FROM events
+            "SELECT id, at, kind, workload, tenant, message FROM events
              WHERE id > ?1 ORDER BY id LIMIT ?2",
             params![since_id, limit.min(MAX_LIMIT)],
         )
     }
 
-    /// Like [`Store::events`], only those of workloads named `workload`.
+    /// Like [`Store::events`], only those of workloads with key `workload`.
     pub fn workload_events(
         &self,
-        workload: &str,
+        workload: &WorkloadKey,
         since_id: i64,
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
         self.read_events(
-            "SELECT id, at, kind, workload, message FROM events
-             WHERE workload = ?3 AND id > ?1 ORDER BY id LIMIT ?2",
-            params![since_id, limit.min(MAX_LIMIT), workload],
+            "SELECT id, at, kind, workload, tenant, message FROM events
+             WHERE tenant = ?3 AND workload = ?4 AND id > ?1 ORDER BY id LIMIT ?2",
+            params![
+                since_id,
+                limit.min(MAX_LIMIT),
+                workload.tenant,
+                workload.name
+            ],
         )
     }
 
-    /// The last `limit` (at most [`MAX_LIMIT`]) events of workloads named `workload`, oldest
-    /// first.
+    /// The last `limit` (at most [`MAX_LIMIT`]) events of workloads with key `workload`,
+    /// oldest first.
     pub fn recent_workload_events(
         &self,
-        workload: &str,
+        workload: &WorkloadKey,
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
         let mut events = self.read_events(
-            "SELECT id, at, kind, workload, message FROM events
-             WHERE workload = ?1 ORDER BY id DESC LIMIT ?2",
-            params![workload, limit.min(MAX_LIMIT)],
+            "SELECT id, at, kind, workload, tenant, message FROM events
+             WHERE tenant = ?1 AND workload = ?2 ORDER BY id DESC LIMIT ?3",
+            params![workload.tenant, workload.name, limit.min(MAX_LIMIT)],
         )?;
         events.reverse();
         Ok(events)
@@ -87,7 +97,8 @@ impl Store {
                 at: r.get(1)?,
                 kind: r.get(2)?,
                 workload: r.get(3)?,
-                message: r.get(4)?,
+                tenant: r.get(4)?,
+                message: r.get(5)?,
             })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -99,12 +110,18 @@ pub(super) fn append(
     conn: &Connection,
     now: i64,
     kind: &str,
-    workload: Option<&str>,
+    workload: Option<&WorkloadKey>,
     message: &str,
 ) -> Result<i64, StoreError> {
     conn.prepare_cached(
-        "INSERT INTO events (at, kind, workload, message) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO events (at, kind, workload, tenant, message) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![now, kind, workload, message])?;
+    .execute(params![
+        now,
+        kind,
+        workload.map(|k| &k.name),
+        workload.map(|k| &k.tenant),
+        message
+    ])?;
     Ok(conn.last_insert_rowid())
 }

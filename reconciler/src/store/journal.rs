@@ -5,6 +5,7 @@
 
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
+use tessera_compiler::WorkloadKey;
 
 use super::{Store, StoreError, from_json, to_json, to_sql_int};
 
@@ -120,9 +121,13 @@ impl Store {
     /// How many starts of `workload` begun at or after `since` were cut short by the service
     /// stopping (closed with an error starting `interrupted_prefix` at recovery): a start that
     /// keeps killing the service shows here however often the service restarts.
+    ///
+    /// Actions name a workload by key, `tenant/name`; one journaled before names were per
+    /// tenant names it alone, which then named one live workload (and `since` keeps to this
+    /// one's lifetime).
     pub fn interrupted_starts(
         &self,
-        workload: &str,
+        workload: &WorkloadKey,
         since: i64,
         interrupted_prefix: &str,
     ) -> Result<u32, StoreError> {
@@ -130,8 +135,13 @@ impl Store {
             "SELECT COUNT(*) FROM journal WHERE state = 'failed' AND begun_at >= ?1 \
              AND substr(error, 1, length(?2)) = ?2 \
              AND json_extract(action, '$.action') = 'start' \
-             AND json_extract(action, '$.workload') = ?3",
-            params![since, interrupted_prefix, workload],
+             AND json_extract(action, '$.workload') IN (?3, ?4)",
+            params![
+                since,
+                interrupted_prefix,
+                workload.to_string(),
+                workload.name
+            ],
             |r| r.get(0),
         )?;
         Ok(u32::try_from(count).unwrap_or(u32::MAX))

@@ -97,6 +97,25 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX workloads_live_tenant ON workloads (tenant, origin) WHERE ended_at IS NULL;
     "#,
+    // 4: workload names are per tenant. A live workload is unique by (tenant, name), no longer
+    // by name; events say whose workload they are about. Rows written before keep working:
+    // their live names were unique across tenants, so they are unique per tenant too, and an
+    // event gets the tenant of the workload of its name that was submitted last at or before
+    // it (the one it was about, since a name was held by one workload at a time).
+    r#"
+    DROP INDEX workloads_live_name;
+    CREATE UNIQUE INDEX workloads_live_key ON workloads (tenant, name) WHERE ended_at IS NULL;
+    DROP INDEX workloads_name;
+    CREATE INDEX workloads_key ON workloads (tenant, name, id);
+    ALTER TABLE events ADD COLUMN tenant TEXT;
+    UPDATE events SET tenant = (
+        SELECT w.tenant FROM workloads w
+        WHERE w.name = events.workload AND w.submitted_at <= events.at
+        ORDER BY w.id DESC LIMIT 1)
+    WHERE workload IS NOT NULL;
+    DROP INDEX events_workload;
+    CREATE INDEX events_workload ON events (tenant, workload, id) WHERE workload IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -133,4 +152,76 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.commit()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::Connection;
+    use tessera_compiler::WorkloadKey;
+
+    use super::MIGRATIONS;
+    use crate::store::{Origin, Phase, Store, StoreError};
+
+    const SPEC: &str = r#"{"tenant": "a", "sloClass": "batch", "gpu": {"count": 1}}"#;
+
+    /// A database as the build before per-tenant names left it (schema version 3), with a
+    /// live workload, an ended one of another tenant and their events.
+    fn version_3(path: &std::path::Path) {
+        let conn = Connection::open(path).unwrap();
+        for sql in &MIGRATIONS[..3] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 3).unwrap();
+        let spec_b = SPEC.replace(r#""a""#, r#""b""#);
+        conn.execute_batch(&format!(
+            "INSERT INTO workloads (name, tenant, spec, origin, phase, submitted_at, ended_at,
+                                    end_reason)
+             VALUES ('train', 'b', '{spec_b}', 'submitted', 'cancelled', 1, 2,
+                     '{{\"kind\": \"cancelled\"}}');
+             INSERT INTO workloads (name, tenant, spec, origin, phase, submitted_at)
+             VALUES ('train', 'a', '{SPEC}', 'committed', 'pending', 3);
+             INSERT INTO events (at, kind, workload, message)
+             VALUES (1, 'submitted', 'train', 'b''s'), (2, 'cancelled', 'train', 'b''s'),
+                    (3, 'submitted', 'train', 'a''s'), (4, 'revision-applied', NULL, 'x');"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn a_version_3_database_migrates_to_names_per_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        version_3(&path);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), super::CURRENT);
+
+        // The existing rows keep working, under their keys.
+        let a = WorkloadKey::new("a", "train");
+        let b = WorkloadKey::new("b", "train");
+        assert_eq!(store.workload(&a).unwrap().phase, Phase::Pending);
+        assert_eq!(store.workload(&b).unwrap().phase, Phase::Cancelled);
+        // Each event got the tenant of the workload it was about.
+        let about = |key: &WorkloadKey| -> Vec<String> {
+            let events = store.workload_events(key, 0, 10).unwrap();
+            events.into_iter().map(|e| e.message).collect()
+        };
+        assert_eq!(about(&a), ["a's"]);
+        assert_eq!(about(&b), ["b's", "b's"]);
+        let all = store.events(0, 10).unwrap();
+        assert_eq!(
+            all[3].tenant, None,
+            "an event about no workload has no tenant"
+        );
+
+        // Live names are unique per tenant now, no longer across tenants.
+        let spec_b = serde_json::from_str(&SPEC.replace(r#""a""#, r#""b""#)).unwrap();
+        store
+            .submit("train", &spec_b, Origin::Submitted, 5)
+            .unwrap();
+        let spec_a = serde_json::from_str(SPEC).unwrap();
+        assert!(matches!(
+            store.submit("train", &spec_a, Origin::Submitted, 6),
+            Err(StoreError::Conflict(_))
+        ));
+    }
 }

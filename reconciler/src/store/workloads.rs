@@ -14,8 +14,10 @@
 //!
 //! `record_checkpoint` and `replica_exited` record facts without changing the phase.
 //!
-//! A name identifies its *current* record: the live one if any, else the most recent ended
-//! one. Ended records stay as history and their name may be submitted again. Cancelling a
+//! A workload is identified by its [`WorkloadKey`], `(tenant, name)`: names are per tenant, so
+//! two tenants may each have a live `train`. A key identifies its *current* record: the live
+//! one if any, else the most recent ended one. Ended records stay as history and their key may
+//! be submitted again. Cancelling a
 //! workload whose processes run only records the request (`cancel_requested_at`): it stays live,
 //! holding its GPUs, until the reconciler has stopped it and calls [`Store::finish`] with
 //! [`EndReason::Cancelled`] (or [`Store::requeue`], which then ends it as cancelled). Every
@@ -23,6 +25,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{Binding, WorkloadSpec};
 
 use super::{Store, StoreError, events, from_json, to_json};
@@ -234,17 +237,26 @@ pub struct WorkloadRecord {
     pub end: Option<EndReason>,
 }
 
+impl WorkloadRecord {
+    /// What identifies it: `(tenant, name)`.
+    pub fn key(&self) -> WorkloadKey {
+        WorkloadKey::new(&self.tenant, &self.name)
+    }
+}
+
 const COLUMNS: &str = "id, name, tenant, spec, origin, phase, submitted_at, started_at, bindings, \
      checkpoint_dir, last_checkpoint_at, signalled_at, grace_deadline, cancel_requested_at, \
      attempts, ended_at, end_reason";
 
-/// A name's current record: the live one, else the latest.
-const CURRENT: &str = "WHERE name = ?1 ORDER BY ended_at IS NULL DESC, id DESC LIMIT 1";
+/// A key's current record: the live one, else the latest.
+const CURRENT: &str =
+    "WHERE tenant = ?1 AND name = ?2 ORDER BY ended_at IS NULL DESC, id DESC LIMIT 1";
 
 const TABLE: &str = "workloads";
 
 impl Store {
-    /// Queues a new workload. `Conflict` if a live workload has that name.
+    /// Queues a new workload. `Conflict` if a live workload of its tenant has that name
+    /// (another tenant's is no conflict: names are per tenant).
     pub fn submit(
         &self,
         name: &str,
@@ -255,16 +267,18 @@ impl Store {
         let tx = self.write()?;
         let live: Option<i64> = tx
             .query_row(
-                "SELECT id FROM workloads WHERE name = ?1 AND ended_at IS NULL",
-                [name],
+                "SELECT id FROM workloads WHERE tenant = ?1 AND name = ?2 AND ended_at IS NULL",
+                [spec.tenant.as_str(), name],
                 |r| r.get(0),
             )
             .optional()?;
         if live.is_some() {
             return Err(StoreError::Conflict(format!(
-                "workload {name:?} exists and has not ended"
+                "workload {name:?} of tenant {:?} exists and has not ended",
+                spec.tenant
             )));
         }
+        let key = WorkloadKey::new(&spec.tenant, name);
         tx.execute(
             "INSERT INTO workloads (name, tenant, spec, origin, phase, submitted_at)
              VALUES (?1, ?2, ?3, ?4, 'pending', ?5)",
@@ -281,7 +295,7 @@ impl Store {
             &tx,
             now,
             "submitted",
-            Some(name),
+            Some(&key),
             &format!("{} by tenant {}", origin.as_str(), spec.tenant),
         )?;
         let record = load(&tx, id)?;
@@ -289,23 +303,33 @@ impl Store {
         Ok(record)
     }
 
-    /// The current record of `name`, if any.
-    pub fn get(&self, name: &str) -> Result<Option<WorkloadRecord>, StoreError> {
+    /// The current record of `key`, if any.
+    pub fn get(&self, key: &WorkloadKey) -> Result<Option<WorkloadRecord>, StoreError> {
         let tx = self.read()?;
         let id: Option<i64> = tx
             .query_row(
                 &format!("SELECT id FROM workloads {CURRENT}"),
-                [name],
+                [&key.tenant, &key.name],
                 |r| r.get(0),
             )
             .optional()?;
         id.map(|id| load(&tx, id)).transpose()
     }
 
-    /// The current record of `name`; `NotFound` if there is none.
-    pub fn workload(&self, name: &str) -> Result<WorkloadRecord, StoreError> {
-        self.get(name)?
-            .ok_or_else(|| StoreError::NotFound(format!("workload {name:?}")))
+    /// The current record of `key`; `NotFound` if there is none.
+    pub fn workload(&self, key: &WorkloadKey) -> Result<WorkloadRecord, StoreError> {
+        self.get(key)?
+            .ok_or_else(|| StoreError::NotFound(format!("workload `{key}`")))
+    }
+
+    /// The tenants that have a record (live or ended) of a workload named `name`, in name
+    /// order: how an operator's bare name is resolved, or found ambiguous.
+    pub fn tenants_with(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT DISTINCT tenant FROM workloads WHERE name = ?1 ORDER BY tenant",
+        )?;
+        let rows = stmt.query_map([name], |r| r.get(0))?;
+        Ok(rows.collect::<Result<Vec<String>, _>>()?)
     }
 
     /// Every record, ended ones included, in submission order; only `tenant`'s if given.
@@ -333,24 +357,25 @@ impl Store {
         self.select("WHERE ended_at IS NULL ORDER BY id", [])
     }
 
-    /// The current record of every name that was ever committed, ended ones included: a
+    /// The current record of every key that was ever committed, ended ones included: a
     /// committed workload that has finished is not queued again while its file stays.
     pub fn committed(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
         self.select(
             "WHERE origin = 'committed' AND id IN (
                  SELECT (SELECT id FROM workloads c
-                         WHERE c.name = n.name ORDER BY ended_at IS NULL DESC, id DESC LIMIT 1)
-                 FROM (SELECT DISTINCT name FROM workloads WHERE origin = 'committed') n)
+                         WHERE c.tenant = n.tenant AND c.name = n.name
+                         ORDER BY ended_at IS NULL DESC, id DESC LIMIT 1)
+                 FROM (SELECT DISTINCT tenant, name FROM workloads WHERE origin = 'committed') n)
              ORDER BY id",
             [],
         )
     }
 
-    /// The ended records of `name`, most recent first, at most `limit`.
-    pub fn ended(&self, name: &str, limit: u32) -> Result<Vec<WorkloadRecord>, StoreError> {
+    /// The ended records of `key`, most recent first, at most `limit`.
+    pub fn ended(&self, key: &WorkloadKey, limit: u32) -> Result<Vec<WorkloadRecord>, StoreError> {
         self.select(
-            "WHERE name = ?1 AND ended_at IS NOT NULL ORDER BY id DESC LIMIT ?2",
-            rusqlite::params![name, limit],
+            "WHERE tenant = ?1 AND name = ?2 AND ended_at IS NOT NULL ORDER BY id DESC LIMIT ?3",
+            rusqlite::params![key.tenant, key.name, limit],
         )
     }
 
@@ -379,11 +404,11 @@ impl Store {
     /// Pending → Starting: placed with one binding per replica.
     pub fn mark_starting(
         &self,
-        name: &str,
+        key: &WorkloadKey,
         bindings: &[Binding],
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
-        self.transition(name, now, |tx, cur| {
+        self.transition(key, now, |tx, cur| {
             expect(cur, "start", &[Phase::Pending])?;
             tx.execute(
                 "UPDATE workloads SET phase = 'starting', bindings = ?2 WHERE id = ?1",
@@ -401,11 +426,11 @@ impl Store {
     /// Starting → Running, with the replicas' processes.
     pub fn mark_running(
         &self,
-        name: &str,
+        key: &WorkloadKey,
         replicas: &[ReplicaProcess],
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
-        self.transition(name, now, |tx, cur| {
+        self.transition(key, now, |tx, cur| {
             expect(cur, "mark running", &[Phase::Starting])?;
             tx.execute(
                 "UPDATE workloads SET phase = 'running', started_at = ?2 WHERE id = ?1",
@@ -439,11 +464,11 @@ impl Store {
     /// Running → Checkpointing: the checkpoint signal was sent; stop at `grace_deadline`.
     pub fn mark_checkpointing(
         &self,
-        name: &str,
+        key: &WorkloadKey,
         grace_deadline: i64,
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
-        self.transition(name, now, |tx, cur| {
+        self.transition(key, now, |tx, cur| {
             expect(cur, "checkpoint", &[Phase::Running])?;
             tx.execute(
                 "UPDATE workloads SET phase = 'checkpointing', signalled_at = ?2,
@@ -461,11 +486,11 @@ impl Store {
     /// from.
     pub fn record_checkpoint(
         &self,
-        name: &str,
+        key: &WorkloadKey,
         dir: &str,
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
-        self.transition(name, now, |tx, cur| {
+        self.transition(key, now, |tx, cur| {
             expect(
                 cur,
                 "record a checkpoint",
@@ -481,9 +506,14 @@ impl Store {
 
     /// Forgets the process `pid` of one of `name`'s replicas, which has exited; returns how
     /// many of its replicas still have a process.
-    pub fn replica_exited(&self, name: &str, pid: u32, now: i64) -> Result<usize, StoreError> {
+    pub fn replica_exited(
+        &self,
+        key: &WorkloadKey,
+        pid: u32,
+        now: i64,
+    ) -> Result<usize, StoreError> {
         let tx = self.write()?;
-        let cur = current(&tx, name)?;
+        let cur = current(&tx, key)?;
         expect(
             &cur,
             "record a process exit",
@@ -499,7 +529,7 @@ impl Store {
             .optional()?;
         let Some(replica) = replica else {
             return Err(StoreError::NotFound(format!(
-                "workload {name:?} has no process {pid}"
+                "workload `{key}` has no process {pid}"
             )));
         };
         let remaining: i64 = tx.query_row(
@@ -511,7 +541,7 @@ impl Store {
             &tx,
             now,
             "replica-exited",
-            Some(name),
+            Some(key),
             &format!("replica {replica} (pid {pid}) exited, {remaining} still running"),
         )?;
         tx.commit()?;
@@ -524,11 +554,11 @@ impl Store {
     /// cancelled instead: it is stopped, which is all the cancel waited for.
     pub fn requeue(
         &self,
-        name: &str,
+        key: &WorkloadKey,
         reason: &str,
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
-        self.transition(name, now, |tx, cur| {
+        self.transition(key, now, |tx, cur| {
             expect(
                 cur,
                 "requeue",
@@ -556,11 +586,11 @@ impl Store {
     /// workload can exit or be lost; a queued one can only be cancelled or rejected.
     pub fn finish(
         &self,
-        name: &str,
+        key: &WorkloadKey,
         end_reason: EndReason,
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
-        self.transition(name, now, |tx, cur| {
+        self.transition(key, now, |tx, cur| {
             if !end_reason.may_end_from(cur.record.phase) {
                 return Err(illegal(cur, "finish"));
             }
@@ -572,8 +602,8 @@ impl Store {
     /// Cancels a workload. A queued one ends at once; one with processes records the request
     /// and stays live until the reconciler has stopped it. Cancelling a cancelled workload
     /// (or one whose cancel is already requested) changes nothing.
-    pub fn cancel(&self, name: &str, now: i64) -> Result<WorkloadRecord, StoreError> {
-        self.transition(name, now, |tx, cur| match cur.record.phase {
+    pub fn cancel(&self, key: &WorkloadKey, now: i64) -> Result<WorkloadRecord, StoreError> {
+        self.transition(key, now, |tx, cur| match cur.record.phase {
             Phase::Pending => {
                 end(tx, cur.id, &EndReason::Cancelled, now)?;
                 Ok(Some(("cancelled", "cancelled while pending".to_string())))
@@ -596,19 +626,19 @@ impl Store {
         })
     }
 
-    /// Runs one checked change on `name`'s current record: `change` returns the event to
+    /// Runs one checked change on `key`'s current record: `change` returns the event to
     /// append (`None` when nothing changed), and the updated record is returned.
     fn transition(
         &self,
-        name: &str,
+        key: &WorkloadKey,
         now: i64,
         change: impl FnOnce(&Connection, &Current) -> Result<Option<(&'static str, String)>, StoreError>,
     ) -> Result<WorkloadRecord, StoreError> {
         let tx = self.write()?;
-        let cur = current(&tx, name)?;
+        let cur = current(&tx, key)?;
         let event = change(&tx, &cur)?;
         if let Some((kind, message)) = event {
-            events::append(&tx, now, kind, Some(name), &message)?;
+            events::append(&tx, now, kind, Some(key), &message)?;
         }
         let record = load(&tx, cur.id)?;
         tx.commit()?;
@@ -629,21 +659,21 @@ impl Store {
     }
 }
 
-/// A name's current record with its row id, read inside a transition's transaction.
+/// A key's current record with its row id, read inside a transition's transaction.
 struct Current {
     id: i64,
     record: WorkloadRecord,
 }
 
-fn current(conn: &Connection, name: &str) -> Result<Current, StoreError> {
+fn current(conn: &Connection, key: &WorkloadKey) -> Result<Current, StoreError> {
     let raw = conn
         .query_row(
             &format!("SELECT {COLUMNS} FROM workloads {CURRENT}"),
-            [name],
+            [&key.tenant, &key.name],
             RawRow::read,
         )
         .optional()?
-        .ok_or_else(|| StoreError::NotFound(format!("workload {name:?}")))?;
+        .ok_or_else(|| StoreError::NotFound(format!("workload `{key}`")))?;
     let id = raw.id;
     Ok(Current {
         id,
@@ -670,7 +700,7 @@ fn expect(cur: &Current, action: &'static str, from: &[Phase]) -> Result<(), Sto
 
 fn illegal(cur: &Current, action: &'static str) -> StoreError {
     StoreError::IllegalTransition {
-        workload: cur.record.name.clone(),
+        workload: cur.record.key().to_string(),
         action,
         from: cur.record.phase,
     }

@@ -198,7 +198,7 @@ pub(crate) fn decision_of(
     for o in &p.orphans {
         workloads.push(orphan_decision(p, o));
     }
-    workloads.sort_by(|a, b| a.name.cmp(&b.name));
+    workloads.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
 
     let (reservations, reserved_idle) = reserve::reports(s);
     let mut pools = pool_reports(p, s);

@@ -4,7 +4,7 @@
 //! (a) Keep every running workload that may stay (those whose tenant's limit no longer allows
 //! them are preempted when preemptible). (b) Repeatedly pick the next pending workload: priority
 //! desc, within-guarantee before borrowing, borrowed dominant share / weight asc, submission
-//! time, name. (c) Place its gang all-or-nothing (at least `minMember`, up to `replicas`),
+//! time, tenant and name. (c) Place its gang all-or-nothing (at least `minMember`, up to `replicas`),
 //! best-fit so that whole nodes and domains stay free; MIG instances come from free instances,
 //! else from re-laying out a GPU into one of the pool's layouts around its busy instances,
 //! within the per-GPU change budget. (d) When it does not fit, preempt the cheapest sufficient
@@ -74,7 +74,7 @@ pub(crate) enum Status {
     Pending(Reason),
 }
 
-/// A queue key without its name (the name is the workload's).
+/// A queue key without its workload key (tenant and name, the workload's).
 pub(crate) type Key = (i64, bool, SharePath, i64);
 
 /// A tenant's fair share down the tree ([`Ledger::fair_share_path`]), shared by the keys of
@@ -123,7 +123,7 @@ pub(crate) struct Solver<'p> {
     victims: Vec<usize>,
     /// Running workloads of the snapshot per pool, by index: the only possible victims. The
     /// preemption search scans them instead of every workload (a fifth of them on the
-    /// reference fleet's training pool). By index, so by name.
+    /// reference fleet's training pool). By index, so by tenant and name.
     running_by_pool: Vec<Vec<Running>>,
     /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority), with
     /// the tenants it does not hold for. A borrower's candidates depend on nothing else but the
@@ -228,7 +228,7 @@ impl<'p> Solver<'p> {
                 Phase::Running { started_at, .. } => started_at,
                 Phase::Pending { .. } => 0,
             };
-            (-p.classes[wl.class].priority, started, wl.name.clone())
+            (-p.classes[wl.class].priority, started, wl.key.clone())
         });
         for w in running {
             let wl = &p.workloads[w];
@@ -553,7 +553,7 @@ impl<'p> Solver<'p> {
                 vl.amount(vl.replicas).gpus,
                 lost_units_seconds(p, v),
                 p.classes[vl.class].priority,
-                vl.name.clone(),
+                vl.key.clone(),
             )
         };
         // Preempting within-guarantee work is only for work that stays within guarantee: a
@@ -743,18 +743,18 @@ impl<'p> Solver<'p> {
                 let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
                     .expect("a fair victim has a side");
                 PreemptReason::FairShare {
-                    for_workload: wl.name.clone(),
+                    for_workload: wl.key.to_string(),
                     from: p.tenants[b].name.clone(),
                     to: p.tenants[a].name.clone(),
                 }
             } else if requester_guaranteed && !self.within_guarantee[v] {
                 PreemptReason::Reclaim {
-                    for_workload: wl.name.clone(),
+                    for_workload: wl.key.to_string(),
                     owner: p.tenants[wl.tenant].name.clone(),
                 }
             } else {
                 PreemptReason::Priority {
-                    for_workload: wl.name.clone(),
+                    for_workload: wl.key.to_string(),
                     priority: prio,
                 }
             };

@@ -16,12 +16,12 @@ pub(super) enum Blocked {
 }
 
 /// The protected candidates of one preemption search: all counted, the first
-/// [`crate::decision::PROTECTED_LISTED`] by name kept (a borrower refused on a large fleet
+/// [`crate::decision::PROTECTED_LISTED`] by key kept (a borrower refused on a large fleet
 /// has thousands, and a queue has thousands of borrowers).
 #[derive(Debug, Default)]
 pub(super) struct Blocking {
-    /// By index, which is by name: candidates are running workloads, which the problem
-    /// numbers in name order.
+    /// By index, which is by (tenant, name): candidates are running workloads, which the
+    /// problem numbers in that order.
     pub(super) first: Vec<(usize, Blocked)>,
     pub(super) total: usize,
 }
@@ -41,19 +41,19 @@ impl Blocking {
     }
 }
 
-/// The protected candidates a reason lists, by name, and how many there were in all. Names
-/// are cloned for the listed ones only.
+/// The protected candidates a reason lists, by key (`tenant/name`), and how many there were
+/// in all. Keys are shown for the listed ones only.
 pub(super) fn listed(p: &Problem, blocked: Blocking) -> (Vec<Protected>, usize) {
     let Blocking { first, total } = blocked;
     debug_assert!(
         first
             .windows(2)
-            .all(|x| p.workloads[x[0].0].name < p.workloads[x[1].0].name)
+            .all(|x| p.workloads[x[0].0].key < p.workloads[x[1].0].key)
     );
     let list = first
         .into_iter()
         .map(|(v, why)| {
-            let workload = p.workloads[v].name.clone();
+            let workload = p.workloads[v].key.to_string();
             match why {
                 Blocked::NonPreemptible => Protected::NonPreemptible { workload },
                 Blocked::MinRuntime(remaining_seconds) => Protected::MinRuntime {

@@ -2,6 +2,7 @@
 //! ([`Ledger::fair_share_path`]), submission, name.
 
 use super::*;
+use tessera_compiler::WorkloadKey;
 
 /// `a ≤ b` up to rounding: shares are ratios of integers divided by weights, and an exact tie
 /// (an even split) must count as a tie.
@@ -26,7 +27,7 @@ pub(crate) fn queue_key<'p>(p: &'p Problem, ledger: &Ledger, w: usize) -> FullKe
 }
 
 /// A queue key with the workload's name, the last tie-break.
-pub(crate) type FullKey<'p> = (i64, bool, SharePath, i64, &'p str);
+pub(crate) type FullKey<'p> = (i64, bool, SharePath, i64, &'p WorkloadKey);
 
 /// The keys of `queue` under `ledger`, each tenant's share path computed once per pool (a
 /// queue has many workloads per tenant, and is keyed again after every admission).
@@ -84,6 +85,6 @@ pub(crate) fn queue_key_from<'p>(
         !guaranteed,
         share,
         submitted,
-        wl.name.as_str(),
+        &wl.key,
     )
 }

@@ -94,7 +94,7 @@ pub(crate) fn solve_directed(
     s.keep_running();
     for &v in &d.preempt {
         if !matches!(s.status[v], Some(Status::Keep)) {
-            return Err(ReplayError::NotKept(p.workloads[v].name.clone()));
+            return Err(ReplayError::NotKept(p.workloads[v].key.to_string()));
         }
         let vl = &p.workloads[v];
         s.fleet.release(p, v, true);
@@ -111,7 +111,7 @@ pub(crate) fn solve_directed(
     }
     for &v in &d.preempt {
         let reason = beneficiary(p, &s, d, v)
-            .ok_or_else(|| ReplayError::NoBeneficiary(p.workloads[v].name.clone()))?;
+            .ok_or_else(|| ReplayError::NoBeneficiary(p.workloads[v].key.to_string()))?;
         s.status[v] = Some(Status::Preempt(reason));
     }
     for &w in &d.hold {
@@ -126,18 +126,18 @@ fn admit(p: &Problem, s: &mut Solver, a: &Admission) -> Result<(), ReplayError> 
     let w = a.workload;
     let wl = &p.workloads[w];
     if s.status[w].is_some() {
-        return Err(ReplayError::NotPending(wl.name.clone()));
+        return Err(ReplayError::NotPending(wl.key.to_string()));
     }
     let replicas: u32 = a.nodes.iter().map(|n| n.1).sum();
     if !wl.pools.contains(&a.pool) || replicas < wl.min_member || replicas > wl.replicas {
         return Err(ReplayError::Replicas {
-            workload: wl.name.clone(),
+            workload: wl.key.to_string(),
             pool: p.pools[a.pool].name.clone(),
             replicas,
         });
     }
     let quota = |reason: crate::decision::Reason| ReplayError::Quota {
-        workload: wl.name.clone(),
+        workload: wl.key.to_string(),
         reason: reason.to_string(),
     };
     let amount = wl.amount(replicas);
@@ -153,7 +153,7 @@ fn admit(p: &Problem, s: &mut Solver, a: &Admission) -> Result<(), ReplayError> 
             .windows(2)
             .any(|x| p.nodes[x[0].0].domain != p.nodes[x[1].0].domain)
     {
-        return Err(ReplayError::Topology(wl.name.clone()));
+        return Err(ReplayError::Topology(wl.key.to_string()));
     }
     for &(n, count) in &a.nodes {
         let placed = s
@@ -161,7 +161,7 @@ fn admit(p: &Problem, s: &mut Solver, a: &Admission) -> Result<(), ReplayError> 
             .fill(p, w, a.pool, &[n], count, &mut Misses::default());
         if placed != count {
             return Err(ReplayError::Placement {
-                workload: wl.name.clone(),
+                workload: wl.key.to_string(),
                 node: p.nodes[n].name.clone(),
                 replicas: count,
             });
@@ -199,12 +199,12 @@ fn beneficiary(p: &Problem, s: &Solver, d: &Directive, v: usize) -> Option<Preem
         let lower = victim.priority < prio;
         if guaranteed && !within && (wl.tenant != vl.tenant || lower) {
             Some(PreemptReason::Reclaim {
-                for_workload: wl.name.clone(),
+                for_workload: wl.key.to_string(),
                 owner: p.tenants[wl.tenant].name.clone(),
             })
         } else if lower && (guaranteed || !within || wl.tenant == vl.tenant) {
             Some(PreemptReason::Priority {
-                for_workload: wl.name.clone(),
+                for_workload: wl.key.to_string(),
                 priority: prio,
             })
         } else {

@@ -450,7 +450,7 @@ impl<'p> Solver<'p> {
         };
         for &v in &chosen {
             self.status[v] = Some(Status::Preempt(PreemptReason::Reservation {
-                for_workload: p.workloads[w].name.clone(),
+                for_workload: p.workloads[w].key.to_string(),
             }));
         }
         self.refused = None;
@@ -475,7 +475,7 @@ impl<'p> Solver<'p> {
             if try_pool(p, &fleet, &self.ledger, w, h.pool, wl.replicas).is_ok() {
                 return Reason::ReservedFor {
                     pool: p.pools[h.pool].name.clone(),
-                    gang: p.workloads[h.gang].name.clone(),
+                    gang: p.workloads[h.gang].key.to_string(),
                     capacity: Box::new(reason),
                 };
             }
@@ -484,7 +484,7 @@ impl<'p> Solver<'p> {
     }
 }
 
-/// What the decision reports about each hold, by workload name; and per pool, the GPUs left
+/// What the decision reports about each hold, by workload key; and per pool, the GPUs left
 /// idle for them.
 pub(super) fn reports(s: &Solver) -> (Vec<ReservationReport>, Vec<Gpus>) {
     let p = s.p;
@@ -517,7 +517,7 @@ pub(super) fn reports(s: &Solver) -> (Vec<ReservationReport>, Vec<Gpus>) {
             let held_idle = free.min(h.needed);
             idle[h.pool] += Gpus::whole(i64::from(held_idle));
             ReservationReport {
-                workload: p.workloads[h.gang].name.clone(),
+                workload: p.workloads[h.gang].key.to_string(),
                 pool: p.pools[h.pool].name.clone(),
                 nodes: h.nodes.iter().map(|&n| p.nodes[n].name.clone()).collect(),
                 since: format_rfc3339(h.since),
@@ -528,6 +528,7 @@ pub(super) fn reports(s: &Solver) -> (Vec<ReservationReport>, Vec<Gpus>) {
             }
         })
         .collect();
-    out.sort_by(|a, b| a.workload.cmp(&b.workload));
+    // By (tenant, name), as the decision lists workloads, not by the shown `tenant/name`.
+    out.sort_by_cached_key(|r| tessera_compiler::WorkloadKey::parse(&r.workload));
     (out, idle)
 }

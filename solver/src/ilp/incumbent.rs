@@ -49,14 +49,14 @@ pub fn read(p: &Problem, d: &Decision) -> Vec<State> {
         .enumerate()
         .map(|(i, n)| (n.name.as_str(), i))
         .collect();
-    let by_name: BTreeMap<&str, &Outcome> = d
+    let by_key: BTreeMap<(&str, &str), &Outcome> = d
         .workloads
         .iter()
-        .map(|w| (w.name.as_str(), &w.outcome))
+        .map(|w| ((w.tenant.as_str(), w.name.as_str()), &w.outcome))
         .collect();
     p.workloads
         .iter()
-        .map(|wl| match by_name.get(wl.name.as_str()) {
+        .map(|wl| match by_key.get(&wl.key.as_pair()) {
             Some(Outcome::Keep { .. }) => {
                 let Phase::Running { slots, .. } = &wl.phase else {
                     return State::Pending;

@@ -107,15 +107,15 @@ pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision 
                     reason: crate::decision::PreemptReason::Reservation { .. },
                     ..
                 }
-            ) && p
-                .workloads
-                .iter()
-                .any(|x| x.name == w.name && x.pools.first() == Some(&pool))
+            ) && p.workloads.iter().any(|x| {
+                x.key.as_pair() == (w.tenant.as_str(), w.name.as_str())
+                    && x.pools.first() == Some(&pool)
+            })
         }) {
             report.status = RefineStatus::Skipped {
                 reason: format!(
-                    "`{}` yields to a reservation, which the integer program does not model",
-                    w.name
+                    "`{}/{}` yields to a reservation, which the integer program does not model",
+                    w.tenant, w.name
                 ),
             };
             reports.push((pool, report));
@@ -286,7 +286,7 @@ fn directive(
             -p.classes[wl.class].priority,
             !guaranteed,
             submitted,
-            wl.name.clone(),
+            wl.key.clone(),
         )
     });
     d.preempt.sort_unstable();

@@ -367,7 +367,7 @@ fn quota_victims(
             !v.preempted,
             p.classes[wl.class].priority,
             lost_units_seconds(p, v.workload),
-            wl.name.clone(),
+            wl.key.clone(),
         )
     });
     out.truncate(QUOTA_VICTIMS);

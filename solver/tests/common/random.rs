@@ -304,14 +304,31 @@ pub fn workload(rng: &mut Seeded) -> WorkloadSpec {
     }
 }
 
+/// `n` waiting workloads named `prefix-i`; a quarter of them take the name of an earlier one
+/// of another tenant instead (names are per tenant: the solver must tell the two apart).
 pub fn pending(rng: &mut Seeded, prefix: &str, n: u32, now: i64) -> Vec<PendingWorkload> {
-    (0..n)
-        .map(|i| PendingWorkload {
-            name: format!("{prefix}-{i}"),
-            spec: workload(rng),
+    let mut out: Vec<PendingWorkload> = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let spec = workload(rng);
+        let taken = |name: &str| {
+            out.iter()
+                .any(|q| q.spec.tenant == spec.tenant && q.name == name)
+        };
+        let shared = rng
+            .chance(25)
+            .then(|| {
+                out.iter()
+                    .find(|p| p.spec.tenant != spec.tenant && !taken(&p.name))
+                    .map(|p| p.name.clone())
+            })
+            .flatten();
+        out.push(PendingWorkload {
+            name: shared.unwrap_or_else(|| format!("{prefix}-{i}")),
+            spec,
             submitted_at: format_rfc3339(now - i64::from(rng.range(0, 30)) * 60),
-        })
-        .collect()
+        });
+    }
+    out
 }
 
 pub fn document(state: &ClusterStateSpec) -> String {
@@ -357,12 +374,16 @@ pub fn apply(
     now: i64,
 ) -> ClusterStateSpec {
     let mut after = carry_out(before, d);
-    let old: BTreeSet<&str> = before.running.iter().map(|r| r.name.as_str()).collect();
-    // By name, as the decision lists them, so the draws keep their order.
+    let old: BTreeSet<(&str, &str)> = before
+        .running
+        .iter()
+        .map(|r| (r.spec.tenant.as_str(), r.name.as_str()))
+        .collect();
+    // By tenant and name, as the decision lists them, so the draws keep their order.
     for r in after
         .running
         .iter_mut()
-        .filter(|r| !old.contains(r.name.as_str()))
+        .filter(|r| !old.contains(&(r.spec.tenant.as_str(), r.name.as_str())))
     {
         let started = now - i64::from(rng.range(0, 240)) * 60;
         r.started_at = format_rfc3339(started);
