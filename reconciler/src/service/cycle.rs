@@ -11,6 +11,7 @@ use tessera_solver::{Decision, SolveOptions};
 
 use tracing::{Span, info, info_span, warn};
 
+use super::backoff::Backoff;
 use super::error::{CycleError, FetchError, RecoveryError};
 use super::standing::Standing;
 use super::status::{Condition, Health, Status, Sync};
@@ -272,13 +273,9 @@ impl Reconciler {
             now,
         )?;
         let key = format!("workload/{}", record.name);
-        let base = self.config.backoff_base.as_secs().max(1);
-        let delay = base
-            .saturating_mul(1u64 << count.saturating_sub(1).min(20))
-            .min(self.config.backoff_max.as_secs().max(base));
         self.throttle
             .backoff
-            .insert(key.clone(), now.saturating_add(delay as i64));
+            .insert(key.clone(), self.action_backoff().after(now, count.max(1)));
         self.failures.insert(
             key,
             Failure {
@@ -422,9 +419,6 @@ impl Reconciler {
     }
 
     fn cycle_inner(&mut self, now: i64, report: &mut CycleReport) -> Result<(), CycleError> {
-        self.throttle
-            .reconfigured
-            .retain(|_, &mut until| until > now);
         self.throttle.backoff.retain(|_, &mut until| until > now);
         self.reap(now, report)?;
         self.stop_overdue(now, report)?;
@@ -482,10 +476,12 @@ impl Reconciler {
             .metrics
             .record_solve(solve_seconds, matches!(next, Next::Standing(_)));
         // Usage accrues and reservations hold whether or not the service is suspended.
-        let carried_next = Carried {
+        let mut carried_next = Carried {
             usage: decision.fair_share.as_ref().map(|f| f.record.clone()),
             reservations: decision.reservations.iter().map(|r| r.record()).collect(),
+            reconfigurations: carried.reconfigurations.clone(),
         };
+        carried_next.spend([], now);
         if carried_next != carried {
             self.store.set_carried(&carried_next, now)?;
         }
@@ -517,6 +513,7 @@ impl Reconciler {
         // Once an action on a GPU fails, the rest of that GPU's steps (and the workloads that
         // need it) wait for the next cycle, which re-plans from what the GPU then shows.
         let mut failed_keys: BTreeSet<String> = BTreeSet::new();
+        let mut reconfigured: BTreeSet<GpuRef> = BTreeSet::new();
         for action in &plan.actions {
             if depends_on_failed(action, &failed_keys) {
                 report.skipped.push(action.clone());
@@ -556,15 +553,13 @@ impl Reconciler {
                     self.throttle.backoff.remove(&action.key());
                     if is_disruptive(action)
                         && let Some(gpu) = gpu_of(action)
-                        && let Some(pool) = pool_of(&applied.policy, &observation, gpu)
+                        && reconfigured.insert(gpu.clone())
                     {
-                        // The pool's budget: at most `maxPerGpuPerHour` changes of one GPU.
-                        let per_hour = i64::from(pool.reconfiguration.max_per_gpu_per_hour);
-                        let until = now + 3600 / per_hour.max(1);
-                        self.throttle
-                            .reconfigured
-                            .entry(gpu.clone())
-                            .or_insert(until);
+                        // Spent from the pool's `maxPerGpuPerHour` once per GPU and cycle,
+                        // however many steps the change takes, and stored at once: a service
+                        // killed before the cycle ends still counts it after the restart.
+                        carried_next.spend([(gpu.node.as_str(), gpu.index)], now);
+                        self.store.set_carried(&carried_next, now)?;
                     }
                     self.shared
                         .metrics
@@ -735,8 +730,10 @@ impl Reconciler {
             let history = self.store.ended(name, 24)?;
             let at = super::restart::restart_at(
                 &history,
-                self.config.restart_backoff_base.as_secs(),
-                self.config.restart_backoff_max.as_secs(),
+                Backoff::new(
+                    self.config.restart_backoff_base,
+                    self.config.restart_backoff_max,
+                ),
             );
             match at {
                 Some(at) if at > now => {
@@ -762,12 +759,14 @@ impl Reconciler {
         entry.count += 1;
         entry.message = format!("{}: {message}", action_name(action));
         entry.tenant = tenant;
-        let failures = &entry.count;
-        let base = self.config.backoff_base.as_secs().max(1);
-        let delay = base
-            .saturating_mul(1u64 << (*failures - 1).min(20))
-            .min(self.config.backoff_max.as_secs().max(base));
-        self.throttle.backoff.insert(key, now + delay as i64);
+        let count = entry.count;
+        let until = self.action_backoff().after(now, count);
+        self.throttle.backoff.insert(key, until);
+    }
+
+    /// How long a failed action (or a start the service died during) waits to be retried.
+    fn action_backoff(&self) -> Backoff {
+        Backoff::new(self.config.backoff_base, self.config.backoff_max)
     }
 
     /// Remembers since when each GPU has waited to drain, and the deadline its pool's

@@ -188,6 +188,7 @@ mod tests {
             pending,
             usage: None,
             reservations: Vec::new(),
+            reconfigurations: Vec::new(),
         }
     }
 

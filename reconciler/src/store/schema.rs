@@ -97,6 +97,11 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX workloads_live_tenant ON workloads (tenant, origin) WHERE ended_at IS NULL;
     "#,
+    // 4: the geometry changes of the last hour, so that a restart does not reset a GPU's
+    // `maxPerGpuPerHour` budget.
+    r#"
+    ALTER TABLE carried ADD COLUMN reconfigurations TEXT NOT NULL DEFAULT '[]';
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -241,7 +241,7 @@ impl Fleet {
                         || s.geometry == [Placement::new(mig::PROFILE_7G, 0)]
                     {
                         ready.push(g);
-                    } else if s.changes < info.max_changes_per_gpu {
+                    } else if s.changes + p.gpus[g].spent < info.max_changes_per_gpu {
                         relayout.push(g);
                     } else {
                         miss.budget.insert(g);
@@ -309,7 +309,7 @@ impl Fleet {
                         if free_of_profile == 0 || geometry == s.geometry {
                             continue;
                         }
-                        if s.changes >= info.max_changes_per_gpu {
+                        if s.changes + p.gpus[g].spent >= info.max_changes_per_gpu {
                             miss.budget.insert(g);
                             continue;
                         }
@@ -595,7 +595,8 @@ impl Fleet {
 /// creating, or a node set up by hand) is completed to an allowed layout that keeps every
 /// instance it has: only instances are added, on free memory slices, so nothing running is
 /// disturbed. `None` when the geometry is empty, already a layout of the pool, cannot be
-/// completed without destroying something, or the GPU's change budget is spent.
+/// completed without destroying something, or this decision's changes of the GPU used its
+/// budget (changes recorded before this decision do not bar adding instances).
 pub(super) fn complete_layout(
     pool: &crate::problem::PoolInfo,
     geometry: &[Placement],

@@ -28,15 +28,17 @@
 //! - New work goes only to healthy GPUs of healthy nodes; running work on degraded or lost
 //!   GPUs is kept (the reconciler decides about hardware), as is running work whose isolation
 //!   or trust domain a policy change made invalid.
-//! - The reconfiguration budget is a per-decision cap: at most `maxPerGpuPerHour` geometry
-//!   changes of one GPU in one decision.
+//! - The reconfiguration budget: a GPU changes geometry at most `maxPerGpuPerHour` times,
+//!   counting the changes the snapshot records for it in the hour before `now` (`spent`) and
+//!   this decision's. Completing an interrupted change only adds instances and spends nothing
+//!   the snapshot recorded.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 
 use tessera_compiler::compiled::Amounts;
 use tessera_compiler::mig::{self, Placement};
-use tessera_compiler::model::{Sharing, TopologyMode};
+use tessera_compiler::model::{ReconfigurationRecord, Sharing, TopologyMode};
 use tessera_compiler::units::Gpus;
 
 use crate::decision::{
