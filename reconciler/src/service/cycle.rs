@@ -33,10 +33,11 @@ pub const MAX_INTERRUPTED_STARTS: u32 = 3;
 
 /// What a cycle's decision leaves for the next.
 enum Next {
-    /// A full cycle's session, kept if its decision is carried out whole.
-    Fresh(Session),
+    /// A full cycle's session, kept if its decision is carried out whole. Both are boxed: each
+    /// holds a whole problem.
+    Fresh(Box<Session>),
     /// The standing decision, used by this cycle.
-    Standing(Standing),
+    Standing(Box<Standing>),
     /// The integer program improved the heuristic's decision: no session stands for it.
     None,
 }
@@ -453,7 +454,7 @@ impl Reconciler {
         let (decision, next) = match standing {
             Some(Ok((standing, decision, arrivals))) => {
                 report.decided = Decided::Session { arrivals };
-                (decision, Next::Standing(standing))
+                (decision, Next::Standing(Box::new(standing)))
             }
             stale => {
                 let (decision, session) = Session::refined(
@@ -467,7 +468,10 @@ impl Reconciler {
                 report.decided = Decided::Full {
                     why: stale.and_then(|r| r.err()).map(|e| e.to_string()),
                 };
-                (decision, session.map_or(Next::None, Next::Fresh))
+                (
+                    decision,
+                    session.map_or(Next::None, |s| Next::Fresh(Box::new(s))),
+                )
             }
         };
         let solve_seconds = solve_started.elapsed().as_secs_f64();
@@ -594,9 +598,9 @@ impl Reconciler {
             if keep && let Some(decision) = report.decision.as_ref() {
                 self.standing = match next {
                     Next::Fresh(session) => {
-                        Standing::keep(session, decision, &applied.commit, after, now)
+                        Standing::keep(*session, decision, &applied.commit, after, now)
                     }
-                    Next::Standing(standing) => standing.carried_out(decision, after),
+                    Next::Standing(standing) => (*standing).carried_out(decision, after),
                     Next::None => None,
                 };
             }
