@@ -524,4 +524,26 @@ mod tests {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
     }
+
+    proptest::proptest! {
+        /// What is written reads back as the same instant, in any offset; years 0 to 9999.
+        #[test]
+        fn instants_round_trip(t in -62_167_219_200i64..253_402_300_800, offset in -1439i32..1440) {
+            let text = format_rfc3339(t);
+            proptest::prop_assert_eq!(parse_rfc3339(&text), Some(t));
+            // The same instant written at another offset.
+            let zone = jiff::tz::TimeZone::fixed(jiff::tz::Offset::from_seconds(offset * 60).unwrap());
+            let local = jiff::Timestamp::from_second(t).unwrap().to_zoned(zone).datetime();
+            let sign = if offset < 0 { '-' } else { '+' };
+            let shifted = format!(
+                "{}{sign}{:02}:{:02}",
+                local.strftime("%Y-%m-%dT%H:%M:%S"),
+                offset.abs() / 60,
+                offset.abs() % 60
+            );
+            if local.year() >= 0 {
+                proptest::prop_assert_eq!(parse_rfc3339(&shifted), Some(t), "{}", shifted);
+            }
+        }
+    }
 }
