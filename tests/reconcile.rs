@@ -1370,12 +1370,8 @@ fn a_tenant_sees_why_its_workload_waits() {
         "{waiting}"
     );
     assert_eq!(waiting["events"][0]["kind"], "submitted", "{waiting}");
-    // The only workload waiting is first in line.
-    assert_eq!(
-        waiting["queuePosition"],
-        json!({"position": 1, "of": 1}),
-        "{waiting}"
-    );
+    // No pool can hold it: the queue never reaches it, so it has no place in line.
+    assert_eq!(waiting["queuePosition"], Value::Null, "{waiting}");
     let reason = waiting["reason"].as_str().unwrap().to_string();
 
     let (code, text) = cli(&service, RESEARCH, &["get"]);
@@ -1413,7 +1409,6 @@ fn a_tenant_sees_why_its_workload_waits() {
     for wanted in [
         "Reason:",
         &reason,
-        "Queue position:  1 of 1 waiting",
         "Message:",
         "Spec:",
         "Events:",
@@ -1423,6 +1418,53 @@ fn a_tenant_sees_why_its_workload_waits() {
     }
     let (code, text) = cli(&service, PRODUCT, &["describe", "too-big"]);
     assert_eq!(code, 1, "another tenant's workload reads as absent: {text}");
+    service.stop();
+}
+
+/// A workload waiting for capacity has its place in line, in the API and in `describe`.
+#[test]
+fn a_waiting_workload_knows_its_place_in_line() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let training = json!({
+        "tenant": "research",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 2},
+        "command": script("train.sh"),
+    });
+    // The first takes both training GPUs; the second and third wait for them, in that order.
+    assert_eq!(service.submit(RESEARCH, "first", training.clone()).0, 201);
+    service.await_phase(RESEARCH, "first", "running");
+    assert_eq!(service.submit(RESEARCH, "second", training.clone()).0, 201);
+    assert_eq!(service.submit(RESEARCH, "third", training).0, 201);
+    let place = |name: &str| {
+        eventually(&format!("a place in line for {name}"), || {
+            let w = service.workload(RESEARCH, name);
+            let both = service.workload(RESEARCH, "third")["queuePosition"]["of"] == 2;
+            (both && w["queuePosition"].is_object()).then_some(w)
+        })
+    };
+    let second = place("second");
+    assert_eq!(second["phase"], "pending", "{second}");
+    assert_eq!(
+        second["queuePosition"],
+        json!({"position": 1, "of": 2}),
+        "{second}"
+    );
+    assert_eq!(
+        place("third")["queuePosition"],
+        json!({"position": 2, "of": 2})
+    );
+    let (code, text) = cli(&service, RESEARCH, &["describe", "third"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("Queue position:  2 of 2 waiting"), "{text}");
+    let (code, text) = cli(&service, RESEARCH, &["get", "-o", "wide"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.lines().next().unwrap().contains("QUEUE"), "{text}");
+    stop_workloads(&service);
     service.stop();
 }
 
