@@ -6,6 +6,8 @@
 use rusqlite::{OptionalExtension, params};
 use tessera_compiler::model::{ReconfigurationRecord, ReservationRecord, UsageRecord};
 use tessera_compiler::units::parse_rfc3339;
+// How long a change counts against its GPU's budget: the solver's rule, kept in one place.
+use tessera_solver::problem::BUDGET_WINDOW_SECONDS;
 
 use super::{Store, StoreError, from_json, to_json};
 
@@ -17,9 +19,6 @@ pub struct Carried {
     /// Geometry changes that took something away, made in the hour before the last cycle.
     pub reconfigurations: Vec<ReconfigurationRecord>,
 }
-
-/// How long a change counts against its GPU's budget.
-const BUDGET_WINDOW_SECONDS: i64 = 3600;
 
 impl Carried {
     /// Records that `gpus` (node, index) were changed at `now`, and forgets changes that no
