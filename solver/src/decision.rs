@@ -46,7 +46,8 @@ pub struct Decision {
     pub reservations: Vec<ReservationReport>,
     /// The workloads left waiting, in the order this decision considered them (priority,
     /// within guarantee before borrowing, fair share, submission): a waiting workload's place
-    /// in line. Waiting workloads the queue never reached (no pool serves them) are absent.
+    /// in line. A workload no pool may hold (its pools, classes or shape rule every pool out)
+    /// waits for a policy change, not its turn, and is absent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queue: Vec<String>,
     /// The next snapshot's `reconfigurations`: the snapshot's records still counting, and one

@@ -214,7 +214,10 @@ pub(crate) fn decision_of(
     let queue = s
         .trace
         .iter()
-        .filter(|step| live(step.w) && matches!(s.status[step.w], Some(Status::Pending(_))))
+        // A workload no pool may hold waits for a policy change, not for its turn (and a
+        // session, deciding it alone, never enters it in the trace).
+        .filter(|step| live(step.w) && !p.workloads[step.w].pools.is_empty())
+        .filter(|step| matches!(s.status[step.w], Some(Status::Pending(_))))
         .filter(|step| queued.insert(step.w))
         .map(|step| p.workloads[step.w].name.clone())
         .collect();
