@@ -1440,14 +1440,14 @@ fn a_waiting_workload_knows_its_place_in_line() {
     service.await_phase(RESEARCH, "first", "running");
     assert_eq!(service.submit(RESEARCH, "second", training.clone()).0, 201);
     assert_eq!(service.submit(RESEARCH, "third", training).0, 201);
-    let place = |name: &str| {
-        eventually(&format!("a place in line for {name}"), || {
-            let w = service.workload(RESEARCH, name);
-            let both = service.workload(RESEARCH, "third")["queuePosition"]["of"] == 2;
-            (both && w["queuePosition"].is_object()).then_some(w)
-        })
-    };
-    let second = place("second");
+    // Both read from the decision that saw both waiting.
+    let (second, third) = eventually("both in line", || {
+        let second = service.workload(RESEARCH, "second");
+        let third = service.workload(RESEARCH, "third");
+        let counted = |w: &Value| w["queuePosition"]["of"] == 2;
+        (counted(&second) && counted(&third) && second["decidedAt"] == third["decidedAt"])
+            .then_some((second, third))
+    });
     assert_eq!(second["phase"], "pending", "{second}");
     assert_eq!(
         second["queuePosition"],
@@ -1455,8 +1455,9 @@ fn a_waiting_workload_knows_its_place_in_line() {
         "{second}"
     );
     assert_eq!(
-        place("third")["queuePosition"],
-        json!({"position": 2, "of": 2})
+        third["queuePosition"],
+        json!({"position": 2, "of": 2}),
+        "{third}"
     );
     let (code, text) = cli(&service, RESEARCH, &["describe", "third"]);
     assert_eq!(code, 0, "{text}");

@@ -26,7 +26,7 @@ pub struct Decided {
     pub message: Option<String>,
     /// RFC 3339: when the work in the way of its reservation is declared to end.
     pub expected_start: Option<String>,
-    /// While it waits: its place in line (1 is next) among the waiting workloads, in the order
+    /// While it waits: its place in line (1 is the head of the line) among the waiting workloads, in the order
     /// the decision considered them.
     pub queue_position: Option<QueuePosition>,
 }
