@@ -774,3 +774,26 @@ fn a_change_recorded_in_the_last_hour_spends_the_gpus_budget() {
     let at: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
     assert_eq!(at, ["2026-11-20T08:00:00Z"]);
 }
+
+#[test]
+fn instances_on_an_empty_gpu_are_not_barred_by_past_changes() {
+    // GPU 0 has no instances: laying a layout out on it destroys nothing, so the change of 30
+    // minutes ago does not bar it, and nothing new is recorded.
+    let nodes = [mig_node("m0", "infer", &[&[], &[("7g.80gb", 0)]])];
+    let run_ = running(
+        "big",
+        "{tenant: b, sloClass: serving, gpu: {migProfile: 7g.80gb}}",
+        &["{node: m0, gpus: [1], migStart: 0}"],
+        EARLY,
+    );
+    let pend = pending(
+        "small",
+        "{tenant: a, sloClass: serving, gpu: {migProfile: 2g.20gb}}",
+        RECENT,
+    );
+    let spent = "  reconfigurations:\n    - {node: m0, gpu: 0, at: \"2026-11-20T07:30:00Z\"}\n";
+    let d = run(&(state(&nodes, &run_, &pend) + spent));
+    assert_eq!(admitted(&d, "small")[0].gpus, vec![0]);
+    let at: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
+    assert_eq!(at, ["2026-11-20T07:30:00Z"]);
+}

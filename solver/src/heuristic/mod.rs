@@ -29,9 +29,10 @@
 //!   GPUs is kept (the reconciler decides about hardware), as is running work whose isolation
 //!   or trust domain a policy change made invalid.
 //! - The reconfiguration budget: a GPU changes geometry at most `maxPerGpuPerHour` times,
-//!   counting the changes the snapshot records for it in the hour before `now` (`spent`) and
-//!   this decision's. Completing an interrupted change only adds instances and spends nothing
-//!   the snapshot recorded.
+//!   counting this decision's changes and, for a change that takes something away (destroys an
+//!   instance or resets the GPU into MIG mode), the ones the snapshot records for it in the
+//!   hour before `now` (`spent`). Only such changes are recorded; laying instances out on free
+//!   slices, or completing an interrupted change, is never barred by the past.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
