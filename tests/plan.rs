@@ -777,3 +777,79 @@ fn a_state_file_in_the_policy_directory_is_read_once() {
     assert_eq!(v["state"]["snapshots"], serde_json::json!(["snapshot"]));
     assert!(v["state"].get("replaces").is_none(), "{stdout}");
 }
+
+/// The snapshot's reconfiguration records spend a pool's budget under `plan` as in the
+/// service: a head that lowers `maxPerGpuPerHour` to what the last hour already spent leaves
+/// the re-partition the base would make waiting, with the reason.
+#[test]
+fn a_spent_reconfiguration_budget_leaves_the_change_waiting() {
+    let mut f = Fleet::new();
+    let fleet = fixture("fleet.yaml").replace(
+        "  migLayouts: [halves]\n",
+        "  migLayouts: [halves, sevenths]\n",
+    ) + "---\napiVersion: tessera/v1alpha1\nkind: MigLayout\nmetadata: {name: sevenths}\n\
+           spec: {gpuModel: H100-SXM5-80GB, instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, \
+           1g.10gb, 1g.10gb, 1g.10gb]}\n";
+    f.write("policy/fleet.yaml", fleet.as_bytes());
+    f.write("policy/tenants.yaml", fixture("tenants.yaml").as_bytes());
+    let base = f.commit("infer: the all-1g layout, two changes an hour");
+    let once = fleet.replace(
+        "  migLayouts: [halves, sevenths]\n",
+        "  migLayouts: [halves, sevenths]\n  reconfiguration: {maxPerGpuPerHour: 1}\n",
+    );
+    assert_ne!(once, fleet);
+    f.write("policy/fleet.yaml", once.as_bytes());
+    let head = f.commit("infer: one change an hour");
+
+    // Every GPU of `m1` was re-partitioned half an hour before the snapshot.
+    let records: String = (0..8)
+        .map(|g| format!("    - {{node: m1, gpu: {g}, at: \"2026-11-20T07:30:00Z\"}}\n"))
+        .collect();
+    let state_dir = tempfile::tempdir().unwrap();
+    let state = state_dir.path().join("state.yaml");
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(STATE)).unwrap()
+        + "  reconfigurations:\n"
+        + &records;
+    std::fs::write(&state, text).unwrap();
+
+    let plan = |state: &str| -> serde_json::Value {
+        let (code, stdout, stderr) = tessera(&[
+            "plan",
+            "--repo",
+            f.path(),
+            "--base",
+            &base,
+            "--head",
+            &head,
+            "--path",
+            "policy",
+            "--state",
+            state,
+            "--output",
+            "json",
+        ]);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        serde_json::from_str(&stdout).unwrap()
+    };
+    let v = plan(state.to_str().unwrap());
+    let workloads = v["decisions"]["diff"]["workloads"].as_array().unwrap();
+    let chat = workloads
+        .iter()
+        .find(|w| w["name"] == "tiny-chat")
+        .unwrap_or_else(|| panic!("tiny-chat changes: {v}"));
+    assert_eq!(chat["change"], "pending", "{chat}");
+    assert_eq!(chat["before"]["outcome"], "admit", "{chat}");
+    let reason = chat["after"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("reconfiguration budget spent on GPU m1/"),
+        "{reason}"
+    );
+
+    // Without the records both revisions re-partition a GPU for it: no change.
+    let v = plan(STATE);
+    let workloads = v["decisions"]["diff"]["workloads"].as_array().unwrap();
+    assert!(
+        workloads.iter().all(|w| w["name"] != "tiny-chat"),
+        "{workloads:?}"
+    );
+}

@@ -1029,6 +1029,67 @@ fn fair_share_usage_is_accounted_exported_and_survives_a_restart() {
     service.stop();
 }
 
+/// A GPU's re-partitions are stored as they are made and exported in `/state`: a restarted
+/// service still counts them against the pool's `maxPerGpuPerHour`, and says so.
+#[test]
+fn a_restart_does_not_reset_the_reconfiguration_budget() {
+    let mut repo = PolicyRepo::new();
+    let fleet = with_all_1g(&repo).replace(
+        "  migLayouts: [halves, all-1g]\n",
+        "  migLayouts: [halves, all-1g]\n  reconfiguration: {maxPerGpuPerHour: 1}\n",
+    );
+    assert!(fleet.contains("maxPerGpuPerHour: 1"));
+    repo.write("policy/fleet.yaml", &fleet);
+    repo.commit("infer cut in sevenths or halves, once an hour");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    // The 1g needs the halves destroyed: the GPU's one change this hour.
+    assert_eq!(
+        service.submit(PRODUCT, "chat-small", small_inference()).0,
+        201
+    );
+    service.await_phase(PRODUCT, "chat-small", "running");
+    let recorded = |service: &Service| {
+        let state = service.call("GET", "/state", Some(ADMIN), None).1;
+        state["spec"]["reconfigurations"].clone()
+    };
+    let before = recorded(&service);
+    assert_eq!(before.as_array().map(Vec::len), Some(1), "{before}");
+    assert_eq!(
+        (&before[0]["node"], &before[0]["gpu"]),
+        (&json!("i0"), &json!(0))
+    );
+    let (code, _) = service.call("DELETE", "/v1/workloads/chat-small", Some(PRODUCT), None);
+    assert_eq!(code, 200);
+    service.await_phase(PRODUCT, "chat-small", "cancelled");
+    service.stop();
+
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    assert_eq!(
+        recorded(&service),
+        before,
+        "the record survives the restart"
+    );
+    // A 4g needs the halves back: a second change within the hour, which waits.
+    let mut large = small_inference();
+    large["gpu"] = json!({"migProfile": "4g.40gb"});
+    assert_eq!(service.submit(PRODUCT, "chat-large", large).0, 201);
+    let waiting = eventually("a reason for chat-large", || {
+        let w = service.workload(PRODUCT, "chat-large");
+        w["message"].as_str().is_some().then_some(w)
+    });
+    assert_eq!(waiting["phase"], "pending", "{waiting}");
+    assert!(
+        waiting["message"]
+            .as_str()
+            .unwrap()
+            .contains("reconfiguration budget spent on GPU i0/0 of pool `infer`"),
+        "{waiting}"
+    );
+    stop_workloads(&service);
+    service.stop();
+}
+
 /// A committed service whose command keeps failing is queued again after a wait that doubles
 /// with each short run (CrashLoopBackOff), and the service says so while it waits.
 #[test]
@@ -1383,6 +1444,8 @@ fn a_tenant_sees_why_its_workload_waits() {
         "{waiting}"
     );
     assert_eq!(waiting["events"][0]["kind"], "submitted", "{waiting}");
+    // No pool can hold it: the queue never reaches it, so it has no place in line.
+    assert_eq!(waiting["queuePosition"], Value::Null, "{waiting}");
     let reason = waiting["reason"].as_str().unwrap().to_string();
 
     let (code, text) = cli(&service, RESEARCH, &["get"]);
@@ -1429,6 +1492,54 @@ fn a_tenant_sees_why_its_workload_waits() {
     }
     let (code, text) = cli(&service, PRODUCT, &["describe", "too-big"]);
     assert_eq!(code, 1, "another tenant's workload reads as absent: {text}");
+    service.stop();
+}
+
+/// A workload waiting for capacity has its place in line, in the API and in `describe`.
+#[test]
+fn a_waiting_workload_knows_its_place_in_line() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let training = json!({
+        "tenant": "research",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 2},
+        "command": script("train.sh"),
+    });
+    // The first takes both training GPUs; the second and third wait for them, in that order.
+    assert_eq!(service.submit(RESEARCH, "first", training.clone()).0, 201);
+    service.await_phase(RESEARCH, "first", "running");
+    assert_eq!(service.submit(RESEARCH, "second", training.clone()).0, 201);
+    assert_eq!(service.submit(RESEARCH, "third", training).0, 201);
+    // Both read from the decision that saw both waiting.
+    let (second, third) = eventually("both in line", || {
+        let second = service.workload(RESEARCH, "second");
+        let third = service.workload(RESEARCH, "third");
+        let counted = |w: &Value| w["queuePosition"]["of"] == 2;
+        (counted(&second) && counted(&third) && second["decidedAt"] == third["decidedAt"])
+            .then_some((second, third))
+    });
+    assert_eq!(second["phase"], "pending", "{second}");
+    assert_eq!(
+        second["queuePosition"],
+        json!({"position": 1, "of": 2}),
+        "{second}"
+    );
+    assert_eq!(
+        third["queuePosition"],
+        json!({"position": 2, "of": 2}),
+        "{third}"
+    );
+    let (code, text) = cli(&service, RESEARCH, &["describe", "third"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("Queue position:  2 of 2 waiting"), "{text}");
+    let (code, text) = cli(&service, RESEARCH, &["get", "-o", "wide"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.lines().next().unwrap().contains("QUEUE"), "{text}");
+    stop_workloads(&service);
     service.stop();
 }
 

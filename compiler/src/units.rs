@@ -396,71 +396,59 @@ fn parse_scaled(number: &str, scale: u64) -> Option<u64> {
 }
 
 /// Parses an RFC 3339 instant, `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, to Unix seconds
-/// (fractions dropped). Unlike the schema's pattern it knows the calendar: `2026-02-30` and
-/// `24:00:00` are refused, so that a snapshot's instants can be compared.
+/// (fractions dropped). jiff knows the calendar: `2026-02-30` and `24:00:00` are refused, so
+/// that a snapshot's instants can be compared; a leap second (`:60`) reads as `:59`. The form
+/// is checked first, because jiff also reads ISO 8601 forms RFC 3339 lacks (a space for `T`,
+/// no seconds, no offset).
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
+    if !rfc3339_form(s) {
+        return None;
+    }
+    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_second())
+}
+
+/// Unix seconds as RFC 3339 in UTC, `YYYY-MM-DDTHH:MM:SSZ`: how every instant is written (the
+/// API, the store, snapshots, decisions). Instants beyond jiff's range (years -9999 to 9999)
+/// are clamped to it.
+pub fn format_rfc3339(unix: i64) -> String {
+    let (min, max) = (
+        jiff::Timestamp::MIN.as_second(),
+        jiff::Timestamp::MAX.as_second(),
+    );
+    jiff::Timestamp::from_second(unix.clamp(min, max))
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` by shape alone (digits where digits go).
+fn rfc3339_form(s: &str) -> bool {
     let b = s.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
     if b.len() < 20
+        || !(digits(0..4) && digits(5..7) && digits(8..10))
+        || !(digits(11..13) && digits(14..16) && digits(17..19))
         || b[4] != b'-'
         || b[7] != b'-'
         || !matches!(b[10], b'T' | b't')
         || b[13] != b':'
         || b[16] != b':'
     {
-        return None;
+        return false;
     }
-    let num = |from: usize, len: usize| -> Option<i64> {
-        let part = s.get(from..from + len)?;
-        if !part.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
+    let mut rest = &b[19..];
+    if let Some(frac) = rest.strip_prefix(b".") {
+        let n = frac.iter().take_while(|c| c.is_ascii_digit()).count();
+        if n == 0 {
+            return false;
         }
-        part.parse().ok()
-    };
-    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
-    let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let days_in_month = match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if leap => 29,
-        2 => 28,
-        _ => return None,
-    };
-    // A leap second (`:60`) is legal RFC 3339; it reads as the next second.
-    if !(1..=days_in_month).contains(&day) || hour > 23 || minute > 59 || second > 60 {
-        return None;
+        rest = &frac[n..];
     }
-    let mut rest = &s[19..];
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        rest = &frac[digits..];
+    match rest {
+        [b'Z' | b'z'] => true,
+        [b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|c| c.is_ascii_digit()),
+        _ => false,
     }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let ob = rest.as_bytes();
-            if ob.len() != 6 || !matches!(ob[0], b'+' | b'-') || ob[3] != b':' {
-                return None;
-            }
-            let h = num(s.len() - 5, 2)?;
-            let m = num(s.len() - 2, 2)?;
-            if h > 23 || m > 59 {
-                return None;
-            }
-            let sign = if ob[0] == b'-' { -1 } else { 1 };
-            sign * (h * 3600 + m * 60)
-        }
-    };
-    // Howard Hinnant's days_from_civil.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
 }
 
 #[cfg(test)]
@@ -516,6 +504,9 @@ mod tests {
         assert_eq!(parse_rfc3339("2000-03-01T00:00:00.5Z"), Some(951_868_800));
         assert_eq!(parse_rfc3339("2024-02-29T00:00:00Z"), Some(1_709_164_800));
         assert_eq!(parse_rfc3339("2026-11-20T08:00:00Z"), Some(1_795_161_600));
+        assert_eq!(format_rfc3339(1_795_161_600), "2026-11-20T08:00:00Z");
+        assert_eq!(format_rfc3339(-1), "1969-12-31T23:59:59Z");
+        assert!(format_rfc3339(i64::MAX).starts_with("9999-12-"));
         for bad in [
             "2026-11-20 08:00:00Z",
             "2026-13-20T08:00:00Z",
@@ -526,9 +517,33 @@ mod tests {
             "2026-11-20T08:00:00.Z",
             "2026-11-20T08:00:00+1:00",
             "2026-11-20T08:00:00+01:60",
+            "2026-11-20T08:00Z",
+            "20261120T080000Z",
             "yesterday",
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// What is written reads back as the same instant, in any offset; years 0 to 9999.
+        #[test]
+        fn instants_round_trip(t in -62_167_219_200i64..253_402_300_800, offset in -1439i32..1440) {
+            let text = format_rfc3339(t);
+            proptest::prop_assert_eq!(parse_rfc3339(&text), Some(t));
+            // The same instant written at another offset.
+            let zone = jiff::tz::TimeZone::fixed(jiff::tz::Offset::from_seconds(offset * 60).unwrap());
+            let local = jiff::Timestamp::from_second(t).unwrap().to_zoned(zone).datetime();
+            let sign = if offset < 0 { '-' } else { '+' };
+            let shifted = format!(
+                "{}{sign}{:02}:{:02}",
+                local.strftime("%Y-%m-%dT%H:%M:%S"),
+                offset.abs() / 60,
+                offset.abs() % 60
+            );
+            if local.year() >= 0 {
+                proptest::prop_assert_eq!(parse_rfc3339(&shifted), Some(t), "{}", shifted);
+            }
         }
     }
 }

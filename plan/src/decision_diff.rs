@@ -483,6 +483,8 @@ mod tests {
             pools: Vec::new(),
             fair_share: None,
             reservations: Vec::new(),
+            queue: Vec::new(),
+            reconfigurations: Vec::new(),
         }
     }
 

@@ -200,11 +200,6 @@ impl std::fmt::Display for Wait {
                 "{key} retried after {}",
                 crate::snapshot::rfc3339(*until)
             ),
-            Wait::Budget { gpu, until } => write!(
-                f,
-                "{gpu} reconfigured at most once per its pool's budget: next at {}",
-                crate::snapshot::rfc3339(*until)
-            ),
         }
     }
 }
@@ -221,8 +216,6 @@ pub enum Wait {
     Devices { workload: String, detail: String },
     /// Earlier attempts failed; retried after `until`.
     Backoff { key: String, until: i64 },
-    /// The GPU was reconfigured too recently (per-GPU budget).
-    Budget { gpu: GpuRef, until: i64 },
 }
 
 /// Retry and rate-limit state the service keeps between cycles.
@@ -230,8 +223,6 @@ pub enum Wait {
 pub struct Throttle {
     /// Keys (see [`Action::key`]) whose actions failed, blocked until the given instant.
     pub backoff: BTreeMap<String, i64>,
-    /// GPUs that may not be reconfigured before the given instant.
-    pub reconfigured: BTreeMap<GpuRef, i64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -356,21 +347,6 @@ pub fn plan(
         let key = format!("gpu/{gpu}");
         if let Some(until) = blocked(&key) {
             out.waits.push(Wait::Backoff { key, until });
-            unready.insert(gpu);
-            continue;
-        }
-        // The budget limits disruption: adding instances on free slices (finishing an
-        // interrupted change, growing toward a layout) destroys nothing and is not held back.
-        let disruptive = !g.destroy.is_empty() || g.enable_mig;
-        if let Some(&until) = throttle
-            .reconfigured
-            .get(&gpu)
-            .filter(|&&t| disruptive && t > now)
-        {
-            out.waits.push(Wait::Budget {
-                gpu: gpu.clone(),
-                until,
-            });
             unready.insert(gpu);
             continue;
         }

@@ -2,7 +2,7 @@
 //! tracks, as a [`ClusterStateSpec`], the same document `tessera plan` reads in CI (the service
 //! exports it at `GET /state`).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tessera_compiler::model::{
     Binding, ClusterStateSpec, PendingWorkload, RunningWorkload, WorkloadSpec,
@@ -75,13 +75,13 @@ pub fn cluster_state(
         pending: pending.into_iter().map(|(_, p)| p).collect(),
         usage: carried.usage.clone(),
         reservations: carried.reservations.clone(),
+        reconfigurations: carried.reconfigurations.clone(),
     }
 }
 
-/// Unix seconds as RFC 3339 UTC (`2026-11-23T15:04:33Z`); instants before 1970 clamp to it.
+/// Unix seconds as RFC 3339 UTC (`2026-11-23T15:04:33Z`), as the compiler writes instants.
 pub fn rfc3339(unix: i64) -> String {
-    let t = UNIX_EPOCH + Duration::from_secs(u64::try_from(unix).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
+    tessera_compiler::units::format_rfc3339(unix)
 }
 
 /// The current instant as Unix seconds: the one clock read of a cycle.
@@ -100,6 +100,6 @@ mod tests {
     fn instants_are_rfc3339_utc() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_795_446_273), "2026-11-23T15:04:33Z");
-        assert_eq!(rfc3339(-5), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(-5), "1969-12-31T23:59:55Z");
     }
 }

@@ -231,6 +231,7 @@ fn round_trip(train: &[u32], infer: u32, gangs: &[Gang]) -> Result<usize, String
     let carried = Carried {
         usage: after.usage.clone(),
         reservations: after.reservations.clone(),
+        reconfigurations: after.reconfigurations.clone(),
     };
     let exported = cluster_state(
         &observation,

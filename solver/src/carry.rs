@@ -12,7 +12,8 @@ use crate::decision::{Decision, Outcome};
 
 /// The snapshot after `d`: admitted work runs on its bindings (started at `d.now`), preempted
 /// work waits again (submitted at `d.now`), GPUs have their target geometry, waiting work
-/// still waits, and the decision's usage record and reservations are carried forward.
+/// still waits, and the decision's usage record, reservations and reconfiguration records are
+/// carried forward.
 pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
     let mut nodes = before.nodes.clone();
     for g in &d.geometry {
@@ -87,5 +88,6 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
             .map(|f| f.record.clone())
             .or_else(|| before.usage.clone()),
         reservations: d.reservations.iter().map(|r| r.record()).collect(),
+        reconfigurations: d.reconfigurations.clone(),
     }
 }

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tessera_compiler::model::{ReservationRecord, Sharing, UsageRecord};
+use tessera_compiler::model::{ReconfigurationRecord, ReservationRecord, Sharing, UsageRecord};
 use tessera_compiler::units::Gpus;
 
 /// Bumped on any change a consumer of the JSON could notice.
@@ -45,6 +45,17 @@ pub struct Decision {
     /// Capacity held for waiting gangs (the next snapshot's `reservations`), by workload key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<ReservationReport>,
+    /// The workloads left waiting, in the order this decision considered them (priority,
+    /// within guarantee before borrowing, fair share, submission): a waiting workload's place
+    /// in line. A workload no pool may hold (its pools, classes or shape rule every pool out)
+    /// waits for a policy change, not its turn, and is absent. By workload key (`tenant/name`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue: Vec<String>,
+    /// The next snapshot's `reconfigurations`: the snapshot's records still counting, and one
+    /// at `now` for each GPU this decision destroys instances on or switches to MIG, by node,
+    /// GPU and instant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reconfigurations: Vec<ReconfigurationRecord>,
 }
 
 /// Fair share over time, as this decision weighed it.
@@ -218,6 +229,14 @@ pub struct GeometryPlan {
     /// An instance to destroy is held by a workload preempted in this decision: it must drain
     /// (grace period) before the change.
     pub drain: bool,
+}
+
+impl GeometryPlan {
+    /// The change takes something away (destroys instances or resets the GPU into MIG mode):
+    /// it spends the pool's `maxPerGpuPerHour`. Adding instances on free slices does not.
+    pub fn spends_budget(&self) -> bool {
+        !self.destroy.is_empty() || self.enable_mig
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessera_compiler::compiled::{Amounts, CompiledFairShare, PoolQuota};
 use tessera_compiler::mig::{self, Placement};
 use tessera_compiler::model::{
-    Binding, ClusterStateSpec, Health, Sharing, TopologyMode, UsageRecord, WorkloadSpec,
+    Binding, ClusterStateSpec, Health, ReconfigurationRecord, Sharing, TopologyMode, UsageRecord,
+    WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 use tessera_compiler::{CompiledPolicy, WorkloadKey};
@@ -172,6 +173,9 @@ pub struct GpuInfo {
     pub mig_enabled: bool,
     /// Current MIG instances, sorted.
     pub instances: Vec<Placement>,
+    /// Changes the snapshot records for this GPU in the hour before `now`: spent from its
+    /// pool's `max_changes_per_gpu`.
+    pub spent: u32,
 }
 
 /// What one replica asks of a GPU, resolved against the pool's model.
@@ -299,7 +303,13 @@ pub struct Problem {
     /// The previous decision's reservations still meaningful: their gang is pending here and
     /// their pool and nodes exist (see `reserve.rs`).
     pub reservations: Vec<PriorReservation>,
+    /// The snapshot's reconfiguration records still counting at `now` (made in the hour
+    /// before it, of a GPU it lists), sorted; each is also counted in its GPU's `spent`.
+    pub reconfigurations: Vec<ReconfigurationRecord>,
 }
+
+/// How long a geometry change counts against its GPU's budget (`maxPerGpuPerHour`).
+pub const BUDGET_WINDOW_SECONDS: i64 = 3600;
 
 /// A reservation carried by the snapshot, resolved.
 #[derive(Debug, Clone)]
@@ -313,6 +323,36 @@ pub struct PriorReservation {
 }
 
 impl Problem {
+    /// Charges each GPU's budget with the records made in the hour before `now`. A record of a
+    /// GPU the snapshot does not list, or with a bad or future instant, spends nothing
+    /// (`tessera validate` warns about it).
+    fn count_reconfigurations(&mut self, records: &[ReconfigurationRecord]) {
+        for r in records {
+            let Some(at) = parse_rfc3339(&r.at) else {
+                continue;
+            };
+            if at > self.now || at <= self.now - BUDGET_WINDOW_SECONDS {
+                continue;
+            }
+            let Ok(n) = self
+                .nodes
+                .binary_search_by(|x| x.name.as_str().cmp(&r.node))
+            else {
+                continue;
+            };
+            let Some(&g) = self.nodes[n]
+                .gpus
+                .iter()
+                .find(|&&g| self.gpus[g].index == r.gpu)
+            else {
+                continue;
+            };
+            self.gpus[g].spent += 1;
+            self.reconfigurations.push(r.clone());
+        }
+        self.reconfigurations.sort();
+    }
+
     /// Builds the problem; `now` defaults to the snapshot's `observedAt`.
     pub fn new(
         policy: &CompiledPolicy,
@@ -475,6 +515,7 @@ impl Problem {
                     healthy: g.health == Health::Healthy && spec.health == Health::Healthy,
                     mig_enabled: g.mig.enabled,
                     instances,
+                    spent: 0,
                 });
             }
             if let Some(p) = pool {
@@ -510,6 +551,7 @@ impl Problem {
             workloads: Vec::new(),
             orphans: Vec::new(),
             reservations: Vec::new(),
+            reconfigurations: Vec::new(),
             usage: None,
         };
         let tables = Tables {
@@ -605,6 +647,7 @@ impl Problem {
                 });
             }
         }
+        problem.count_reconfigurations(&state.reconfigurations);
         // Past usage is weighed once per cycle, from the running set as resolved above: the
         // cycle itself must not change a tenant's history, or the order would depend on it.
         if problem.tenants.iter().any(|t| t.fair_share.is_some()) {
@@ -1074,35 +1117,8 @@ pub fn has_whole(layout: &[Placement]) -> bool {
     layout.iter().any(|p| p.profile_id == mig::PROFILE_7G)
 }
 
-/// The compiler's parser, which knows the calendar: one reading of an instant everywhere.
-pub use tessera_compiler::units::parse_rfc3339;
-
-/// Formats Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`.
-pub fn format_rfc3339(t: i64) -> String {
-    let days = t.div_euclid(86_400);
-    let secs = t.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
-}
-
-// Howard Hinnant's civil_from_days.
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
+/// One reading and one writing of an instant everywhere: the compiler's, on jiff.
+pub use tessera_compiler::units::{format_rfc3339, parse_rfc3339};
 
 #[cfg(test)]
 mod tests {

@@ -371,6 +371,7 @@ impl Session {
             pending: vec![arrival.clone()],
             usage: None,
             reservations: Vec::new(),
+            reconfigurations: Vec::new(),
         };
         let mut alone = Problem::new(&self.policy, &alone, Some(self.problem.now))?;
         if let Some(i) = alone.orphans.iter().position(orphaned) {

@@ -148,6 +148,7 @@ fn case(seed: u64, tally: &mut Tally) {
         pending: pending(&mut rng, "w", first_queue, now - 4 * 3600),
         usage: None,
         reservations: Vec::new(),
+        reconfigurations: Vec::new(),
     };
     let (policy, state0) = checked(&f.policy_yaml, &state0, "initial snapshot");
     let d1 = full(&policy, &state0);
@@ -348,6 +349,7 @@ fn a_taken_name_and_an_unknown_workload_are_errors() {
         pending: pending(&mut rng, "p", 2, now),
         usage: None,
         reservations: Vec::new(),
+        reconfigurations: Vec::new(),
     };
     let (policy, state) = checked(&f.policy_yaml, &state, "snapshot");
     let (mut session, _) = Session::new(&policy, &state, &SolveOptions::default()).unwrap();

@@ -607,6 +607,7 @@ fn case(seed: u64) -> usize {
         },
         usage: None,
         reservations: Vec::new(),
+        reconfigurations: Vec::new(),
     };
     if fair {
         // The train pool filled by urgent one-GPU jobs of the two other tenants.

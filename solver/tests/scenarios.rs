@@ -718,3 +718,82 @@ fn work_on_a_node_whose_pool_left_the_policy_is_orphaned() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A MIG node whose GPU 0 holds a free 7g (a 2g needs it destroyed) and GPU 1 a busy one,
+/// with a 2g waiting; `records` is appended to the snapshot as its `reconfigurations`.
+fn budget_state(records: &str) -> String {
+    let nodes = [mig_node(
+        "m0",
+        "infer",
+        &[&[("7g.80gb", 0)], &[("7g.80gb", 0)]],
+    )];
+    let run_ = running(
+        "big",
+        "{tenant: b, sloClass: serving, gpu: {migProfile: 7g.80gb}}",
+        &["{node: m0, gpus: [1], migStart: 0}"],
+        EARLY,
+    );
+    let pend = pending(
+        "small",
+        "{tenant: a, sloClass: serving, gpu: {migProfile: 2g.20gb}}",
+        RECENT,
+    );
+    state(&nodes, &run_, &pend) + records
+}
+
+#[test]
+fn a_change_recorded_in_the_last_hour_spends_the_gpus_budget() {
+    // No record: GPU 0 is re-laid out, and the decision records the change for the next
+    // snapshot.
+    let d = run(&budget_state(""));
+    assert_eq!(admitted(&d, "small")[0].gpus, vec![0]);
+    let changed: Vec<_> = d
+        .reconfigurations
+        .iter()
+        .map(|r| (r.node.as_str(), r.gpu, r.at.as_str()))
+        .collect();
+    assert_eq!(changed, [("m0", 0, "2026-11-20T08:00:00Z")]);
+
+    // The pool allows one change per GPU and hour: one 30 minutes ago spends it.
+    let spent = "  reconfigurations:\n    - {node: m0, gpu: 0, at: \"2026-11-20T07:30:00Z\"}\n";
+    let d = run(&budget_state(spent));
+    assert_eq!(
+        message(&d, "small"),
+        "reconfiguration budget spent on GPU m0/0 of pool `infer`; preemption not allowed: \
+         `big` is non-preemptible"
+    );
+    assert!(d.geometry.iter().all(|g| g.destroy.is_empty()));
+    // The record still counts at the next snapshot.
+    let kept: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
+    assert_eq!(kept, ["2026-11-20T07:30:00Z"]);
+
+    // An hour later it no longer counts, and is not carried on.
+    let old = "  reconfigurations:\n    - {node: m0, gpu: 0, at: \"2026-11-20T07:00:00Z\"}\n";
+    let d = run(&budget_state(old));
+    assert_eq!(admitted(&d, "small")[0].gpus, vec![0]);
+    let at: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
+    assert_eq!(at, ["2026-11-20T08:00:00Z"]);
+}
+
+#[test]
+fn instances_on_an_empty_gpu_are_not_barred_by_past_changes() {
+    // GPU 0 has no instances: laying a layout out on it destroys nothing, so the change of 30
+    // minutes ago does not bar it, and nothing new is recorded.
+    let nodes = [mig_node("m0", "infer", &[&[], &[("7g.80gb", 0)]])];
+    let run_ = running(
+        "big",
+        "{tenant: b, sloClass: serving, gpu: {migProfile: 7g.80gb}}",
+        &["{node: m0, gpus: [1], migStart: 0}"],
+        EARLY,
+    );
+    let pend = pending(
+        "small",
+        "{tenant: a, sloClass: serving, gpu: {migProfile: 2g.20gb}}",
+        RECENT,
+    );
+    let spent = "  reconfigurations:\n    - {node: m0, gpu: 0, at: \"2026-11-20T07:30:00Z\"}\n";
+    let d = run(&(state(&nodes, &run_, &pend) + spent));
+    assert_eq!(admitted(&d, "small")[0].gpus, vec![0]);
+    let at: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
+    assert_eq!(at, ["2026-11-20T07:30:00Z"]);
+}

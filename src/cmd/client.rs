@@ -294,7 +294,14 @@ fn workload_table(workloads: &[Value], wide: bool, now: i64) -> String {
         "NAME", "TENANT", "CLASS", "POOL", "PHASE", "AGE", "GPUS", "REASON",
     ];
     if wide {
-        header.extend(["ORIGIN", "NODES", "ATTEMPTS", "EXPECTED-START", "MESSAGE"]);
+        header.extend([
+            "ORIGIN",
+            "NODES",
+            "ATTEMPTS",
+            "QUEUE",
+            "EXPECTED-START",
+            "MESSAGE",
+        ]);
     }
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for w in workloads {
@@ -331,6 +338,9 @@ fn workload_table(workloads: &[Value], wide: bool, now: i64) -> String {
                     nodes.join(",")
                 },
                 w["attempts"].as_u64().unwrap_or(0).to_string(),
+                w["queuePosition"]["position"]
+                    .as_u64()
+                    .map_or_else(|| "-".to_string(), |p| p.to_string()),
                 text(w, "expectedStart").to_string(),
                 one_line(message),
             ]);
@@ -418,6 +428,12 @@ fn describe_text(w: &Value) -> String {
     }
     if let Some(d) = opt("decidedAt") {
         field("Decided at", d);
+    }
+    if let (Some(position), Some(of)) = (
+        w["queuePosition"]["position"].as_u64(),
+        w["queuePosition"]["of"].as_u64(),
+    ) {
+        field("Queue position", format!("{position} of {of} waiting"));
     }
     if let Some(e) = opt("expectedStart") {
         field("Expected start", e);

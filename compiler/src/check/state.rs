@@ -256,6 +256,7 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
         check_usage(ctx, doc, usage, observed_at, sink);
     }
     check_reservations(ctx, doc, spec, sink);
+    check_reconfigurations(doc, spec, observed_at, sink);
 }
 
 /// An RFC 3339 instant of the snapshot, or an error at it. The schema's pattern checks the
@@ -456,6 +457,55 @@ fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, 
                 )),
                 Some(_) => {}
             }
+        }
+    }
+}
+
+/// Reconfiguration records: an instant each, no later than the snapshot, of a GPU the snapshot
+/// lists. A record the solver would not count is a warning, not an error: the budget it spent
+/// is simply not held against any GPU.
+fn check_reconfigurations(
+    doc: &LoadedDocument,
+    spec: &ClusterStateSpec,
+    observed_at: Option<i64>,
+    sink: &mut Sink,
+) {
+    let gpus: BTreeSet<(&str, u32)> = spec
+        .nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter().map(move |g| (n.name.as_str(), g.index)))
+        .collect();
+    for (r, rec) in spec.reconfigurations.iter().enumerate() {
+        let rp = format!("/spec/reconfigurations/{r}");
+        let ignored = |pointer: &str, message: String, help: &str| {
+            Diagnostic::new(Code::IgnoredClusterState, message)
+                .at(doc.value_loc(pointer))
+                .field(crate::schema::dotted(pointer))
+                .help(help)
+        };
+        if let (Some(at), Some(observed_at)) = (
+            instant(doc, &format!("{rp}/at"), &rec.at, sink),
+            observed_at,
+        ) && at > observed_at
+        {
+            sink.push(ignored(
+                &format!("{rp}/at"),
+                format!(
+                    "GPU {} of node `{}` was reconfigured at {}, after the snapshot was observed: the record is ignored",
+                    rec.gpu, rec.node, rec.at
+                ),
+                "a record cannot describe the future: set `at` at or before observedAt",
+            ));
+        }
+        if !gpus.contains(&(rec.node.as_str(), rec.gpu)) {
+            sink.push(ignored(
+                &format!("{rp}/gpu"),
+                format!(
+                    "reconfiguration of GPU {} of node `{}`, which the snapshot does not list: the record is ignored",
+                    rec.gpu, rec.node
+                ),
+                "a record names a GPU listed under `nodes`; remove it or fix the node and index",
+            ));
         }
     }
 }

@@ -30,6 +30,10 @@ pub struct ClusterStateSpec {
     /// Capacity held for waiting gangs, as the last decision left it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<ReservationRecord>,
+    /// Geometry changes that took something away from a GPU in the hour before the snapshot:
+    /// what its pool's `reconfiguration.maxPerGpuPerHour` has spent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reconfigurations: Vec<ReconfigurationRecord>,
 }
 
 /// Decayed usage per tenant as of one instant.
@@ -92,6 +96,22 @@ pub struct ReservationRecord {
         pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
     ))]
     pub since: String,
+}
+
+/// One geometry change of one GPU that destroyed instances or switched its MIG mode. It counts
+/// against the GPU's pool budget (`reconfiguration.maxPerGpuPerHour`) for an hour after `at`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReconfigurationRecord {
+    /// The node, as listed under `nodes`.
+    pub node: String,
+    /// The GPU's NVML device index on the node.
+    pub gpu: u32,
+    /// When the change was made, RFC 3339.
+    #[schemars(regex(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+    ))]
+    pub at: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -12,6 +12,7 @@ use tessera_solver::{Decision, SolveOptions};
 
 use tracing::{Span, info, info_span, warn};
 
+use super::backoff::Backoff;
 use super::error::{CycleError, FetchError, RecoveryError};
 use super::standing::Standing;
 use super::status::{Condition, Health, Status, Sync};
@@ -33,10 +34,11 @@ pub const MAX_INTERRUPTED_STARTS: u32 = 3;
 
 /// What a cycle's decision leaves for the next.
 enum Next {
-    /// A full cycle's session, kept if its decision is carried out whole.
-    Fresh(Session),
+    /// A full cycle's session, kept if its decision is carried out whole. Both are boxed: each
+    /// holds a whole problem.
+    Fresh(Box<Session>),
     /// The standing decision, used by this cycle.
-    Standing(Standing),
+    Standing(Box<Standing>),
     /// The integer program improved the heuristic's decision: no session stands for it.
     None,
 }
@@ -276,13 +278,9 @@ impl Reconciler {
             now,
         )?;
         let key = format!("workload/{}", record.key());
-        let base = self.config.backoff_base.as_secs().max(1);
-        let delay = base
-            .saturating_mul(1u64 << count.saturating_sub(1).min(20))
-            .min(self.config.backoff_max.as_secs().max(base));
         self.throttle
             .backoff
-            .insert(key.clone(), now.saturating_add(delay as i64));
+            .insert(key.clone(), self.action_backoff().after(now, count.max(1)));
         self.failures.insert(
             key,
             Failure {
@@ -426,9 +424,6 @@ impl Reconciler {
     }
 
     fn cycle_inner(&mut self, now: i64, report: &mut CycleReport) -> Result<(), CycleError> {
-        self.throttle
-            .reconfigured
-            .retain(|_, &mut until| until > now);
         self.throttle.backoff.retain(|_, &mut until| until > now);
         self.reap(now, report)?;
         self.stop_overdue(now, report)?;
@@ -463,7 +458,7 @@ impl Reconciler {
         let (decision, next) = match standing {
             Some(Ok((standing, decision, arrivals))) => {
                 report.decided = Decided::Session { arrivals };
-                (decision, Next::Standing(standing))
+                (decision, Next::Standing(Box::new(standing)))
             }
             stale => {
                 let (decision, session) = Session::refined(
@@ -477,7 +472,10 @@ impl Reconciler {
                 report.decided = Decided::Full {
                     why: stale.and_then(|r| r.err()).map(|e| e.to_string()),
                 };
-                (decision, session.map_or(Next::None, Next::Fresh))
+                (
+                    decision,
+                    session.map_or(Next::None, |s| Next::Fresh(Box::new(s))),
+                )
             }
         };
         let solve_seconds = solve_started.elapsed().as_secs_f64();
@@ -486,10 +484,12 @@ impl Reconciler {
             .metrics
             .record_solve(solve_seconds, matches!(next, Next::Standing(_)));
         // Usage accrues and reservations hold whether or not the service is suspended.
-        let carried_next = Carried {
+        let mut carried_next = Carried {
             usage: decision.fair_share.as_ref().map(|f| f.record.clone()),
             reservations: decision.reservations.iter().map(|r| r.record()).collect(),
+            reconfigurations: carried.reconfigurations.clone(),
         };
+        carried_next.spend([], now);
         if carried_next != carried {
             self.store.set_carried(&carried_next, now)?;
         }
@@ -521,6 +521,7 @@ impl Reconciler {
         // Once an action on a GPU fails, the rest of that GPU's steps (and the workloads that
         // need it) wait for the next cycle, which re-plans from what the GPU then shows.
         let mut failed_keys: BTreeSet<String> = BTreeSet::new();
+        let mut reconfigured: BTreeSet<GpuRef> = BTreeSet::new();
         for action in &plan.actions {
             if depends_on_failed(action, &failed_keys) {
                 report.skipped.push(action.clone());
@@ -560,15 +561,13 @@ impl Reconciler {
                     self.throttle.backoff.remove(&action.key());
                     if is_disruptive(action)
                         && let Some(gpu) = gpu_of(action)
-                        && let Some(pool) = pool_of(&applied.policy, &observation, gpu)
+                        && reconfigured.insert(gpu.clone())
                     {
-                        // The pool's budget: at most `maxPerGpuPerHour` changes of one GPU.
-                        let per_hour = i64::from(pool.reconfiguration.max_per_gpu_per_hour);
-                        let until = now + 3600 / per_hour.max(1);
-                        self.throttle
-                            .reconfigured
-                            .entry(gpu.clone())
-                            .or_insert(until);
+                        // Spent from the pool's `maxPerGpuPerHour` once per GPU and cycle,
+                        // however many steps the change takes, and stored at once: a service
+                        // killed before the cycle ends still counts it after the restart.
+                        carried_next.spend([(gpu.node.as_str(), gpu.index)], now);
+                        self.store.set_carried(&carried_next, now)?;
                     }
                     self.shared
                         .metrics
@@ -603,9 +602,9 @@ impl Reconciler {
             if keep && let Some(decision) = report.decision.as_ref() {
                 self.standing = match next {
                     Next::Fresh(session) => {
-                        Standing::keep(session, decision, &applied.commit, after, now)
+                        Standing::keep(*session, decision, &applied.commit, after, now)
                     }
-                    Next::Standing(standing) => standing.carried_out(decision, after),
+                    Next::Standing(standing) => (*standing).carried_out(decision, after),
                     Next::None => None,
                 };
             }
@@ -739,8 +738,10 @@ impl Reconciler {
             let history = self.store.ended(key, 24)?;
             let at = super::restart::restart_at(
                 &history,
-                self.config.restart_backoff_base.as_secs(),
-                self.config.restart_backoff_max.as_secs(),
+                Backoff::new(
+                    self.config.restart_backoff_base,
+                    self.config.restart_backoff_max,
+                ),
             );
             match at {
                 Some(at) if at > now => {
@@ -766,12 +767,14 @@ impl Reconciler {
         entry.count += 1;
         entry.message = format!("{}: {message}", action_name(action));
         entry.tenant = tenant;
-        let failures = &entry.count;
-        let base = self.config.backoff_base.as_secs().max(1);
-        let delay = base
-            .saturating_mul(1u64 << (*failures - 1).min(20))
-            .min(self.config.backoff_max.as_secs().max(base));
-        self.throttle.backoff.insert(key, now + delay as i64);
+        let count = entry.count;
+        let until = self.action_backoff().after(now, count);
+        self.throttle.backoff.insert(key, until);
+    }
+
+    /// How long a failed action (or a start the service died during) waits to be retried.
+    fn action_backoff(&self) -> Backoff {
+        Backoff::new(self.config.backoff_base, self.config.backoff_max)
     }
 
     /// Remembers since when each GPU has waited to drain, and the deadline its pool's

@@ -7,6 +7,7 @@
 //! a submission or a cancellation is recorded, and the next cycle acts on it.
 
 pub mod apply;
+pub mod backoff;
 pub mod cycle;
 pub mod error;
 pub mod restart;

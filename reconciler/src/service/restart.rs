@@ -1,9 +1,10 @@
 //! When a committed workload that ended is queued again: a service whose command keeps
 //! failing must not be restarted at every cycle (Kubernetes' CrashLoopBackOff). Each run that
-//! ended after less than [`STABLE`] doubles the wait before the next, from `base` up to `max`;
+//! ended after less than [`STABLE`] doubles the wait before the next ([`Backoff`]);
 //! a run of [`STABLE`] or more, a cancellation (its spec changed or left the repository) or a
 //! lost node (not the workload's doing) starts the count afresh.
 
+use super::backoff::Backoff;
 use crate::store::{EndReason, WorkloadRecord};
 
 /// A run this long shows the workload can run: the next failure is a first one again (ten
@@ -12,7 +13,7 @@ pub const STABLE: i64 = 600;
 
 /// The instant a committed workload may be queued again, given its ended records, most recent
 /// first; `None`: at once.
-pub fn restart_at(history: &[WorkloadRecord], base: u64, max: u64) -> Option<i64> {
+pub fn restart_at(history: &[WorkloadRecord], backoff: Backoff) -> Option<i64> {
     let failures = history
         .iter()
         .take_while(|r| {
@@ -29,20 +30,22 @@ pub fn restart_at(history: &[WorkloadRecord], base: u64, max: u64) -> Option<i64
     if failures == 0 {
         return None;
     }
-    let base = base.max(1);
-    let delay = base
-        .saturating_mul(1u64 << (failures - 1).min(20))
-        .min(max.max(base));
     let last = history[0].ended_at?;
-    Some(last.saturating_add(i64::try_from(delay).unwrap_or(i64::MAX)))
+    Some(backoff.after(last, u32::try_from(failures).unwrap_or(u32::MAX)))
 }
 
 #[cfg(test)]
 mod tests {
     use tessera_compiler::model::WorkloadSpec;
 
+    use std::time::Duration;
+
     use super::*;
     use crate::store::{Origin, Phase};
+
+    fn backoff() -> Backoff {
+        Backoff::new(Duration::from_secs(10), Duration::from_secs(300))
+    }
 
     fn ended(started: Option<i64>, ended: i64, end: EndReason) -> WorkloadRecord {
         let spec: WorkloadSpec = serde_json::from_value(serde_json::json!({
@@ -79,34 +82,34 @@ mod tests {
         for k in 0..8 {
             let t = 1_000 + k * 100;
             history.insert(0, ended(Some(t), t + 5, CRASH));
-            waits.push(restart_at(&history, 10, 300).unwrap() - (t + 5));
+            waits.push(restart_at(&history, backoff()).unwrap() - (t + 5));
         }
         assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300, 300]);
     }
 
     #[test]
     fn a_long_run_a_cancel_or_a_lost_node_starts_afresh() {
-        assert_eq!(restart_at(&[], 10, 300), None);
+        assert_eq!(restart_at(&[], backoff()), None);
         // Exiting cleanly after a short run is a restart loop too.
         let clean = ended(Some(0), 5, EndReason::Exited { code: 0 });
-        assert_eq!(restart_at(&[clean], 10, 300), Some(15));
+        assert_eq!(restart_at(&[clean], backoff()), Some(15));
         let long = ended(Some(0), STABLE, CRASH);
-        assert_eq!(restart_at(std::slice::from_ref(&long), 10, 300), None);
+        assert_eq!(restart_at(std::slice::from_ref(&long), backoff()), None);
         let short = ended(Some(STABLE + 10), STABLE + 20, CRASH);
         assert_eq!(
-            restart_at(&[short.clone(), long], 10, 300),
+            restart_at(&[short.clone(), long], backoff()),
             Some(STABLE + 30)
         );
         let cancelled = ended(Some(0), 5, EndReason::Cancelled);
-        assert_eq!(restart_at(&[cancelled], 10, 300), None);
+        assert_eq!(restart_at(&[cancelled], backoff()), None);
         let lost = ended(Some(0), 5, EndReason::Lost { node: "n1".into() });
         assert_eq!(
-            restart_at(&[short.clone(), lost], 10, 300),
+            restart_at(&[short.clone(), lost], backoff()),
             Some(STABLE + 30)
         );
         // Never started (it could not be): counts, with no run at all.
         let never = ended(None, 50, EndReason::StartFailed { error: "x".into() });
-        assert_eq!(restart_at(&[never, short], 10, 300), Some(70));
+        assert_eq!(restart_at(&[never, short], backoff()), Some(70));
         assert!(Phase::Failed.is_ended());
     }
 }

@@ -192,6 +192,7 @@ mod tests {
             pending,
             usage: None,
             reservations: Vec::new(),
+            reconfigurations: Vec::new(),
         }
     }
 

@@ -27,6 +27,19 @@ pub struct Decided {
     pub message: Option<String>,
     /// RFC 3339: when the work in the way of its reservation is declared to end.
     pub expected_start: Option<String>,
+    /// While it waits: its place in line (1 is the head of the line) among the waiting workloads, in the order
+    /// the decision considered them.
+    pub queue_position: Option<QueuePosition>,
+}
+
+/// A waiting workload's place in line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuePosition {
+    /// 1 is the first the next decision considers.
+    pub position: u32,
+    /// Workloads waiting in all, every tenant's.
+    pub of: u32,
 }
 
 /// The last decision, by workload name.
@@ -46,6 +59,13 @@ impl DecisionIndex {
             .reservations
             .iter()
             .filter_map(|r| r.eta.as_deref().map(|eta| (r.workload.as_str(), eta)))
+            .collect();
+        let of = u32::try_from(decision.queue.len()).unwrap_or(u32::MAX);
+        let place: BTreeMap<&str, QueuePosition> = decision
+            .queue
+            .iter()
+            .zip(1u32..)
+            .map(|(name, position)| (name.as_str(), QueuePosition { position, of }))
             .collect();
         let workloads = decision
             .workloads
@@ -74,6 +94,7 @@ impl DecisionIndex {
                     reason,
                     message,
                     expected_start: eta.get(key.to_string().as_str()).map(|s| s.to_string()),
+                    queue_position: place.get(key.to_string().as_str()).copied(),
                 };
                 (key, decided)
             })
@@ -147,6 +168,8 @@ pub struct WorkloadView {
     /// RFC 3339: a waiting gang's reservation's expected start, when the work in its way
     /// declares when it ends.
     pub expected_start: Option<String>,
+    /// While it waits: its place in line in the last decision.
+    pub queue_position: Option<QueuePosition>,
     /// RFC 3339 of the decision `reason` comes from.
     pub decided_at: Option<String>,
     pub submitted_at: String,
@@ -224,6 +247,7 @@ impl WorkloadView {
             reason: decided.and_then(|(_, w)| w.reason.clone()),
             message: decided.and_then(|(_, w)| w.message.clone()),
             expected_start: decided.and_then(|(_, w)| w.expected_start.clone()),
+            queue_position: decided.and_then(|(_, w)| w.queue_position),
             decided_at: decided.map(|(d, _)| d.at.clone()),
             submitted_at: rfc3339(record.submitted_at),
             started_at: at(record.started_at),

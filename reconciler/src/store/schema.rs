@@ -116,6 +116,11 @@ const MIGRATIONS: &[&str] = &[
     DROP INDEX events_workload;
     CREATE INDEX events_workload ON events (tenant, workload, id) WHERE workload IS NOT NULL;
     "#,
+    // 5: the geometry changes of the last hour, so that a restart does not reset a GPU's
+    // `maxPerGpuPerHour` budget.
+    r#"
+    ALTER TABLE carried ADD COLUMN reconfigurations TEXT NOT NULL DEFAULT '[]';
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -208,6 +208,19 @@ pub(crate) fn decision_of(
     {
         r.reserved_idle = idle;
     }
+    let geometry = geometry(p, &s.fleet);
+    let reconfigurations = reconfigurations(p, &geometry);
+    let mut queued = BTreeSet::new();
+    let queue = s
+        .trace
+        .iter()
+        // A workload no pool may hold waits for a policy change, not for its turn (and a
+        // session, deciding it alone, never enters it in the trace).
+        .filter(|step| live(step.w) && !p.workloads[step.w].pools.is_empty())
+        .filter(|step| matches!(s.status[step.w], Some(Status::Pending(_))))
+        .filter(|step| queued.insert(step.w))
+        .map(|step| p.workloads[step.w].key.to_string())
+        .collect();
     Decision {
         format_version: FORMAT_VERSION,
         now: p.now_text.clone(),
@@ -222,13 +235,32 @@ pub(crate) fn decision_of(
                 round(((b - objective) / b.abs()).max(0.0), 1e6)
             }
         }),
-        geometry: geometry(p, &s.fleet),
+        geometry,
         usage: usage(p, &s.ledger),
         pools,
         workloads,
         fair_share: crate::fairshare::report(p),
         reservations,
+        queue,
+        reconfigurations,
     }
+}
+
+/// What the budget has spent after a decision whose geometry plans are `geometry`.
+fn reconfigurations(p: &Problem, geometry: &[GeometryPlan]) -> Vec<ReconfigurationRecord> {
+    let mut out = p.reconfigurations.clone();
+    out.extend(
+        geometry
+            .iter()
+            .filter(|g| g.spends_budget())
+            .map(|g| ReconfigurationRecord {
+                node: g.node.clone(),
+                gpu: g.gpu,
+                at: p.now_text.clone(),
+            }),
+    );
+    out.sort();
+    out
 }
 
 pub(super) fn instances(p: &Problem, pool: usize, v: &[Placement]) -> Vec<Instance> {

@@ -241,7 +241,7 @@ impl Fleet {
                         || s.geometry == [Placement::new(mig::PROFILE_7G, 0)]
                     {
                         ready.push(g);
-                    } else if s.changes < info.max_changes_per_gpu {
+                    } else if within_budget(p, info, g, s, &[Placement::new(mig::PROFILE_7G, 0)]) {
                         relayout.push(g);
                     } else {
                         miss.budget.insert(g);
@@ -309,7 +309,7 @@ impl Fleet {
                         if free_of_profile == 0 || geometry == s.geometry {
                             continue;
                         }
-                        if s.changes >= info.max_changes_per_gpu {
+                        if !within_budget(p, info, g, s, &geometry) {
                             miss.budget.insert(g);
                             continue;
                         }
@@ -591,11 +591,30 @@ impl Fleet {
     }
 }
 
+/// Whether GPU `g` may change from its geometry so far to `target`: this decision's changes
+/// count against its pool's budget, and so do the snapshot's records of the last hour when
+/// the change takes something away (destroys an instance, or resets the GPU into MIG mode),
+/// as only such changes are recorded. Laying out instances on free slices is never barred by
+/// the past.
+fn within_budget(
+    p: &Problem,
+    pool: &crate::problem::PoolInfo,
+    g: usize,
+    s: &GpuState,
+    target: &[Placement],
+) -> bool {
+    let info = &p.gpus[g];
+    let takes_away = !info.mig_enabled || s.geometry.iter().any(|x| !target.contains(x));
+    let spent = if takes_away { info.spent } else { 0 };
+    s.changes + spent < pool.max_changes_per_gpu
+}
+
 /// A GPU left with part of a layout (a reconfiguration interrupted between destroying and
 /// creating, or a node set up by hand) is completed to an allowed layout that keeps every
 /// instance it has: only instances are added, on free memory slices, so nothing running is
 /// disturbed. `None` when the geometry is empty, already a layout of the pool, cannot be
-/// completed without destroying something, or the GPU's change budget is spent.
+/// completed without destroying something, or this decision's changes of the GPU used its
+/// budget (changes recorded before this decision do not bar adding instances).
 pub(super) fn complete_layout(
     pool: &crate::problem::PoolInfo,
     geometry: &[Placement],

@@ -28,15 +28,18 @@
 //! - New work goes only to healthy GPUs of healthy nodes; running work on degraded or lost
 //!   GPUs is kept (the reconciler decides about hardware), as is running work whose isolation
 //!   or trust domain a policy change made invalid.
-//! - The reconfiguration budget is a per-decision cap: at most `maxPerGpuPerHour` geometry
-//!   changes of one GPU in one decision.
+//! - The reconfiguration budget: a GPU changes geometry at most `maxPerGpuPerHour` times,
+//!   counting this decision's changes and, for a change that takes something away (destroys an
+//!   instance or resets the GPU into MIG mode), the ones the snapshot records for it in the
+//!   hour before `now` (`spent`). Only such changes are recorded; laying instances out on free
+//!   slices, or completing an interrupted change, is never barred by the past.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 
 use tessera_compiler::compiled::Amounts;
 use tessera_compiler::mig::{self, Placement};
-use tessera_compiler::model::{Sharing, TopologyMode};
+use tessera_compiler::model::{ReconfigurationRecord, Sharing, TopologyMode};
 use tessera_compiler::units::Gpus;
 
 use crate::decision::{

@@ -151,21 +151,22 @@ fn parse_time(text: &str) -> Result<i64, String> {
         (0, 0)
     };
     let ss = if digits.len() == 14 { n(12..14)? } else { 0 };
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
-        return Err(bad());
-    }
-    Ok(days_from_civil(y, m, d) * 86_400 + hh * 3600 + mm * 60 + ss)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    // jiff knows the calendar (no 31 February); a leap second reads as :59.
+    let narrow = |v: i64| i8::try_from(v).map_err(|_| bad());
+    let datetime = jiff::civil::DateTime::new(
+        i16::try_from(y).map_err(|_| bad())?,
+        narrow(m)?,
+        narrow(d)?,
+        narrow(hh)?,
+        narrow(mm)?,
+        narrow(ss.min(59))?,
+        0,
+    )
+    .map_err(|_| bad())?;
+    let zoned = datetime
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .map_err(|_| bad())?;
+    Ok(zoned.timestamp().as_second())
 }
 
 /// `*` and `?` patterns, as OpenSSH's `match_pattern`.
@@ -299,6 +300,7 @@ mod tests {
         assert_eq!(parse_time("19700101").unwrap(), 0);
         assert_eq!(parse_time("20000301000001Z").unwrap(), 951_868_801);
         assert!(parse_time("20241301").is_err());
+        assert!(parse_time("20260231").is_err(), "no 31 February");
     }
 
     #[test]
