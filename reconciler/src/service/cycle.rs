@@ -113,6 +113,9 @@ pub struct Reconciler {
     notes: Vec<Condition>,
     /// GPUs the last observation reported lost (`node/index`), and whole nodes lost.
     lost: Vec<String>,
+    /// What the last decision holds idle for waiting gangs, and when it was made: metered up to
+    /// the next decision (`metering`).
+    reserved: Option<(i64, Vec<crate::store::usage::ReservedSpell>)>,
 }
 
 /// Consecutive failures of the actions on one key.
@@ -151,6 +154,7 @@ impl Reconciler {
             fetch_error: None,
             notes: Vec::new(),
             lost: Vec::new(),
+            reserved: None,
         }
     }
 
@@ -186,6 +190,8 @@ impl Reconciler {
     /// truth about a half-applied step), and the processes of running workloads are adopted.
     pub fn recover(&mut self, now: i64) -> Result<usize, RecoveryError> {
         let observation = self.driver.observe().ok();
+        // The runs the store still holds kept their GPUs claimed while the service was down.
+        self.meter(now, observation.as_ref().map(|o| o.nodes.clone()))?;
         let open = self.store.open_actions()?;
         let mut interrupted_starts = BTreeSet::new();
         for entry in &open {
@@ -426,6 +432,11 @@ impl Reconciler {
             .reconfigured
             .retain(|_, &mut until| until > now);
         self.throttle.backoff.retain(|_, &mut until| until > now);
+        // Before any run ends at `now`: every run is counted up to the cycle that ends it.
+        self.meter(now, None)?;
+        if let Some((decided_at, spells)) = &self.reserved {
+            self.store.meter_reserved(spells, *decided_at, now)?;
+        }
         self.reap(now, report)?;
         self.stop_overdue(now, report)?;
         let Some(applied) = self.tracker.applied().cloned() else {
@@ -506,6 +517,7 @@ impl Reconciler {
             .collect();
         self.failures.retain(|k, _| wanted.contains(k));
         self.shared.publish_decision(&decision);
+        self.reserved = Some((now, crate::metering::reserved_spells(&decision)));
         report.decision = Some(decision);
 
         if self.shared.suspended.load(Ordering::SeqCst) {
@@ -586,6 +598,20 @@ impl Reconciler {
                 }
             }
         }
+        if let Some(decision) = report.decision.as_ref() {
+            let done: Vec<&Action> = plan
+                .actions
+                .iter()
+                .filter(|a| {
+                    !report.skipped.contains(a) && !report.failed.iter().any(|(f, _)| f == *a)
+                })
+                .collect();
+            crate::metering::record_applied(&self.store, decision, &done, &records, now)?;
+        }
+        if !plan.actions.is_empty() {
+            // Runs started by this cycle's actions, with the split just recorded.
+            self.meter(now, Some(observation.nodes.clone()))?;
+        }
         // The decision stands for the fleet only if all of it was carried out.
         let whole = report.failed.is_empty() && report.skipped.is_empty() && plan.waits.is_empty();
         let keep = self.config.incremental && whole && !matches!(next, Next::None);
@@ -608,6 +634,26 @@ impl Reconciler {
         }
         report.plan = plan;
         Ok(())
+    }
+
+    /// Meters the placed runs up to `now` (`metering`); `nodes` describes runs seen for the
+    /// first time, else the driver is asked only when there are some.
+    fn meter(
+        &mut self,
+        now: i64,
+        nodes: Option<Vec<tessera_compiler::model::Node>>,
+    ) -> Result<(), crate::store::StoreError> {
+        let records = self.store.live()?;
+        let driver = &mut self.driver;
+        crate::metering::meter_placed(
+            &self.store,
+            &records,
+            || match nodes {
+                Some(nodes) => Ok(nodes),
+                None => driver.observe().map(|o| o.nodes),
+            },
+            now,
+        )
     }
 
     /// Learns which processes ended and records how their workloads ended.
