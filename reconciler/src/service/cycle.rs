@@ -387,6 +387,7 @@ impl Reconciler {
                 name: t.name.clone(),
                 slo_classes: t.slo_classes.clone(),
                 pools: t.quota.keys().cloned().collect(),
+                path: t.path.clone(),
             })
             .collect();
         *self
