@@ -90,7 +90,7 @@ impl Rates {
             let ok = v.value.is_finite()
                 && v.value >= 0.0
                 && micros < i64::MAX as f64
-                && (micros - micros.round()).abs() < 1e-6 * micros.abs().max(1.0);
+                && (micros - micros.round()).abs() < 1e-3;
             if ok {
                 Ok(micros.round() as Micros)
             } else {

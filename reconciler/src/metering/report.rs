@@ -417,3 +417,87 @@ pub fn escape(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(tenant: &str, model: &str, unit_seconds: i64) -> UsageRow {
+        UsageRow {
+            tenant: tenant.into(),
+            pool: "p".into(),
+            model: Some(model.into()),
+            gpu_unit_seconds: unit_seconds,
+            unclassified_unit_seconds: unit_seconds,
+            ..UsageRow::default()
+        }
+    }
+
+    fn tenant(name: &str, path: &[&str]) -> TenantPath {
+        TenantPath {
+            name: name.into(),
+            path: path.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn figures_are_exact_decimals() {
+        assert_eq!(gpu_hours(Gpus::UNITS_PER_GPU * 3600), "1.000");
+        assert_eq!(gpu_hours(Gpus::UNITS_PER_GPU * 18), "0.005");
+        assert_eq!(gpu_hours(0), "0.000");
+        assert_eq!(money(1_234_567), "1.23");
+        assert_eq!(money(-5_000), "-0.01");
+    }
+
+    #[test]
+    fn hostile_names_are_escaped_in_html_and_neutralised_in_csv() {
+        let hostile = "<script>alert('x')</script>";
+        let report = UsageReport {
+            since: 0,
+            until: 3600,
+            tenants: vec![
+                tenant(hostile, &[hostile]),
+                tenant("=cmd|x", &[hostile, "=cmd|x"]),
+            ],
+            rows: vec![row("=cmd|x", "<b>", 7000)],
+        };
+        let summary = summarize(&report, By::Tenant, None);
+        let page = html(&summary);
+        assert!(!page.contains("<script>"), "{page}");
+        assert!(page.contains("&lt;script&gt;alert(&#39;x&#39;)"), "{page}");
+        let by_model = html(&summarize(&report, By::Model, None));
+        assert!(!by_model.contains("<b>"), "{by_model}");
+        let table = csv(&summary);
+        assert!(table.contains("\r\n'=cmd|x,1,"), "{table}");
+    }
+
+    #[test]
+    fn a_parent_counts_its_subtree_and_unknown_tenants_stand_alone() {
+        let report = UsageReport {
+            since: 0,
+            until: 3600,
+            tenants: vec![
+                tenant("org", &["org"]),
+                tenant("a", &["org", "a"]),
+                tenant("b", &["org", "b"]),
+            ],
+            rows: vec![row("a", "m", 10), row("b", "m", 20), row("gone", "m", 5)],
+        };
+        let s = summarize(&report, By::Tenant, None);
+        let names: Vec<(&str, i64)> = s
+            .lines
+            .iter()
+            .map(|l| (l.name.as_str(), l.gpu_unit_seconds))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("gone (not in the policy in force)", 5),
+                ("org", 30),
+                ("a", 10),
+                ("b", 20)
+            ]
+        );
+        assert_eq!(s.total.gpu_unit_seconds, 35);
+    }
+}
