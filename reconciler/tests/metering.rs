@@ -326,9 +326,13 @@ fn reserved_idle_is_charged_once_between_decisions() {
         pool: "train".into(),
         gpus: 4,
     };
-    store.meter_reserved(std::slice::from_ref(&spell), T0, T0 + 10).unwrap();
+    store
+        .meter_reserved(std::slice::from_ref(&spell), T0, T0 + 10)
+        .unwrap();
     // The same interval again (a repeated cycle) adds nothing; the next one extends the spell.
-    store.meter_reserved(std::slice::from_ref(&spell), T0, T0 + 10).unwrap();
+    store
+        .meter_reserved(std::slice::from_ref(&spell), T0, T0 + 10)
+        .unwrap();
     store.meter_reserved(&[spell], T0 + 10, T0 + 30).unwrap();
     let rows = store.usage(T0, T0 + 100).unwrap();
     assert_eq!(rows.len(), 1);
