@@ -3,9 +3,12 @@
 //! usage) are gauges replaced at every cycle; things that happen (preemptions,
 //! reconfigurations, actions) are counters; durations are histograms.
 //!
-//! Hardware utilization (SM activity of what is allocated) needs DCGM or NVML GPM samples that
-//! neither driver reads yet; it is left out rather than reported as a duty cycle that means
-//! nothing (see `shared/reference/mig.md`).
+//! Hardware utilization ([`utilization`]) is NVML's utilization rate of allocated GPUs, per pool
+//! and tenant, with the allocated GPUs that have sat idle. SM activity (DCGM or NVML GPM
+//! samples) is not read by either driver yet: no `sm_active` figure is exported rather than one
+//! estimated.
+
+pub mod utilization;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -93,6 +96,7 @@ pub struct Metrics {
     session_decisions: Counter,
     sync: Family<StatusLabels, Gauge>,
     health: Family<StatusLabels, Gauge>,
+    utilization: utilization::UtilizationMetrics,
     /// Label sets set at the previous cycle, so that a pool or reason that disappears reads 0
     /// rather than its last value.
     seen: Mutex<Seen>,
@@ -146,6 +150,7 @@ impl Metrics {
             session_decisions: Counter::default(),
             sync: Family::default(),
             health: Family::default(),
+            utilization: utilization::UtilizationMetrics::default(),
             seen: Mutex::new(Seen::default()),
             registry: Registry::default(),
         };
@@ -266,7 +271,18 @@ impl Metrics {
             "1 for the current health (Healthy, Progressing, Degraded)",
             m.health.clone(),
         );
+        m.utilization.register(&mut registry);
         Metrics { registry, ..m }
+    }
+
+    /// The utilization of allocated GPUs as `observation` reports it (see [`utilization`]).
+    pub fn record_utilization(
+        &self,
+        observation: &crate::driver::Observation,
+        records: &[crate::store::WorkloadRecord],
+        now: i64,
+    ) {
+        self.utilization.record(observation, records, now);
     }
 
     /// Replaces the fleet gauges with the figures of `decision`, taken at `now` (unix seconds).

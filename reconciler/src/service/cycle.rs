@@ -455,6 +455,9 @@ impl Reconciler {
         let mut observation = self.driver.observe().map_err(CycleError::Observe)?;
         self.note_lost(&observation);
         let records = self.store.live()?;
+        self.shared
+            .metrics
+            .record_utilization(&observation, &records, now);
         let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
         let carried = self.store.carried()?;
         let state = snapshot::cluster_state(&observation, &tracked, &carried, now);
