@@ -15,6 +15,8 @@ pub mod rates;
 pub mod report;
 pub mod runs;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use tessera_compiler::model::Node;
 use tessera_compiler::units::Gpus;
 use tessera_solver::{Decision, Outcome};
@@ -34,21 +36,23 @@ pub fn meter_placed<E: std::fmt::Display>(
     observe: impl FnOnce() -> Result<Vec<Node>, E>,
     now: i64,
 ) -> Result<(), StoreError> {
-    let placed: Vec<(RunKey, &WorkloadRecord)> = records
+    let placed: BTreeMap<RunKey, &WorkloadRecord> = records
         .iter()
         .filter_map(|r| runs::run_key(r).map(|k| (k, r)))
         .collect();
-    let keys: Vec<RunKey> = placed.iter().map(|(k, _)| k.clone()).collect();
+    let keys: Vec<RunKey> = placed.keys().cloned().collect();
     let missing = store.unmetered_runs(&keys)?;
     let mut create: Vec<NewRun> = Vec::new();
     if !missing.is_empty() {
         match observe() {
             Ok(nodes) => {
+                let by_name: BTreeMap<&str, &Node> =
+                    nodes.iter().map(|n| (n.name.as_str(), n)).collect();
                 for key in &missing {
-                    let Some((_, record)) = placed.iter().find(|(k, _)| k == key) else {
+                    let Some(record) = placed.get(key) else {
                         continue;
                     };
-                    match runs::describe(record, key.clone(), &nodes) {
+                    match runs::describe(record, key.clone(), &by_name) {
                         Ok(run) => create.push(run),
                         Err(e) => warn!("metering: {e}; retried next cycle"),
                     }
@@ -57,6 +61,7 @@ pub fn meter_placed<E: std::fmt::Display>(
             Err(e) => warn!("metering: cannot observe the nodes to describe new runs: {e}"),
         }
     }
+    let missing: BTreeSet<RunKey> = missing.into_iter().collect();
     let extend: Vec<RunKey> = keys.into_iter().filter(|k| !missing.contains(k)).collect();
     store.meter_runs(&extend, &create, now)
 }

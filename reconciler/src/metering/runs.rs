@@ -52,8 +52,11 @@ pub enum RunError {
 /// What `record`'s run holds, from its bindings and the observed nodes: GPUs exactly (whole
 /// GPUs, a MIG instance's compute slices in sevenths, a share's fraction), the pool and model
 /// of its first binding (a pool has one model), and CPU and memory per replica.
-pub fn describe(record: &WorkloadRecord, key: RunKey, nodes: &[Node]) -> Result<NewRun, RunError> {
-    let by_name: BTreeMap<&str, &Node> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+pub fn describe(
+    record: &WorkloadRecord,
+    key: RunKey,
+    by_name: &BTreeMap<&str, &Node>,
+) -> Result<NewRun, RunError> {
     let workload = || record.name.clone();
     let first = record.bindings.first().ok_or_else(|| RunError::NoBinding {
         workload: workload(),
