@@ -193,6 +193,51 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
     },
+    /// Reports from the service's records.
+    #[command(subcommand)]
+    Report(ReportCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReportCommand {
+    /// GPU-hours (guaranteed, borrowed, held idle for reservations, lost to preemptions) and
+    /// their cost per tenant, rolled up the tenant tree, in [SINCE, UNTIL). A tenant's token
+    /// sees its own subtree, the operator's the whole fleet. Lines of one level add up exactly
+    /// to the total.
+    Usage {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// The first instant counted: a date (2026-11-01, midnight UTC) or an RFC 3339 instant.
+        #[arg(long)]
+        since: String,
+        /// The first instant not counted.
+        #[arg(long)]
+        until: String,
+        #[arg(long, value_enum, default_value_t = UsageBy::Tenant)]
+        by: UsageBy,
+        /// Prices per GPU model and MIG profile (YAML: `currency`, `gpuHour`, `migProfileHour`).
+        #[arg(long, value_name = "FILE")]
+        rates: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = UsageFormat::Human)]
+        output: UsageFormat,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UsageBy {
+    /// Every tenant, counting its subtree.
+    Tenant,
+    Pool,
+    /// GPU model.
+    Model,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UsageFormat {
+    Human,
+    Csv,
+    Json,
+    Html,
 }
 
 /// Signed revisions: only commits signed by a trusted key are accepted.

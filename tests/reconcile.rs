@@ -1689,3 +1689,77 @@ fn fetch_failures_hold_until_a_fetch_succeeds_and_a_deleted_branch_is_noticed() 
     });
     service.stop();
 }
+
+/// A workload that ran is metered: `tessera report usage` charges its tenant exactly the MIG
+/// instance's sevenths of a GPU for the seconds it ran, rolls it up to the root, splits it into
+/// guaranteed and borrowed as the solver admitted it, and shows a tenant only its own subtree.
+#[test]
+fn usage_is_metered_and_reported_per_tenant_subtree() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let mut job = small_inference();
+    job["gpu"] = json!({"migProfile": "3g.40gb"});
+    job["maxDuration"] = json!("2s");
+    assert_eq!(service.submit(PRODUCT, "metered", job).0, 201);
+    let ended = eventually("stopped at its limit", || {
+        let w = service.workload(PRODUCT, "metered");
+        (phase(&w) == "failed").then_some(w)
+    });
+    let ran = unix(&ended["endedAt"]).unwrap() - unix(&ended["startedAt"]).unwrap();
+    // The run's own interval: it is counted from its start up to the cycle that stopped it.
+    let (since, until) = (
+        ended["startedAt"].as_str().unwrap(),
+        ended["endedAt"].as_str().unwrap(),
+    );
+    let report = |token: &str| {
+        let (code, out) = cli(
+            &service,
+            token,
+            &[
+                "report", "usage", "--since", since, "--until", until, "--output", "json",
+            ],
+        );
+        assert_eq!(code, 0, "{out}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    let line = |report: &Value, name: &str| {
+        report["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .cloned()
+    };
+    let all = report(ADMIN);
+    let product = line(&all, "product").expect("product's line");
+    // A 3g instance is 3/7 of a GPU: 3000 units per second.
+    assert_eq!(product["gpuUnitSeconds"], json!(3000 * ran), "{all}");
+    assert_eq!(
+        product["guaranteedUnitSeconds"].as_i64().unwrap()
+            + product["borrowedUnitSeconds"].as_i64().unwrap(),
+        3000 * ran,
+        "{all}"
+    );
+    assert_eq!(
+        line(&all, "org").unwrap()["gpuUnitSeconds"],
+        json!(3000 * ran)
+    );
+    assert_eq!(all["total"]["gpuUnitSeconds"], json!(3000 * ran));
+    // A tenant sees its own subtree only.
+    let own = report(PRODUCT);
+    assert!(line(&own, "org").is_none(), "{own}");
+    assert_eq!(own["total"]["gpuUnitSeconds"], json!(3000 * ran));
+    let other = report(RESEARCH);
+    assert!(line(&other, "product").is_none(), "{other}");
+    assert_eq!(other["total"]["gpuUnitSeconds"], json!(0));
+    // Without a token there is no report.
+    let (code, out) = cli(
+        &service,
+        "",
+        &["report", "usage", "--since", since, "--until", until],
+    );
+    assert_eq!(code, 1, "{out}");
+    service.stop();
+}

@@ -319,3 +319,30 @@ fn observe_prints_what_the_nvml_driver_sees_and_changes_nothing() {
     assert!(stderr.contains("NVML_ERROR_NO_PERMISSION (4)"), "{stderr}");
     assert!(stderr.contains("capabilities/mig/monitor"), "{stderr}");
 }
+
+/// `tessera observe` reports a GPU's utilization as the library answers
+/// `nvmlDeviceGetUtilizationRates`, and none for a GPU in MIG mode.
+#[test]
+fn observe_reports_utilization_where_the_library_does() {
+    let work = tempfile::tempdir().unwrap();
+    let state = machine(work.path(), Value::Array(Vec::new()));
+    let lib = fake_library();
+    let mut s: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    s["gpus"][0]["utilization"] = serde_json::json!({"gpu": 87, "memory": 40});
+    std::fs::write(&state, serde_json::to_vec(&s).unwrap()).unwrap();
+    let utilization = |state: &Path| {
+        let out = observe(state, &lib, "json");
+        assert!(out.status.success(), "{}", text(&out));
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["observation"]["details"][0]["utilization"].clone()
+    };
+    // In MIG mode the GPU reports none of its own.
+    assert_eq!(utilization(&state), Value::Null);
+    s["gpus"][0]["device"]["mig"] = serde_json::json!({"current": false, "pending": false});
+    s["gpus"][0]["device"]["gpu_instances"] = serde_json::json!([]);
+    std::fs::write(&state, serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(
+        utilization(&state),
+        serde_json::json!({"gpuPercent": 87, "memoryPercent": 40})
+    );
+}

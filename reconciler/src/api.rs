@@ -8,6 +8,7 @@
 //! | `DELETE /v1/workloads/{name}[?tenant=T]` | tenant, admin | cancel |
 //! | `POST /v1/reconcile` | admin | run a cycle now |
 //! | `POST /v1/suspend`, `POST /v1/resume` | admin | stop and restart applying changes |
+//! | `GET /v1/usage?since=T&until=T` | tenant, admin | metered usage in a window: a tenant's subtree, or everything |
 //! | `GET /status` | anyone | sync and health; a tenant's token adds its own conditions, the operator's everything |
 //! | `GET /state` | admin | the `ClusterState` that `tessera plan` reads |
 //! | `GET /metrics` | anyone | Prometheus |
@@ -30,6 +31,7 @@
 //! fix.
 
 pub mod hooks;
+mod usage;
 
 use std::sync::Arc;
 
@@ -69,6 +71,7 @@ pub fn router(handle: Handle, tokens: Tokens) -> Router {
         .route("/v1/reconcile", post(reconcile_now))
         .route("/v1/suspend", post(suspend))
         .route("/v1/resume", post(resume))
+        .route("/v1/usage", get(usage::usage))
         .route("/status", get(status))
         .route("/state", get(cluster_state))
         .route("/metrics", get(metrics))

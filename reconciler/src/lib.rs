@@ -8,6 +8,8 @@
 //! - [`repo`]: the bare mirror of the policy repository and the files of a revision.
 //! - [`policy`]: which revision is in force; a bad one is never applied.
 //! - [`snapshot`]: the observed fleet and tracked workloads as a `ClusterState`.
+//! - [`metering`]: usage as it happens (GPU-seconds guaranteed and borrowed, reserved idle,
+//!   preemptions, CPU, memory) and the chargeback report.
 //! - [`metrics`]: the Prometheus exposition.
 //! - [`auth`]: bearer tokens per tenant and for the operator.
 //! - [`service`]: the loop, recovery, status, and the handle the API works through.
@@ -18,6 +20,7 @@ pub mod actions;
 pub mod api;
 pub mod auth;
 pub mod driver;
+pub mod metering;
 pub mod metrics;
 pub mod policy;
 pub mod repo;

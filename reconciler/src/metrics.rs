@@ -3,9 +3,12 @@
 //! usage) are gauges replaced at every cycle; things that happen (preemptions,
 //! reconfigurations, actions) are counters; durations are histograms.
 //!
-//! Hardware utilization (SM activity of what is allocated) needs DCGM or NVML GPM samples that
-//! neither driver reads yet; it is left out rather than reported as a duty cycle that means
-//! nothing (see `shared/reference/mig.md`).
+//! Hardware utilization ([`utilization`]) is NVML's utilization rate of allocated GPUs, per pool
+//! and tenant, with the allocated GPUs that have sat idle. SM activity (DCGM or NVML GPM
+//! samples) is not read by either driver yet: no `sm_active` figure is exported rather than one
+//! estimated.
+
+pub mod utilization;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -93,6 +96,7 @@ pub struct Metrics {
     session_decisions: Counter,
     sync: Family<StatusLabels, Gauge>,
     health: Family<StatusLabels, Gauge>,
+    utilization: utilization::UtilizationMetrics,
     /// Label sets set at the previous cycle, so that a pool or reason that disappears reads 0
     /// rather than its last value.
     seen: Mutex<Seen>,
@@ -146,6 +150,7 @@ impl Metrics {
             session_decisions: Counter::default(),
             sync: Family::default(),
             health: Family::default(),
+            utilization: utilization::UtilizationMetrics::default(),
             seen: Mutex::new(Seen::default()),
             registry: Registry::default(),
         };
@@ -266,7 +271,18 @@ impl Metrics {
             "1 for the current health (Healthy, Progressing, Degraded)",
             m.health.clone(),
         );
+        m.utilization.register(&mut registry);
         Metrics { registry, ..m }
+    }
+
+    /// The utilization of allocated GPUs as `observation` reports it (see [`utilization`]).
+    pub fn record_utilization(
+        &self,
+        observation: &crate::driver::Observation,
+        records: &[crate::store::WorkloadRecord],
+        now: i64,
+    ) {
+        self.utilization.record(observation, records, now);
     }
 
     /// Replaces the fleet gauges with the figures of `decision`, taken at `now` (unix seconds).
@@ -604,5 +620,90 @@ mod tests {
             text.contains("tessera_solve_duration_seconds_count 1\n"),
             "{text}"
         );
+    }
+
+    /// Every series the Grafana dashboard in `examples/` queries is one this exposition has
+    /// (a renamed metric would leave a panel silently empty).
+    #[test]
+    fn the_grafana_dashboard_queries_only_exported_series() {
+        let m = Metrics::new();
+        m.record_decision(
+            &decision(serde_json::json!({
+                "pools": [{"pool": "p", "sharing": "exclusive", "capacity": 8, "allocated": 4,
+                    "allocation": 0.5, "free": 4, "stranded": 1, "free_nodes": 0,
+                    "free_domains": 0}],
+                "usage": [{"tenant": "a", "pool": "p", "guarantee": 4, "limit": 8, "total": 4,
+                    "guaranteed": 4, "borrowed": 0}],
+                "workloads": [{"name": "w", "tenant": "a", "slo_class": "batch", "priority": 1,
+                    "pool": null, "outcome": "pending",
+                    "reason": {"kind": "no_capacity", "pool": "p", "needed": 1, "fit": 0, "free": 0},
+                    "message": "m"}],
+                "reservations": [reservation("p", 2)],
+            })),
+            100,
+        );
+        let node = serde_json::from_value(serde_json::json!({
+            "name": "n", "pool": "p", "cpu": "8", "memory": "64Gi", "gpus": [],
+        }))
+        .unwrap();
+        let observation = crate::driver::Observation {
+            nodes: vec![node],
+            details: vec![crate::driver::GpuDetail {
+                gpu: crate::driver::GpuRef {
+                    node: "n".into(),
+                    index: 0,
+                },
+                instances: vec![],
+                processes: vec![],
+                utilization: Some(crate::driver::GpuUtilization {
+                    gpu_percent: 3,
+                    memory_percent: 1,
+                }),
+            }],
+        };
+        m.record_lost(&observation);
+        m.record_utilization(&observation, &[], 100);
+        m.record_status("Synced", "Healthy");
+        let exposition = m.encode();
+        let families: Vec<&str> = exposition
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let exported = |series: &str| {
+            ["", "_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .any(|suffix| {
+                    series
+                        .strip_suffix(suffix)
+                        .is_some_and(|base| families.contains(&base))
+                })
+        };
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/grafana/tessera-fleet.json"
+        );
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut queried = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                let mut rest = expr;
+                while let Some(i) = rest.find("tessera_") {
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        exported(&name),
+                        "{name} (in {expr:?}) is not exported:\n{exposition}"
+                    );
+                    queried += 1;
+                    rest = &rest[i + name.len()..];
+                }
+            }
+        }
+        assert!(queried > 10, "{queried}");
     }
 }

@@ -81,6 +81,7 @@ fn observe(nodes: &[Node], processes: &[(GpuRef, GpuProcess)]) -> Observation {
                 gpu,
                 instances,
                 processes,
+                utilization: None,
             });
         }
     }

@@ -9,13 +9,15 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tessera_compiler::model::{Gpu, Health, Node};
-use tessera_fake_nvml::state::{FakeFault, FakeGpu, FakeState, STATE_ENV};
+use tessera_fake_nvml::state::{FakeFault, FakeGpu, FakeState, FakeUtilization, STATE_ENV};
 use tessera_mig::device::{InitialInstance, MigDevice, MigMode, ProcessScope};
 use tessera_mig::{Placement, builtin_model};
 use tessera_reconciler::driver::faults::{Call, Fault, FaultPlan};
 use tessera_reconciler::driver::nvml::NvmlDriver;
 use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
-use tessera_reconciler::driver::{DriverError, GpuRef, NodeDriver, NvmlReturn, Observation};
+use tessera_reconciler::driver::{
+    DriverError, GpuRef, GpuUtilization, NodeDriver, NvmlReturn, Observation,
+};
 
 const H100: u32 = 0;
 const H100_OFF: u32 = 1;
@@ -105,6 +107,7 @@ fn fake_gpus(node: &Node) -> Vec<FakeGpu> {
                 memory_total,
                 device,
                 foreign: Vec::new(),
+                utilization: None,
             }
         })
         .collect()
@@ -959,4 +962,38 @@ fn with_mig_disabled_the_stand_in_answers_as_driver_580_did_on_an_h100() {
     assert_eq!((code(ret), n), (NvmlReturn::Success, 0));
     let msg = unsafe { std::ffi::CStr::from_ptr((lib.nvmlErrorString.as_ref().unwrap())(4)) };
     assert_eq!(msg.to_str(), Ok("Insufficient Permissions"));
+}
+
+/// Utilization goes through `nvmlDeviceGetUtilizationRates`: a GPU that reports it is read as
+/// it reports it; one that answers `NOT_SUPPORTED` (no counters, or in MIG mode) has none, never
+/// a made-up zero.
+#[test]
+fn utilization_is_read_where_reported_and_absent_where_not() {
+    let busy = FakeUtilization {
+        gpu: 87,
+        memory: 40,
+    };
+    let m = Machine::new(|s| {
+        // GPU 0 is in MIG mode: what is set for it is not answered.
+        s.gpus[0].utilization = Some(busy);
+        s.gpus[H100_OFF as usize].utilization = Some(busy);
+    });
+    let of = |o: &Observation, index: u32| {
+        o.details
+            .iter()
+            .find(|d| d.gpu.index == index)
+            .unwrap()
+            .utilization
+    };
+    let o = m.nvml().observe().unwrap();
+    assert_eq!(
+        of(&o, H100_OFF),
+        Some(GpuUtilization {
+            gpu_percent: 87,
+            memory_percent: 40
+        })
+    );
+    assert_eq!(of(&o, 0), None);
+    m.edit(|s| s.gpus[H100_OFF as usize].utilization = None);
+    assert_eq!(of(&m.nvml().observe().unwrap(), H100_OFF), None);
 }

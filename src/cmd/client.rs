@@ -22,7 +22,7 @@ fn agent() -> ureq::Agent {
 }
 
 /// Sends a request and returns the status and the JSON body.
-fn call(
+pub(super) fn call(
     server: &ServerArgs,
     method: &str,
     path: &str,
@@ -71,7 +71,7 @@ fn error_of(value: &Value) -> String {
 }
 
 /// Status 2xx → Ok; 4xx → the input is wrong (exit 1); anything else → exit 2.
-fn refused(status: u16, value: &Value) -> anyhow::Result<ExitCode> {
+pub(super) fn refused(status: u16, value: &Value) -> anyhow::Result<ExitCode> {
     eprintln!("error: {} (HTTP {status})", error_of(value));
     if (400..500).contains(&status) {
         Ok(ExitCode::from(1))
@@ -256,7 +256,7 @@ fn now_unix() -> i64 {
 
 /// Percent-encodes everything but unreserved characters (RFC 3986), for a path segment or a
 /// query value.
-fn percent_encode(s: &str) -> String {
+pub(super) fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {

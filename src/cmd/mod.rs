@@ -8,6 +8,7 @@ mod mig;
 mod observe;
 mod plan;
 mod reconcile;
+mod report;
 mod schema;
 mod solve;
 mod validate;
@@ -15,7 +16,9 @@ mod verify;
 
 use std::process::ExitCode;
 
-use crate::cli::{BenchCommand, Cli, Command, ExportCommand, ImportCommand, MigCommand};
+use crate::cli::{
+    BenchCommand, Cli, Command, ExportCommand, ImportCommand, MigCommand, ReportCommand,
+};
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -117,6 +120,21 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             server,
         } => client::describe(&name, tenant.as_deref(), output, &server),
         Command::Status { server, output } => client::status(&server, output),
+        Command::Report(ReportCommand::Usage {
+            server,
+            since,
+            until,
+            by,
+            rates,
+            output,
+        }) => report::usage(report::UsageArgs {
+            server,
+            since,
+            until,
+            by,
+            rates,
+            output,
+        }),
     }
 }
 

@@ -124,6 +124,36 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 }
 
 /// # Safety
+/// `utilization` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    let Some(Handle::Device(g)) = handle(device) else {
+        return INVALID_ARGUMENT;
+    };
+    call("nvmlDeviceGetUtilizationRates", Some(g), true, |st| {
+        let gpu = &st.gpus[g as usize];
+        // A GPU in MIG mode reports no utilization of its own.
+        let rates = gpu
+            .utilization
+            .filter(|_| !gpu.device.mig_mode().current)
+            .ok_or(NOT_SUPPORTED)?;
+        // SAFETY: NVML's contract on `utilization`.
+        unsafe {
+            put(
+                utilization,
+                nvmlUtilization_t {
+                    gpu: rates.gpu,
+                    memory: rates.memory,
+                },
+            )
+        }
+    })
+}
+
+/// # Safety
 /// `isMigDevice` is null or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(

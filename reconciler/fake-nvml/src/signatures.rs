@@ -58,6 +58,10 @@ fn exports_have_the_bindings_types(lib: &NvmlLib) {
         nvmlDeviceGetMigDeviceHandleByIndex,
     );
     same(&lib.nvmlDeviceGetMigMode, nvmlDeviceGetMigMode);
+    same(
+        &lib.nvmlDeviceGetUtilizationRates,
+        nvmlDeviceGetUtilizationRates,
+    );
     same(&lib.nvmlDeviceGetName, nvmlDeviceGetName);
     same(&lib.nvmlDeviceGetUUID, nvmlDeviceGetUUID);
     same(

@@ -105,6 +105,18 @@ pub struct FakeGpu {
     pub device: MigDevice,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub foreign: Vec<ForeignInstance>,
+    /// What `nvmlDeviceGetUtilizationRates` answers; absent: `NOT_SUPPORTED`, as a GPU in MIG
+    /// mode answers (so does this stand-in while MIG is on, whatever is set here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<FakeUtilization>,
+}
+
+/// Percentages over NVML's sample period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeUtilization {
+    pub gpu: u32,
+    pub memory: u32,
 }
 
 /// A fault, fired by counting: `after` matching calls pass first. Counters are kept in the file,
@@ -308,6 +320,7 @@ mod tests {
                 memory_total: 85_520_809_984,
                 device: MigDevice::new("GPU-00000000-0000-0000-0000-000000000000", model),
                 foreign: Vec::new(),
+                utilization: None,
             }],
             faults,
             driver: DriverTraits::default(),

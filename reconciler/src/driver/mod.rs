@@ -56,13 +56,27 @@ pub struct GpuProcess {
     pub gpu_instance: Option<u32>,
 }
 
-/// Everything a driver observes of one GPU beyond [`Node`]: NVML ids of instances and the
-/// processes that hold the device.
+/// Everything a driver observes of one GPU beyond [`Node`]: NVML ids of instances, the
+/// processes that hold the device and how busy it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuDetail {
     pub gpu: GpuRef,
     pub instances: Vec<GpuInstanceInfo>,
     pub processes: Vec<GpuProcess>,
+    /// `None` where the device does not report it (NVML answers `NOT_SUPPORTED`, as it does
+    /// for a GPU in MIG mode): never estimated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<GpuUtilization>,
+}
+
+/// NVML's utilization rates over its last sample period (`nvmlDeviceGetUtilizationRates`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUtilization {
+    /// Percent of the time one or more kernels ran.
+    pub gpu_percent: u32,
+    /// Percent of the time device memory was read or written.
+    pub memory_percent: u32,
 }
 
 /// One observation of the fleet.

@@ -26,8 +26,8 @@ use tessera_mig::{Placement, builtin_model};
 
 use super::faults::{Call, FaultPlan, FaultState};
 use super::{
-    ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef, NodeDriver,
-    NvmlReturn, Observation,
+    ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef,
+    GpuUtilization, NodeDriver, NvmlReturn, Observation,
 };
 
 /// Bumped when the state file's shape changes; an unknown version is refused, not guessed at.
@@ -82,13 +82,15 @@ fn render(diagnostics: &[Diagnostic]) -> String {
         .join("\n")
 }
 
-/// One simulated GPU: the health the nodes file gave it (a lost device overrides it) and its
-/// MIG state.
+/// One simulated GPU: the health the nodes file gave it (a lost device overrides it), its
+/// MIG state, and the utilization it reports (set in the state file; none unless set).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SimGpu {
     index: u32,
     health: Health,
     device: MigDevice,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    utilization: Option<GpuUtilization>,
 }
 
 /// A node: what the nodes file says about it (its `gpus` left empty, the devices are the
@@ -554,6 +556,7 @@ fn sim_gpu(node: &str, gpu: &Gpu) -> Result<SimGpu, SimError> {
         index: gpu.index,
         health: gpu.health,
         device,
+        utilization: None,
     })
 }
 
@@ -622,6 +625,8 @@ fn detail(node: &str, g: &SimGpu) -> GpuDetail {
             })
             .collect(),
         processes,
+        // As NVML: a GPU in MIG mode reports none.
+        utilization: g.utilization.filter(|_| !d.mig_mode().current),
     }
 }
 

@@ -116,6 +116,9 @@ pub struct Reconciler {
     notes: Vec<Condition>,
     /// GPUs the last observation reported lost (`node/index`), and whole nodes lost.
     lost: Vec<String>,
+    /// What the last decision holds idle for waiting gangs, and when it was made: metered up to
+    /// the next decision (`metering`).
+    reserved: Option<(i64, Vec<crate::store::usage::ReservedSpell>)>,
 }
 
 /// Consecutive failures of the actions on one key.
@@ -154,6 +157,7 @@ impl Reconciler {
             fetch_error: None,
             notes: Vec::new(),
             lost: Vec::new(),
+            reserved: None,
         }
     }
 
@@ -189,6 +193,8 @@ impl Reconciler {
     /// truth about a half-applied step), and the processes of running workloads are adopted.
     pub fn recover(&mut self, now: i64) -> Result<usize, RecoveryError> {
         let observation = self.driver.observe().ok();
+        // The runs the store still holds kept their GPUs claimed while the service was down.
+        self.meter(now, observation.as_ref().map(|o| o.nodes.clone()))?;
         let open = self.store.open_actions()?;
         let mut interrupted_starts = BTreeSet::new();
         for entry in &open {
@@ -383,6 +389,7 @@ impl Reconciler {
                 name: t.name.clone(),
                 slo_classes: t.slo_classes.clone(),
                 pools: t.quota.keys().cloned().collect(),
+                path: t.path.clone(),
             })
             .collect();
         *self
@@ -425,6 +432,11 @@ impl Reconciler {
 
     fn cycle_inner(&mut self, now: i64, report: &mut CycleReport) -> Result<(), CycleError> {
         self.throttle.backoff.retain(|_, &mut until| until > now);
+        // Before any run ends at `now`: every run is counted up to the cycle that ends it.
+        self.meter(now, None)?;
+        if let Some((decided_at, spells)) = &self.reserved {
+            self.store.meter_reserved(spells, *decided_at, now)?;
+        }
         self.reap(now, report)?;
         self.stop_overdue(now, report)?;
         let Some(applied) = self.tracker.applied().cloned() else {
@@ -442,6 +454,9 @@ impl Reconciler {
         let mut observation = self.driver.observe().map_err(CycleError::Observe)?;
         self.note_lost(&observation);
         let records = self.store.live()?;
+        self.shared
+            .metrics
+            .record_utilization(&observation, &records, now);
         let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
         let carried = self.store.carried()?;
         let state = snapshot::cluster_state(&observation, &tracked, &carried, now);
@@ -510,6 +525,7 @@ impl Reconciler {
             .collect();
         self.failures.retain(|k, _| wanted.contains(k));
         self.shared.publish_decision(&decision);
+        self.reserved = Some((now, crate::metering::reserved_spells(&decision)));
         report.decision = Some(decision);
 
         if self.shared.suspended.load(Ordering::SeqCst) {
@@ -589,6 +605,20 @@ impl Reconciler {
                 }
             }
         }
+        if let Some(decision) = report.decision.as_ref() {
+            let done: Vec<&Action> = plan
+                .actions
+                .iter()
+                .filter(|a| {
+                    !report.skipped.contains(a) && !report.failed.iter().any(|(f, _)| f == *a)
+                })
+                .collect();
+            crate::metering::record_applied(&self.store, decision, &done, &records, now)?;
+        }
+        if !plan.actions.is_empty() {
+            // Runs started by this cycle's actions, with the split just recorded.
+            self.meter(now, Some(observation.nodes.clone()))?;
+        }
         // The decision stands for the fleet only if all of it was carried out.
         let whole = report.failed.is_empty() && report.skipped.is_empty() && plan.waits.is_empty();
         let keep = self.config.incremental && whole && !matches!(next, Next::None);
@@ -611,6 +641,26 @@ impl Reconciler {
         }
         report.plan = plan;
         Ok(())
+    }
+
+    /// Meters the placed runs up to `now` (`metering`); `nodes` describes runs seen for the
+    /// first time, else the driver is asked only when there are some.
+    fn meter(
+        &mut self,
+        now: i64,
+        nodes: Option<Vec<tessera_compiler::model::Node>>,
+    ) -> Result<(), crate::store::StoreError> {
+        let records = self.store.live()?;
+        let driver = &mut self.driver;
+        crate::metering::meter_placed(
+            &self.store,
+            &records,
+            || match nodes {
+                Some(nodes) => Ok(nodes),
+                None => driver.observe().map(|o| o.nodes),
+            },
+            now,
+        )
     }
 
     /// Learns which processes ended and records how their workloads ended.

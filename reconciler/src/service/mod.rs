@@ -14,6 +14,7 @@ pub mod restart;
 pub mod run;
 pub mod standing;
 pub mod status;
+mod usage;
 pub mod view;
 
 use std::path::PathBuf;
@@ -183,6 +184,8 @@ pub struct TenantView {
     pub name: String,
     pub slo_classes: Vec<String>,
     pub pools: Vec<String>,
+    /// Names from the root down to this tenant.
+    pub path: Vec<String>,
 }
 
 impl Shared {

@@ -1,6 +1,7 @@
 //! The service's state in SQLite: workloads and their lifecycle ([`workloads`]), the policy
 //! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]), the event
-//! log ([`events`]) and what one decision hands to the next ([`carried`]).
+//! log ([`events`]), what one decision hands to the next ([`carried`]) and metered usage
+//! ([`usage`]).
 //!
 //! Every write is one `IMMEDIATE` transaction that checks what it changes (a workload's phase,
 //! a journal entry's state) and appends its event before committing, so a service killed at
@@ -16,6 +17,7 @@ pub mod events;
 pub mod journal;
 pub mod revisions;
 mod schema;
+pub mod usage;
 pub mod workloads;
 
 use std::path::Path;

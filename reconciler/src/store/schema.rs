@@ -121,6 +121,74 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE carried ADD COLUMN reconfigurations TEXT NOT NULL DEFAULT '[]';
     "#,
+    // 6: metering (`usage.rs`). A run is one placement of one workload record, from its start
+    // to `metered_until`, which only moves forward: usage is never a sum of increments, so no
+    // crash can count a second twice.
+    r#"
+    CREATE TABLE usage_runs (
+        id INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        submitted_at INTEGER NOT NULL,
+        started_at INTEGER NOT NULL,
+        pool TEXT NOT NULL,
+        model TEXT NOT NULL,
+        -- The MIG profile of its instances; NULL for whole GPUs and shares.
+        profile TEXT,
+        -- GPUs held, in the compiler's exact units (7000 per GPU).
+        gpu_units INTEGER NOT NULL CHECK (gpu_units >= 0),
+        -- Of which within the tenant's guarantee when admitted; NULL: not known (a run that
+        -- began before this build metered it).
+        guaranteed_units INTEGER CHECK (guaranteed_units BETWEEN 0 AND gpu_units),
+        cpu_millicores INTEGER NOT NULL CHECK (cpu_millicores >= 0),
+        memory_mib INTEGER NOT NULL CHECK (memory_mib >= 0),
+        metered_until INTEGER NOT NULL CHECK (metered_until >= started_at),
+        UNIQUE (tenant, workload, submitted_at, started_at)
+    );
+    CREATE INDEX usage_runs_until ON usage_runs (metered_until);
+
+    -- The solver's split of an admission, kept until the run it starts is metered.
+    CREATE TABLE usage_admissions (
+        tenant TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        submitted_at INTEGER NOT NULL,
+        guaranteed_units INTEGER NOT NULL CHECK (guaranteed_units >= 0),
+        borrowed_units INTEGER NOT NULL CHECK (borrowed_units >= 0),
+        PRIMARY KEY (tenant, workload, submitted_at)
+    ) WITHOUT ROWID;
+
+    -- Free GPUs held idle for a waiting gang, charged to the gang's tenant. A spell is extended
+    -- while the count stays the same.
+    CREATE TABLE usage_reserved (
+        id INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        gpus INTEGER NOT NULL CHECK (gpus > 0),
+        start INTEGER NOT NULL,
+        until INTEGER NOT NULL CHECK (until >= start)
+    );
+    CREATE INDEX usage_reserved_open ON usage_reserved (workload, pool, until);
+
+    -- Work lost to a preemption: once per run.
+    CREATE TABLE usage_preemptions (
+        tenant TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        submitted_at INTEGER NOT NULL,
+        started_at INTEGER NOT NULL,
+        pool TEXT NOT NULL,
+        at INTEGER NOT NULL,
+        -- GPU-seconds of work since the last checkpoint, in units (7000 per GPU).
+        lost_unit_seconds INTEGER NOT NULL CHECK (lost_unit_seconds >= 0),
+        PRIMARY KEY (tenant, workload, submitted_at, started_at)
+    ) WITHOUT ROWID;
+
+    -- The fleet-wide watermark of reserved-idle metering.
+    CREATE TABLE usage_clock (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        reserved_until INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -8,7 +8,7 @@ use std::ptr;
 
 use nvml_wrapper_sys::bindings::{
     NVML_GPU_INSTANCE_PROFILE_COUNT, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
-    nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceProfileInfo_t, nvmlMemory_t,
+    nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlUtilization_t,
 };
 use tessera_compiler::model::{Gpu, Health, MigInstance, MigState};
 use tessera_mig::{NvmlReturn, shape_by_nvml_enum};
@@ -17,6 +17,7 @@ use super::version::WIDE_PROCESS_INFO;
 use super::{NO_INSTANCE, NvmlDriver, check, model};
 use crate::driver::{
     ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef,
+    GpuUtilization,
 };
 
 /// Where `nvmlProcessInfo_t`'s fields sit, in either layout (see [`super::version`]).
@@ -230,6 +231,25 @@ impl NvmlDriver {
         )))
     }
 
+    /// The GPU's utilization rates; `None` where NVML does not report them (`NOT_SUPPORTED`:
+    /// a GPU in MIG mode, or a model without the counters).
+    fn utilization(
+        &self,
+        gpu: &GpuRef,
+        h: nvmlDevice_t,
+    ) -> Result<Option<GpuUtilization>, DriverError> {
+        let mut rates = nvmlUtilization_t { gpu: 0, memory: 0 };
+        let (ret, call) = nvml_call!(self, gpu, nvmlDeviceGetUtilizationRates(h, &mut rates));
+        if NvmlReturn::from_raw(ret) == NvmlReturn::NotSupported {
+            return Ok(None);
+        }
+        check(gpu, call, ret)?;
+        Ok(Some(GpuUtilization {
+            gpu_percent: rates.gpu.min(100),
+            memory_percent: rates.memory.min(100),
+        }))
+    }
+
     /// Reads one GPU completely; any NVML failure (a lost GPU included) fails the whole read.
     pub(super) fn read_gpu(&self, index: u32) -> Result<(Gpu, GpuDetail), DriverError> {
         let at = self.gpu_ref(index);
@@ -293,10 +313,12 @@ impl NvmlDriver {
             },
             instances: shown,
         };
+        let utilization = self.utilization(&at, h)?;
         let detail = GpuDetail {
             gpu: at,
             instances,
             processes,
+            utilization,
         };
         Ok((gpu, detail))
     }
