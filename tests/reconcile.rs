@@ -871,8 +871,14 @@ fn two_tenants_workloads_of_one_name_both_run() {
     assert_eq!(service.workload(RESEARCH, "chat")["origin"], "submitted");
 
     // A 409 only for the tenant's own live name, and it names no other tenant.
+    // Product's `chat` is committed: the name is refused as the policy's, live or not, so a
+    // submission can never hold it when the committed one is queued again.
     let (code, body) = service.submit(PRODUCT, "chat", small_inference());
     assert_eq!(code, 409, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("committed"),
+        "{body}"
+    );
     assert!(!body.to_string().contains("research"), "{body}");
     let (code, body) = service.submit(RESEARCH, "chat", research_chat);
     assert_eq!(code, 409, "{body}");

@@ -9,7 +9,8 @@
 //! organisations × √X, so tenants grow slower than nodes as they do in a real company; the
 //! queue max(2,000, 400·X)); `--nodes N`, `--orgs K` and `--pending P` set one dimension
 //! exactly. At 12.5 it is the 50,000-GPU fleet: 6,250 nodes, 35 organisations (1,051 tenants),
-//! about 64,000 running and 5,000 pending.
+//! about 64,000 running and 5,000 pending. `--runs N` measures each figure N times (3 by
+//! default).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -261,6 +262,12 @@ fn state(shape: Shape, pending_extra: Option<&str>) -> (String, usize, usize) {
     (s, running, pending)
 }
 
+/// Sorts `times` and gives its median, minimum and maximum.
+fn spread(times: &mut [f64]) -> (f64, f64, f64) {
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[0], times[times.len() - 1])
+}
+
 fn peak_rss() -> String {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -320,6 +327,13 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let fair = args.iter().any(|a| a == "--fair-preemption");
     let shape = Shape::from_args(&args);
+    // `--runs N`: how many times each figure is measured (3 by default; 1 at the largest scales).
+    let runs = args
+        .iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1)?.parse::<usize>().ok())
+        .unwrap_or(3)
+        .max(1);
     let mut policy_text = policy(shape);
     if fair {
         policy_text = policy_text.replace(
@@ -341,17 +355,40 @@ fn main() {
         .as_ref()
         .unwrap_or_else(|| panic!("{:#?}", &c.diagnostics[..c.diagnostics.len().min(5)]));
     let snapshot = &c.states[0].1;
+    // Each figure is printed as soon as it is measured: at the largest scales a cycle is long.
+    println!(
+        "reference fleet: {} nodes ({} MIG, {} GPUs), {} tenants, {running} running, {pending} pending",
+        shape.nodes(),
+        shape.infer_nodes,
+        shape.nodes() * 8,
+        compiled.tenants.len()
+    );
     let decision = solve(compiled, snapshot, &options).expect("the fleet solves");
     let cold = start.elapsed().as_secs_f64();
+    let admitted = decision
+        .workloads
+        .iter()
+        .filter(|w| matches!(w.outcome, tessera_solver::Outcome::Admit { .. }))
+        .count();
+    println!(
+        "  decision: {admitted} admitted, objective {:.1}, bound {:.1}, gap {:.3} %",
+        decision.objective,
+        decision.bound.unwrap_or(f64::NAN),
+        decision.gap.unwrap_or(f64::NAN) * 100.0
+    );
+    println!("  cold cycle (compile YAML + resolve + solve): {cold:.2} s");
 
     let mut warm = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..runs {
         let start = Instant::now();
         let d = solve(compiled, snapshot, &options).expect("the fleet solves");
         warm.push(start.elapsed().as_secs_f64());
         assert_eq!(d, decision, "deterministic");
     }
-    warm.sort_by(f64::total_cmp);
+    let (median, min, max) = spread(&mut warm);
+    println!(
+        "  warm cycle (solve from compiled policy and snapshot): median {median:.2} s (min {min:.2}, max {max:.2})"
+    );
 
     // One inference replica arriving into the fleet as decided (the queue emptied of what was
     // admitted): a cycle with the steady fleet plus one pending workload.
@@ -363,40 +400,13 @@ fn main() {
     ]);
     let one_state = &c1.states[0].1;
     let mut single = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..runs {
         let start = Instant::now();
         let _ = solve(compiled, one_state, &options).expect("solves");
         single.push(start.elapsed().as_secs_f64());
     }
-    single.sort_by(f64::total_cmp);
-
-    let admitted = decision
-        .workloads
-        .iter()
-        .filter(|w| matches!(w.outcome, tessera_solver::Outcome::Admit { .. }))
-        .count();
-    println!(
-        "reference fleet: {} nodes ({} MIG, {} GPUs), {} tenants, {running} running, {pending} pending",
-        shape.nodes(),
-        shape.infer_nodes,
-        shape.nodes() * 8,
-        compiled.tenants.len()
-    );
-    println!(
-        "  decision: {admitted} admitted, objective {:.1}, bound {:.1}, gap {:.3} %",
-        decision.objective,
-        decision.bound.unwrap_or(f64::NAN),
-        decision.gap.unwrap_or(f64::NAN) * 100.0
-    );
-    println!("  cold cycle (compile YAML + resolve + solve): {cold:.2} s");
-    println!(
-        "  warm cycle (solve from compiled policy and snapshot): median {:.2} s (min {:.2}, max {:.2})",
-        warm[1], warm[0], warm[2]
-    );
-    println!(
-        "  one inference admission (a full cycle with it queued): median {:.2} s",
-        single[1]
-    );
+    let (median, _, _) = spread(&mut single);
+    println!("  one inference admission (a full cycle with it queued): median {median:.2} s");
 
     // The steady fleet: the decision carried out. A session holds its cycle; arrivals are then
     // decided against it.

@@ -760,7 +760,7 @@ fn a_change_recorded_in_the_last_hour_spends_the_gpus_budget() {
     assert_eq!(
         message(&d, "small"),
         "reconfiguration budget spent on GPU m0/0 of pool `infer`; preemption not allowed: \
-         `big` is non-preemptible"
+         `b/big` is non-preemptible"
     );
     assert!(d.geometry.iter().all(|g| g.destroy.is_empty()));
     // The record still counts at the next snapshot.

@@ -381,6 +381,13 @@ impl Reconciler {
         let Some(applied) = self.tracker.applied() else {
             return;
         };
+        let mut committed: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+        for w in &applied.policy.workloads {
+            committed
+                .entry(w.tenant.as_str())
+                .or_default()
+                .insert(w.name.clone());
+        }
         let views = applied
             .policy
             .tenants
@@ -390,6 +397,7 @@ impl Reconciler {
                 slo_classes: t.slo_classes.clone(),
                 pools: t.quota.keys().cloned().collect(),
                 path: t.path.clone(),
+                committed: committed.remove(t.name.as_str()).unwrap_or_default(),
             })
             .collect();
         *self

@@ -186,6 +186,9 @@ pub struct TenantView {
     pub pools: Vec<String>,
     /// Names from the root down to this tenant.
     pub path: Vec<String>,
+    /// The tenant's workloads committed to the revision in force: a submission may not take
+    /// one of their names, or it would hold the name when the committed one comes to run.
+    pub committed: std::collections::BTreeSet<String>,
 }
 
 impl Shared {
@@ -272,7 +275,7 @@ impl Handle {
             )));
         }
         check_name(name)?;
-        self.check_spec(&spec)?;
+        self.check_spec(name, &spec)?;
         let record = {
             // One lock over the count and the insert: concurrent submissions cannot both
             // take the last place.
@@ -294,7 +297,7 @@ impl Handle {
         Ok(WorkloadView::of(record, None))
     }
 
-    fn check_spec(&self, spec: &WorkloadSpec) -> Result<(), ServiceError> {
+    fn check_spec(&self, name: &str, spec: &WorkloadSpec) -> Result<(), ServiceError> {
         if spec.gpu.kinds_set() != 1 {
             return Err(ServiceError::Invalid(
                 "spec.gpu: set exactly one of count, migProfile, fraction".to_string(),
@@ -330,6 +333,13 @@ impl Handle {
                 spec.tenant
             )));
         };
+        if tenant.committed.contains(name) {
+            return Err(ServiceError::Conflict(format!(
+                "tenant {:?} has a workload {name:?} committed to the policy repository: submit \
+                 under another name, or change the committed one there",
+                spec.tenant
+            )));
+        }
         if !tenant.slo_classes.contains(&spec.slo_class) {
             return Err(ServiceError::Invalid(format!(
                 "spec.sloClass: tenant {:?} may use {}, not {:?}",

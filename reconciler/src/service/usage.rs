@@ -92,6 +92,7 @@ mod tests {
             slo_classes: vec![],
             pools: vec![],
             path: path.iter().map(|s| s.to_string()).collect(),
+            committed: Default::default(),
         }
     }
 
