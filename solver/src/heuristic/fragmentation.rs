@@ -1,6 +1,6 @@
 //! Fragmentation-aware placement scoring: which node (and GPU) a replica goes to.
 //!
-//! The score is the one the openb benchmark measured ahead of FGD (`solver/src/openb/tessera.rs`,
+//! The score is the one the openb benchmark measured ahead of FGD (`sim/src/openb/tessera.rs`,
 //! after Weng et al., "Beware of Fragmentation", ATC '23), computed against the workload mix
 //! the fleet runs: every replica of the snapshot's running workloads, by pool. The running set
 //! rather than the queue, or a decayed history of shapes, because:
