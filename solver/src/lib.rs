@@ -12,9 +12,6 @@
 //!   pool, rebuilt through the heuristic's own steps and kept only when strictly better.
 //! - [`decision`]: the output, serializable and byte-stable.
 //!
-//! [`openb`]: the openb benchmark harness and its baseline placement policies, against which the
-//! solver's placement is measured.
-//!
 //! Solving is pure and deterministic (invariant 7): the instant is the snapshot's `observedAt`
 //! or [`SolveOptions::now`], every collection in the output has a fixed order, and the integer
 //! programs are bounded by node counts. The clock is read for one thing only: a refinement that
@@ -27,7 +24,6 @@ pub mod decision;
 pub mod fairshare;
 pub mod heuristic;
 mod ilp;
-pub mod openb;
 pub mod problem;
 pub(crate) mod quota;
 pub mod session;

@@ -687,6 +687,10 @@ impl Session {
             .ledger
             .remove(p, wl.tenant, pool, wl.amount(wl.replicas));
         parts.status[w] = None;
+        // Placements are scored against the running set (`heuristic/fragmentation.rs`), which
+        // no longer holds it: later arrivals are decided as a cycle without it would.
+        let status = &parts.status;
+        parts.fleet.forget(p, |v| status[v].is_none());
         self.names.remove(key);
         self.refresh_guarantees(pool);
         Ok(Removal::Removed)

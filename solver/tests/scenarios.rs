@@ -151,6 +151,65 @@ fn best_fit_keeps_a_whole_node_free() {
     assert_eq!(train.free_nodes, 1);
 }
 
+#[test]
+fn a_replica_goes_where_it_strands_least_of_the_running_mix() {
+    // 5 and 4 GPUs free, with 3- and 4-GPU work running. Best fit would put one more GPU on
+    // the node with 4 free and leave 5 and 3 (room for one 4-GPU replica); the mix-aware score
+    // leaves 4 and 4 (room for two).
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = [
+        running(
+            "three",
+            "{tenant: b, sloClass: critical, gpu: {count: 3}}",
+            &[&gpus("t0", 0, 3)],
+            EARLY,
+        ),
+        running(
+            "four",
+            "{tenant: b, sloClass: critical, gpu: {count: 4}}",
+            &[&gpus("t1", 0, 4)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = pending(
+        "one",
+        "{tenant: a, sloClass: batch, gpu: {count: 1}}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, &run_, &pend));
+    assert_eq!(admitted(&d, "one")[0].node, "t0");
+}
+
+#[test]
+fn a_share_goes_where_it_keeps_room_for_the_running_shapes() {
+    // GPU 0 holds a quarter, GPU 1 a half, and both shapes run. The most loaded GPU (1) would
+    // leave room for one more half; GPU 0 leaves room for two.
+    let nodes = [node("s0", "share", 2)];
+    let run_ = [
+        running(
+            "quarter",
+            "{tenant: a, sloClass: notebook, gpu: {fraction: 0.25}}",
+            &["{node: s0, gpus: [0], share: 0.25}"],
+            EARLY,
+        ),
+        running(
+            "half",
+            "{tenant: a, sloClass: notebook, gpu: {fraction: 0.5}}",
+            &["{node: s0, gpus: [1], share: 0.5}"],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = pending(
+        "another-quarter",
+        "{tenant: a, sloClass: notebook, gpu: {fraction: 0.25}}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, &run_, &pend));
+    assert_eq!(admitted(&d, "another-quarter")[0].gpus, vec![0]);
+}
+
 const BALANCED: &[(&str, u8)] = &[
     ("2g.20gb", 0),
     ("1g.10gb", 2),

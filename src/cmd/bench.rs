@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use tessera_solver::openb::{self, PaperResults, PolicyKind, SimConfig, Workload};
+use tessera_sim::openb::{self, PaperResults, PolicyKind, SimConfig, Workload};
 
 use crate::cli::{OpenbVariant, TextOrJson};
 use crate::output::emit;

@@ -1,7 +1,8 @@
 //! The fleet as one cycle sees it: what holds each GPU, copy-on-write (`Rc` per GPU and per
 //! workload's placements) so that the preemption search's what-ifs cost pointers; placement
 //! of a gang on it (best fit, NVLink domains, MIG instances reused or geometry changed within
-//! the budget, shares with trust domains apart).
+//! the budget, shares with trust domains apart), scored against fragmentation (see
+//! `fragmentation.rs`).
 
 use super::*;
 
@@ -76,6 +77,8 @@ pub(crate) struct Fleet {
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
+    /// The decision's workload mix, which placements are scored against; shared by every clone.
+    pub(super) mix: Rc<Mix>,
 }
 
 /// Why one replica does not fit on one node.
@@ -121,7 +124,14 @@ impl Fleet {
             memory: vec![0; p.nodes.len()],
             placed: vec![None; p.workloads.len()],
             barred: None,
+            mix: Rc::new(Mix::new(p, |_| true)),
         }
+    }
+
+    /// Measures the workload mix again without the running workloads for which `gone` holds
+    /// (a session's finished work), as a cycle on the snapshot without them would.
+    pub(crate) fn forget(&mut self, p: &Problem, gone: impl Fn(usize) -> bool) {
+        self.mix = Rc::new(Mix::new(p, |w| !gone(w)));
     }
 
     pub(super) fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
@@ -196,6 +206,90 @@ impl Fleet {
             .sum()
     }
 
+    /// `F` and `H` of node `n` (see `fragmentation.rs`) as it is, or, with `after`, once a
+    /// replica of that workload takes its CPU and memory and these GPU states replace the node's.
+    pub(super) fn measure(
+        &self,
+        p: &Problem,
+        pool: usize,
+        n: usize,
+        after: Option<(usize, &[(usize, GpuState)])>,
+    ) -> Measure {
+        let node = &p.nodes[n];
+        let mut cpu = node.cpu.0.saturating_sub(self.cpu[n]);
+        let mut memory = node.memory.0.saturating_sub(self.memory[n]);
+        let changed: &[(usize, GpuState)] = match after {
+            Some((w, changed)) => {
+                cpu = cpu.saturating_sub(p.workloads[w].cpu.0);
+                memory = memory.saturating_sub(p.workloads[w].memory.0);
+                changed
+            }
+            None => &[],
+        };
+        let gpus = node.gpus.iter().filter(|&&g| self.usable(p, g)).map(|&g| {
+            changed
+                .iter()
+                .find(|c| c.0 == g)
+                .map_or(&*self.gpu[g], |c| &c.1)
+        });
+        self.mix.measure(p, pool, cpu, memory, gpus)
+    }
+
+    /// The GPU states `plan` leaves behind for a replica of `w`, as [`Fleet::apply`] writes them.
+    pub(super) fn changed_by(&self, p: &Problem, w: usize, plan: &Plan) -> Vec<(usize, GpuState)> {
+        match plan {
+            Plan::Whole { gpus, relayout } => gpus
+                .iter()
+                .map(|&g| {
+                    let mut s = (*self.gpu[g]).clone();
+                    if relayout.contains(&g) {
+                        s.geometry = vec![Placement::new(mig::PROFILE_7G, 0)];
+                        s.changes += 1;
+                    }
+                    s.whole = Some(w);
+                    (g, s)
+                })
+                .collect(),
+            Plan::Instance {
+                gpu,
+                placement,
+                geometry,
+            } => {
+                let mut s = (*self.gpu[*gpu]).clone();
+                if let Some(geometry) = geometry {
+                    s.geometry = geometry.clone();
+                    s.changes += 1;
+                }
+                s.held.insert(placement.start, w);
+                vec![(*gpu, s)]
+            }
+            Plan::Share { gpu } => {
+                let mut s = (*self.gpu[*gpu]).clone();
+                if let Demand::Share { fraction } = p.workloads[w].demand {
+                    let td = p.tenants[p.workloads[w].tenant].trust_domain.clone();
+                    s.shares.push((w, fraction, td));
+                }
+                vec![(*gpu, s)]
+            }
+        }
+    }
+
+    /// The cost of `plan` on node `n`, lower is better: (`100 −` FGD's truncated score, hosting
+    /// capacity destroyed); `before` is the node's measure as it is.
+    pub(super) fn plan_cost(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        n: usize,
+        before: Measure,
+        plan: &Plan,
+    ) -> (u32, u64) {
+        let changed = self.changed_by(p, w, plan);
+        let after = self.measure(p, pool, n, Some((w, &changed)));
+        self.mix.cost(pool, before, after)
+    }
+
     /// How a replica of `w` could go on node `n` of `pool`; with its cost (re-layouts first).
     pub(super) fn option(
         &self,
@@ -262,8 +356,11 @@ impl Fleet {
                 })
             }
             Demand::Mig { profile_id } => {
-                // A free existing instance, on the tightest GPU.
-                let mut best: Option<(i64, usize, Placement)> = None;
+                // A free existing instance, on the GPU that fragments the node least, then the
+                // tightest.
+                let scored = self.mix.scores(pool);
+                let before = scored.then(|| self.measure(p, pool, n, None));
+                let mut best: Option<((u32, u64, i64), usize, Placement)> = None;
                 for &g in &gpus {
                     let s = &self.gpu[g];
                     if s.whole.is_some() {
@@ -275,8 +372,20 @@ impl Fleet {
                         .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
                     {
                         let free = Gpus::whole(1).units() - s.allocated().units();
-                        if best.as_ref().is_none_or(|b| free < b.0) {
-                            best = Some((free, g, *pl));
+                        let (tier, loss) = match before {
+                            Some(before) => {
+                                let plan = Plan::Instance {
+                                    gpu: g,
+                                    placement: *pl,
+                                    geometry: None,
+                                };
+                                self.plan_cost(p, w, pool, n, before, &plan)
+                            }
+                            None => (0, 0),
+                        };
+                        let key = (tier, loss, free);
+                        if best.as_ref().is_none_or(|b| key < b.0) {
+                            best = Some((key, g, *pl));
                         }
                     }
                 }
@@ -334,7 +443,9 @@ impl Fleet {
             }
             Demand::Share { fraction } => {
                 let td = &p.tenants[wl.tenant].trust_domain;
-                let mut best: Option<(Gpus, usize)> = None;
+                let scored = self.mix.scores(pool);
+                let before = scored.then(|| self.measure(p, pool, n, None));
+                let mut best: Option<((u32, u64, i64), usize)> = None;
                 for &g in &gpus {
                     let s = &self.gpu[g];
                     if s.whole.is_some() || !s.held.is_empty() {
@@ -350,9 +461,16 @@ impl Fleet {
                         miss.trust = true;
                         continue;
                     }
-                    // Tightest first: the most loaded GPU that still fits.
-                    if best.as_ref().is_none_or(|b| total > b.0) {
-                        best = Some((total, g));
+                    // The GPU that fragments the node least, then the most loaded that fits.
+                    let (tier, loss) = match before {
+                        Some(before) => {
+                            self.plan_cost(p, w, pool, n, before, &Plan::Share { gpu: g })
+                        }
+                        None => (0, 0),
+                    };
+                    let key = (tier, loss, -total.units());
+                    if best.as_ref().is_none_or(|b| key < b.0) {
+                        best = Some((key, g));
                     }
                 }
                 best.map(|(_, gpu)| Plan::Share { gpu })
@@ -406,7 +524,8 @@ impl Fleet {
     }
 
     /// Places up to `want` replicas of `w` on `nodes`, one at a time, each on the node where it
-    /// fits with the least room left (re-layouts last). Returns how many were placed.
+    /// fragments the pool least (re-layouts last; see `fragmentation.rs`), then where it fits
+    /// with the least room left. Returns how many were placed.
     pub(super) fn fill(
         &mut self,
         p: &Problem,
@@ -416,9 +535,13 @@ impl Fleet {
         want: u32,
         miss: &mut Misses,
     ) -> u32 {
+        let scored = self.mix.scores(pool);
+        // Each node's measure as it is; only the node a replica went to changes.
+        let mut before: HashMap<usize, Measure> = HashMap::new();
         let mut placed = 0;
         while placed < want {
-            let mut best: Option<((bool, i64, usize), usize, Plan)> = None;
+            type Best = ((bool, u32, u64, i64, usize), usize, Plan);
+            let mut best: Option<Best> = None;
             for &n in nodes {
                 if let Some(plan) = self.option(p, w, pool, n, miss) {
                     let relayout = match &plan {
@@ -426,14 +549,29 @@ impl Fleet {
                         Plan::Instance { geometry, .. } => geometry.is_some(),
                         Plan::Share { .. } => false,
                     };
-                    let key = (relayout, self.node_free(p, n), n);
+                    let (tier, loss) = if scored {
+                        let b = *before
+                            .entry(n)
+                            .or_insert_with(|| self.measure(p, pool, n, None));
+                        self.plan_cost(p, w, pool, n, b, &plan)
+                    } else {
+                        (0, 0)
+                    };
+                    let key = (relayout, tier, loss, self.node_free(p, n), n);
                     if best.as_ref().is_none_or(|b| key < b.0) {
                         best = Some((key, n, plan));
                     }
                 }
             }
             let Some((_, n, plan)) = best else { break };
+            let predicted = cfg!(debug_assertions).then(|| {
+                let changed = self.changed_by(p, w, &plan);
+                self.measure(p, pool, n, Some((w, &changed)))
+            });
             self.apply(p, w, n, plan);
+            // The scoring's view of a placement is the placement: `changed_by` mirrors `apply`.
+            debug_assert!(predicted.is_none_or(|m| m == self.measure(p, pool, n, None)));
+            before.remove(&n);
             placed += 1;
         }
         placed

@@ -5,7 +5,9 @@
 //! them are preempted when preemptible). (b) Repeatedly pick the next pending workload: priority
 //! desc, within-guarantee before borrowing, borrowed dominant share / weight asc, submission
 //! time, tenant and name. (c) Place its gang all-or-nothing (at least `minMember`, up to `replicas`),
-//! best-fit so that whole nodes and domains stay free; MIG instances come from free instances,
+//! on the node and GPU that fragment the pool least for the workload mix of the decision
+//! (FGD's measure, then the hosting capacity destroyed, then best fit: see `fragmentation.rs`),
+//! domains best-fit so that whole domains stay free; MIG instances come from free instances,
 //! else from re-laying out a GPU into one of the pool's layouts around its busy instances,
 //! within the per-GPU change budget. (d) When it does not fit, preempt the cheapest sufficient
 //! set of allowed victims. (e) Explain everything left waiting.
@@ -60,11 +62,13 @@ pub(crate) use reserve::Hold;
 
 mod assemble;
 mod fleet;
+mod fragmentation;
 mod protected;
 mod queue;
 pub use assemble::solve;
 pub(crate) use assemble::*;
 pub(crate) use fleet::*;
+use fragmentation::*;
 use protected::*;
 pub(crate) use queue::*;
 

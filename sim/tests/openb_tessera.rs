@@ -3,7 +3,7 @@
 //! skipped once, skipped only when nothing fits), and determinism for a seed.
 
 use proptest::prelude::*;
-use tessera_solver::openb::{
+use tessera_sim::openb::{
     self, Choice, Cluster, NodeSpec, Placer, PolicyKind, PolicyOptions, SimConfig, Task, TaskSpec,
     TieBreak, Workload,
 };

@@ -4,7 +4,7 @@
 //! when no node can take it.
 
 use proptest::prelude::*;
-use tessera_solver::openb::{
+use tessera_sim::openb::{
     self, Cluster, NodeSpec, PolicyKind, PolicyOptions, ScoreRounding, TaskSpec, TieBreak,
     TypicalConfig, Workload,
 };

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tessera_solver::openb::{
+use tessera_sim::openb::{
     self, CHECKPOINTS, PaperResults, PolicyKind, SimConfig, TraceResult, Workload,
 };
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use tessera_solver::openb::{self, PolicyKind, SimConfig, Workload};
+use tessera_sim::openb::{self, PolicyKind, SimConfig, Workload};
 
 fn workload(config: &SimConfig) -> Workload {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/openb_slice");

@@ -5,7 +5,7 @@
 //! allocation-ratio figures, and tessera's own policy ([`Tessera`]) run beside them.
 //!
 //! ```no_run
-//! use tessera_solver::openb::{self, PolicyKind, SimConfig};
+//! use tessera_sim::openb::{self, PolicyKind, SimConfig};
 //! let dir = std::path::Path::new("../shared/data/openb");
 //! let nodes = openb::load_nodes(dir.join("openb_node_list_gpu_node.csv")).unwrap();
 //! let tasks = openb::load_tasks(dir.join("openb_pod_list_default.csv")).unwrap();

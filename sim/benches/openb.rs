@@ -2,7 +2,7 @@
 //! printed next to the published figures. It prints; it asserts nothing.
 //!
 //! ```text
-//! cargo bench -p tessera-solver --bench openb -- [--trace NAME]... [--variant fgd-md|published|both]
+//! cargo bench -p tessera-sim --bench openb -- [--trace NAME]... [--variant fgd-md|published|both]
 //!     [--policies FGD,BestFit,...] [--seeds N] [--first-seed S] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use tessera_solver::openb::{
+use tessera_sim::openb::{
     self, ArrivalOrder, Checkpointing, PaperResults, PolicyKind, ScoreRounding, SimConfig,
     TieBreak, TraceResult, TypicalConfig, Workload,
 };

@@ -1,0 +1,280 @@
+//! Fragmentation-aware placement scoring: which node (and GPU) a replica goes to.
+//!
+//! The score is the one the openb benchmark measured ahead of FGD (`sim/src/openb/tessera.rs`,
+//! after Weng et al., "Beware of Fragmentation", ATC '23), computed against the workload mix
+//! the fleet runs: every replica of the snapshot's running workloads, by pool. The running set
+//! rather than the queue, or a decayed history of shapes, because:
+//!
+//! - one arrival must not re-score the placements decided before it: a new submission would
+//!   otherwise move other workloads' planned places, and a `Session` could no longer
+//!   decide it against the standing decision and agree with the full cycle (a finished
+//!   workload leaves the mix, and the session measures it again: `Fleet::forget`);
+//! - it needs no state carried between decisions, and the same snapshot always gives the same
+//!   mix, so the same decision;
+//! - over a fleet's life the running set is the demand that comes back: what finishes is
+//!   replaced by work of the same tenants, mostly of the same shapes.
+//!
+//! A fleet with nothing running has no mix: every placement scores alike and best fit decides.
+//!
+//! A *shape* is (GPU demand, CPU, memory) of one replica; its count is how many replicas of the
+//! mix have it. `n_k(node)` is how many replicas of shape k the node could still host, the
+//! least of what its GPUs, its CPU and its memory allow.
+//!
+//! - The fragmentation of a node: `F = Σ_k count_k × (idle − n_k × size_k)`, the node's idle GPU
+//!   capacity that replicas of each shape could not use, weighted by how common the shape is.
+//!   This is FGD's measure with the remainder counted: FGD counts a node that hosts one replica
+//!   as wholly usable by the shape (so a 2-GPU task on an 8-GPU node with 4-GPU work running
+//!   looks free, and on a node with 4 GPUs left looks like it strands 2, and FGD breaks the
+//!   free node); counting what the hosted replicas leave over makes the two equal, and the next
+//!   criteria keep the free node free. A placement's score is FGD's, `sigmoid(ΔF / total count,
+//!   in GPUs) × 100`, truncated to whole points as FGD's published runs compared it: the openb
+//!   benchmark measured that coarseness as worth about a point, because nodes within a few
+//!   milli-GPU tie and the next criterion decides among them.
+//! - The tie-break, the *hosting capacity* `H = Σ_k w_k × n_k`, `w_k = count_k × size_k ×
+//!   nodes / hosts_k` where `hosts_k` is how many nodes of the empty pool could host one
+//!   replica: a shape few nodes can take weighs more per replica, so that common shapes do not
+//!   use up the only nodes it fits. Among equal scores the placement that destroys the least
+//!   `H` wins; then best fit (the least free room left), then the node's index.
+//!
+//! What a GPU can host, as it is laid out now (a layout change is a cost the placement already
+//! puts last): an exclusive GPU, or a MIG GPU laid out as one 7g instance, hosts a whole-GPU
+//! shape when free; a shared (MPS or time-sliced) GPU hosts as many replicas of a fraction as
+//! its room and client slots allow (trust domains belong to tenants, not shapes, and are left
+//! to the placement's own checks); a MIG GPU hosts its free instances of a profile.
+//!
+//! Everything is integer but the sigmoid, which is evaluated the same way on the same inputs:
+//! the scoring is deterministic.
+
+use super::*;
+use crate::problem::{NodeInfo, PoolInfo};
+
+/// One shape of a pool's mix.
+#[derive(Debug, Clone)]
+struct Shape {
+    demand: Demand,
+    cpu: u64,
+    memory: u64,
+    /// Replicas of the mix with this shape.
+    count: u64,
+    /// The weight of one hostable replica in `H`.
+    weight: u64,
+}
+
+/// The distinct GPU demands of a pool's shapes: what a GPU can host is computed once per demand
+/// and shared by the shapes that differ only in CPU or memory.
+#[derive(Debug, Clone, Default)]
+struct PoolMix {
+    demands: Vec<Demand>,
+    /// With the index of their demand in `demands`.
+    shapes: Vec<(usize, Shape)>,
+    total: u64,
+}
+
+/// The workload mix of a decision, per pool.
+#[derive(Debug, Default)]
+pub(super) struct Mix {
+    pools: Vec<PoolMix>,
+}
+
+/// How one node measures, before or after a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Measure {
+    /// `F`, in GPU units × replicas.
+    pub(super) fragmentation: u64,
+    /// `H`.
+    pub(super) hosting: u64,
+}
+
+/// A shape's sort key: its demand's, then CPU, then memory.
+type ShapeKey = ((u8, i64), u64, u64);
+
+/// A demand's sort key: kind, then size.
+fn demand_key(d: Demand) -> (u8, i64) {
+    match d {
+        Demand::Whole { count } => (0, i64::from(count)),
+        Demand::Mig { profile_id } => (1, i64::from(profile_id)),
+        Demand::Share { fraction } => (2, fraction.units()),
+    }
+}
+
+impl Mix {
+    /// The mix of the running workloads of `p` for which `runs` holds.
+    pub(super) fn new(p: &Problem, runs: impl Fn(usize) -> bool) -> Mix {
+        let mut counts: Vec<BTreeMap<ShapeKey, (Demand, u64)>> =
+            vec![BTreeMap::new(); p.pools.len()];
+        for (w, wl) in p.workloads.iter().enumerate() {
+            let Phase::Running { slots, .. } = &wl.phase else {
+                continue;
+            };
+            if !runs(w) {
+                continue;
+            }
+            let Some(&pool) = wl.pools.first() else {
+                continue;
+            };
+            let e = counts[pool]
+                .entry((demand_key(wl.demand), wl.cpu.0, wl.memory.0))
+                .or_insert((wl.demand, 0));
+            e.1 += slots.len() as u64;
+        }
+        let pools = counts
+            .into_iter()
+            .enumerate()
+            .map(|(pool, shapes)| {
+                let info = &p.pools[pool];
+                let nodes: Vec<&NodeInfo> = info
+                    .nodes
+                    .iter()
+                    .map(|&n| &p.nodes[n])
+                    .filter(|n| n.healthy)
+                    .collect();
+                let mut mix = PoolMix::default();
+                for ((_, cpu, memory), (demand, count)) in shapes {
+                    if count == 0 {
+                        continue;
+                    }
+                    let need_gpus = match demand {
+                        Demand::Whole { count } => count as usize,
+                        _ => 1,
+                    };
+                    let hosts = nodes
+                        .iter()
+                        .filter(|n| {
+                            n.cpu.0 >= cpu
+                                && n.memory.0 >= memory
+                                && n.gpus.iter().filter(|&&g| p.gpus[g].healthy).count()
+                                    >= need_gpus
+                        })
+                        .count() as u64;
+                    let weight = (count.saturating_mul(demand.gpus().units().max(0) as u64))
+                        .saturating_mul(nodes.len() as u64)
+                        .checked_div(hosts)
+                        .unwrap_or(0);
+                    let d = match mix.demands.iter().position(|&x| x == demand) {
+                        Some(d) => d,
+                        None => {
+                            mix.demands.push(demand);
+                            mix.demands.len() - 1
+                        }
+                    };
+                    mix.total += count;
+                    mix.shapes.push((
+                        d,
+                        Shape {
+                            demand,
+                            cpu,
+                            memory,
+                            count,
+                            weight,
+                        },
+                    ));
+                }
+                mix
+            })
+            .collect();
+        Mix { pools }
+    }
+
+    /// Whether the pool has a mix to score against.
+    pub(super) fn scores(&self, pool: usize) -> bool {
+        self.pools.get(pool).is_some_and(|m| m.total > 0)
+    }
+
+    /// `F` and `H` of a node with `cpu_left` and `memory_left` and these (healthy) GPUs.
+    pub(super) fn measure<'a>(
+        &self,
+        p: &Problem,
+        pool: usize,
+        cpu_left: u64,
+        memory_left: u64,
+        gpus: impl Iterator<Item = &'a GpuState> + Clone,
+    ) -> Measure {
+        let Some(mix) = self.pools.get(pool) else {
+            return Measure {
+                fragmentation: 0,
+                hosting: 0,
+            };
+        };
+        let idle: i64 = gpus
+            .clone()
+            .map(|s| Gpus::whole(1).units() - s.allocated().units())
+            .sum();
+        let offers: Vec<u64> = mix
+            .demands
+            .iter()
+            .map(|&d| offer(&p.pools[pool], d, gpus.clone()))
+            .collect();
+        let mut fragmentation = 0u64;
+        let mut hosting = 0u64;
+        for (d, shape) in &mix.shapes {
+            let by_gpu = offers[*d];
+            let by_cpu = cpu_left.checked_div(shape.cpu).unwrap_or(u64::MAX);
+            let by_memory = memory_left.checked_div(shape.memory).unwrap_or(u64::MAX);
+            let replicas = by_gpu.min(by_cpu).min(by_memory);
+            let used = (replicas as i64).saturating_mul(shape.demand.gpus().units());
+            let fragment = (idle - used).max(0) as u64;
+            fragmentation = fragmentation.saturating_add(shape.count.saturating_mul(fragment));
+            hosting = hosting.saturating_add(shape.weight.saturating_mul(replicas));
+        }
+        Measure {
+            fragmentation,
+            hosting,
+        }
+    }
+
+    /// The cost of moving a node from `before` to `after`, lower is better: (`100 −` FGD's
+    /// truncated score, hosting capacity destroyed).
+    pub(super) fn cost(&self, pool: usize, before: Measure, after: Measure) -> (u32, u64) {
+        let total = self.pools.get(pool).map_or(0, |m| m.total);
+        if total == 0 {
+            return (0, 0);
+        }
+        let delta = (before.fragmentation as f64 - after.fragmentation as f64)
+            / total as f64
+            / Gpus::whole(1).units() as f64;
+        let score = 100.0 / (1.0 + (-delta).exp());
+        let tier = 100u32.saturating_sub(score.floor().clamp(0.0, 100.0) as u32);
+        (tier, before.hosting.saturating_sub(after.hosting))
+    }
+}
+
+/// How many replicas of `demand` these GPUs could host as they are laid out now.
+fn offer<'a>(info: &PoolInfo, demand: Demand, gpus: impl Iterator<Item = &'a GpuState>) -> u64 {
+    let mut whole = 0u64;
+    let mut replicas = 0u64;
+    for s in gpus {
+        match demand {
+            Demand::Whole { .. } => {
+                if s.is_free()
+                    && (info.sharing != Sharing::Mig
+                        || s.geometry == [Placement::new(mig::PROFILE_7G, 0)])
+                {
+                    whole += 1;
+                }
+            }
+            Demand::Share { fraction } => {
+                if s.whole.is_none() && s.held.is_empty() && fraction.units() > 0 {
+                    let room = (Gpus::whole(1).units() - s.share_total().units()).max(0)
+                        / fraction.units();
+                    let slots = info
+                        .max_clients_per_gpu
+                        .saturating_sub(s.shares.len() as u32);
+                    replicas += (room as u64).min(u64::from(slots));
+                }
+            }
+            Demand::Mig { profile_id } => {
+                if s.whole.is_none() {
+                    replicas += s
+                        .geometry
+                        .iter()
+                        .filter(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
+                        .count() as u64;
+                }
+            }
+        }
+    }
+    match demand {
+        Demand::Whole { count } => whole / u64::from(count.max(1)),
+        _ => replicas,
+    }
+}
