@@ -146,6 +146,15 @@ impl Service {
         service
     }
 
+    /// An HTTP client that reads error statuses as answers.
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into()
+    }
+
     fn call(
         &self,
         method: &str,
@@ -153,11 +162,7 @@ impl Service {
         token: Option<&str>,
         body: Option<&str>,
     ) -> (u16, Value) {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(20)))
-            .build()
-            .into();
+        let agent = Service::agent();
         let url = format!("{}{path}", self.base);
         let auth = token.map(|t| format!("Bearer {t}"));
         let response = match method {
@@ -196,11 +201,7 @@ impl Service {
     /// Whether a POST of `body` is refused as too large: a 413, or the connection reset while
     /// the body was still being written (the service answers before reading it).
     fn refuses_oversized(&self, path: &str, token: &str, body: &str) -> bool {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(20)))
-            .build()
-            .into();
+        let agent = Service::agent();
         match agent
             .post(&format!("{}{path}", self.base))
             .header("Authorization", &format!("Bearer {token}"))
@@ -1653,6 +1654,13 @@ fn submissions_are_capped_per_tenant() {
     service.stop();
 }
 
+/// Whether a status's `lastError` says the branch or repository it follows does not exist.
+fn names_what_is_missing(status: &Value) -> bool {
+    status["lastError"]
+        .as_str()
+        .is_some_and(|e| e.contains("does not exist"))
+}
+
 /// A fetch that fails keeps the service Degraded, cycle after cycle, until a fetch succeeds,
 /// and a vanished local repository is named as such; a deleted branch makes the service
 /// OutOfSync and Degraded (its head is gone), and recreating it recovers.
@@ -1678,10 +1686,7 @@ fn fetch_failures_hold_until_a_fetch_succeeds_and_a_deleted_branch_is_noticed() 
     // names the missing branch.
     let gone = eventually("the deleted branch noticed", || {
         let s = service.status();
-        let named = s["lastError"]
-            .as_str()
-            .is_some_and(|e| e.contains("does not exist"));
-        (s["head"].is_null() && s["health"] == "Degraded" && named).then_some(s)
+        (s["head"].is_null() && s["health"] == "Degraded" && names_what_is_missing(&s)).then_some(s)
     });
     assert_eq!(gone["sync"], "OutOfSync", "{gone}");
     assert_eq!(
@@ -1704,10 +1709,7 @@ fn fetch_failures_hold_until_a_fetch_succeeds_and_a_deleted_branch_is_noticed() 
     // next says the repository is gone.
     let degraded = eventually("the vanished repository named", || {
         let s = service.status();
-        let named = s["lastError"]
-            .as_str()
-            .is_some_and(|e| e.contains("does not exist"));
-        (s["health"] == "Degraded" && named).then_some(s)
+        (s["health"] == "Degraded" && names_what_is_missing(&s)).then_some(s)
     });
     let error = degraded["lastError"].as_str().unwrap();
     assert!(!error.contains("unsupported URL protocol"), "{error}");
