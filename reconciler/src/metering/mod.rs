@@ -78,6 +78,16 @@ pub fn record_applied(
     records: &[WorkloadRecord],
     now: i64,
 ) -> Result<(), StoreError> {
+    // Looked up once per action: a cycle may act on thousands of workloads.
+    let decided: BTreeMap<(&str, &str), _> = decision
+        .workloads
+        .iter()
+        .map(|w| ((w.tenant.as_str(), w.name.as_str()), w))
+        .collect();
+    let live: BTreeMap<(&str, &str), &WorkloadRecord> = records
+        .iter()
+        .map(|r| ((r.tenant.as_str(), r.name.as_str()), r))
+        .collect();
     for action in actions {
         let (name, starts) = match action {
             Action::Start { workload, .. } => (workload, true),
@@ -90,14 +100,8 @@ pub fn record_applied(
         let Some(key) = WorkloadKey::parse(name) else {
             continue;
         };
-        let Some(wd) = decision
-            .workloads
-            .iter()
-            .find(|w| w.tenant == key.tenant && w.name == key.name)
+        let (Some(wd), Some(record)) = (decided.get(&key.as_pair()), live.get(&key.as_pair()))
         else {
-            continue;
-        };
-        let Some(record) = records.iter().find(|r| r.key() == key) else {
             continue;
         };
         match (&wd.outcome, starts) {
