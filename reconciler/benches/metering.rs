@@ -153,6 +153,7 @@ fn main() {
                         gpu_percent: i * 11,
                         memory_percent: 0,
                     }),
+                    sm_activity: None,
                 })
             })
             .collect(),

@@ -659,6 +659,7 @@ mod tests {
                     gpu_percent: 3,
                     memory_percent: 1,
                 }),
+                sm_activity: None,
             }],
         };
         m.record_lost(&observation);
