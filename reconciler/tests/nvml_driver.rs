@@ -1130,8 +1130,10 @@ fn a_remade_instance_starts_its_sm_activity_over() {
     assert_eq!(of(&nvml.observe().unwrap()), reported(12.0, 6.0));
 }
 
-/// The stand-in's GPM answers nvml-wrapper's own API (an independent reader of the same ABI),
-/// and refuses what NVML refuses: samples of two scopes, or in the wrong order.
+/// The stand-in's GPM answers nvml-wrapper's own API (an independent reader of the same ABI)
+/// as a real H100 did (`evidence/h100-580.159.04-gpm.txt`): percentages with NVML's names,
+/// two samples in either order, one sample twice refused, a MIG sample refused with MIG off;
+/// and samples of two scopes refused.
 #[test]
 fn the_stand_ins_gpm_answers_nvml_wrappers_api_and_refuses_mismatched_samples() {
     use nvml_wrapper::enums::gpm::GpmMetricId;
@@ -1142,6 +1144,10 @@ fn the_stand_ins_gpm_answers_nvml_wrappers_api_and_refuses_mismatched_samples() 
         s.gpus[H100 as usize].gpm = Some(FakeGpm {
             gpu: activity(33.0, 11.0),
             instances: [(first, activity(80.0, 40.0))].into(),
+        });
+        s.gpus[H100_OFF as usize].gpm = Some(FakeGpm {
+            gpu: activity(0.0, 0.0),
+            instances: Default::default(),
         });
     });
     let first = m.state().gpus[H100 as usize].device.gpu_instances()[0].id;
@@ -1161,11 +1167,23 @@ fn the_stand_ins_gpm_answers_nvml_wrappers_api_and_refuses_mismatched_samples() 
     ];
     let (a, b) = (h100.gpm_sample().unwrap(), h100.gpm_sample().unwrap());
     let values = gpm_metrics_get(&nvml, &a, &b, &ids).unwrap();
-    assert_eq!(values[0].as_ref().unwrap().value, 33.0);
+    let util = values[0].as_ref().unwrap();
+    assert_eq!(util.value, 33.0);
+    assert_eq!(
+        (
+            util.metric_info.short_name.as_str(),
+            util.metric_info.long_name.as_str(),
+            util.metric_info.unit.as_str()
+        ),
+        ("smutil", "SM_UTIL", "%")
+    );
     assert_eq!(values[1].as_ref().unwrap().value, 11.0);
+    assert_eq!(values[1].as_ref().unwrap().metric_info.short_name, "smocc");
     assert!(matches!(values[2], Err(NvmlError::NotSupported)));
+    let reversed = gpm_metrics_get(&nvml, &b, &a, &ids).unwrap();
+    assert_eq!(reversed[0].as_ref().unwrap().value, 33.0);
     assert!(matches!(
-        gpm_metrics_get(&nvml, &b, &a, &ids),
+        gpm_metrics_get(&nvml, &a, &a, &ids),
         Err(NvmlError::InvalidArg)
     ));
     let (c, d) = (
@@ -1183,11 +1201,14 @@ fn the_stand_ins_gpm_answers_nvml_wrappers_api_and_refuses_mismatched_samples() 
         gpm_metrics_get(&nvml, &a, &d, &ids),
         Err(NvmlError::InvalidArg)
     ));
-    assert!(matches!(h100.gpm_mig_sample(99), Err(NvmlError::NotFound)));
+    assert!(matches!(
+        h100.gpm_mig_sample(99),
+        Err(NvmlError::InvalidArg)
+    ));
     // Not in MIG mode: no instance to sample.
     let off = nvml.device_by_index(H100_OFF).unwrap();
     assert!(matches!(
         off.gpm_mig_sample(first),
-        Err(NvmlError::NotSupported)
+        Err(NvmlError::InvalidArg)
     ));
 }

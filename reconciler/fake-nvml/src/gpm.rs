@@ -4,9 +4,15 @@
 //! A sample buffer is memory this library allocates (`nvmlGpmSampleAlloc`) and frees
 //! (`nvmlGpmSampleFree`), as NVML's are. A sample records the figures the state file holds when
 //! it is taken, what it is of (GPU, GPU instance) and its place in the order samples were
-//! taken; `nvmlGpmMetricsGet` refuses two samples of different scopes, or out of order, and
-//! answers the later one's figures for `SM_UTIL` and `SM_OCCUPANCY` (every other metric
-//! answers `NOT_SUPPORTED` in its own entry, as NVML reports a metric it cannot compute).
+//! taken; `nvmlGpmMetricsGet` answers the later one's figures for `SM_UTIL` and `SM_OCCUPANCY`,
+//! in percent, with NVML's names for them.
+//!
+//! As a real H100 answered (driver 580.159.04, `evidence/h100-580.159.04-gpm.txt`): one sample
+//! twice, or one never filled, is `INVALID_ARGUMENT`; two samples in either order are measured;
+//! a struct version other than 1 is `ARGUMENT_VERSION_MISMATCH`; a MIG sample of a GPU with
+//! MIG off is `INVALID_ARGUMENT`; freeing NULL succeeds. Beyond the evidence: samples of two
+//! scopes are `INVALID_ARGUMENT`, and every metric but those two answers `NOT_SUPPORTED` in its
+//! own entry (the H100 computes them all; the driver asks for none).
 
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,6 +92,9 @@ pub unsafe extern "C" fn nvmlGpmSampleAlloc(gpmSample: *mut nvmlGpmSample_t) -> 
 /// `gpmSample` is null or a live buffer from `nvmlGpmSampleAlloc`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpmSampleFree(gpmSample: nvmlGpmSample_t) -> nvmlReturn_t {
+    if gpmSample.is_null() {
+        return SUCCESS;
+    }
     // SAFETY: per the caller's contract.
     let Some(s) = (unsafe { sample(gpmSample) }) else {
         return INVALID_ARGUMENT;
@@ -155,13 +164,11 @@ pub unsafe extern "C" fn nvmlGpmMigSampleGet(
         let s = unsafe { sample(gpmSample) }.ok_or(INVALID_ARGUMENT)?;
         let gpu = &st.gpus[g as usize];
         let gpm = gpu.gpm.as_ref().ok_or(NOT_SUPPORTED)?;
-        if !gpu.device.mig_mode().current {
-            return Err(NOT_SUPPORTED);
-        }
         let exists = gpu.device.gpu_instance(gpuInstanceId).is_some()
             || gpu.foreign.iter().any(|f| f.id == gpuInstanceId);
-        if !exists {
-            return Err(NOT_FOUND);
+        // With MIG off there is no instance: the H100 answered INVALID_ARGUMENT.
+        if !gpu.device.mig_mode().current || !exists {
+            return Err(INVALID_ARGUMENT);
         }
         let activity = *gpm.instances.get(&gpuInstanceId).ok_or(NOT_SUPPORTED)?;
         s.taken = Some(taken(g, Some(gpuInstanceId), activity));
@@ -204,22 +211,32 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(metricsGet: *mut nvmlGpmMetricsGet_t)
         return INVALID_ARGUMENT;
     };
     if (first.gpu, first.gpu_instance) != (second.gpu, second.gpu_instance)
-        || first.order >= second.order
+        || first.order == second.order
     {
         return INVALID_ARGUMENT;
     }
+    let later = if first.order < second.order {
+        second
+    } else {
+        first
+    };
     for metric in &mut m.metrics[..m.numMetrics as usize] {
+        // Names as the H100 gave them.
         let value = if metric.metricId == nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL {
-            Some(second.activity.sm_util)
+            Some((later.activity.sm_util, c"smutil", c"SM_UTIL"))
         } else if metric.metricId == nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY {
-            Some(second.activity.sm_occupancy)
+            Some((later.activity.sm_occupancy, c"smocc", c"SM_OCCUPANCY"))
         } else {
             None
         };
         match value {
-            Some(v) => {
+            Some((v, short, long)) => {
                 metric.nvmlReturn = SUCCESS;
                 metric.value = v;
+                // Static strings: NVML's are its own too, never freed by the caller.
+                metric.metricInfo.shortName = short.as_ptr().cast_mut();
+                metric.metricInfo.longName = long.as_ptr().cast_mut();
+                metric.metricInfo.unit = c"%".as_ptr().cast_mut();
             }
             None => metric.nvmlReturn = NOT_SUPPORTED,
         }
