@@ -272,8 +272,8 @@ fn a_week_with_preemptions_and_restarts_adds_up_to_the_fleet_to_the_second() {
         sum(store.usage(T0, mid).unwrap()) + sum(store.usage(mid, end).unwrap()),
         fleet
     );
-    // By pool and by model the lines add up to the same total.
-    for by in [By::Pool, By::Model] {
+    // By team (a and b, at depth 1), pool and model the lines add up to the same total.
+    for by in [By::Team { depth: 1 }, By::Pool, By::Model] {
         let s = report::summarize(&report, by, Some(&rates));
         assert_eq!(
             s.lines.iter().map(|l| l.gpu_unit_seconds).sum::<i64>(),
