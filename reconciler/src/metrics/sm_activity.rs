@@ -136,8 +136,11 @@ pub fn groups(observation: &Observation, records: &[WorkloadRecord]) -> Groups {
                 .collect()
         };
         for (start, weight, activity) in units {
+            // An instance is held by the workload bound to it, or by one bound to the whole
+            // GPU (a whole-GPU shape placed on a GPU laid out as one 7g instance).
             let held = holders
                 .get(&(d.gpu.clone(), start))
+                .or_else(|| start.and_then(|_| holders.get(&(d.gpu.clone(), None))))
                 .map_or(&[][..], Vec::as_slice);
             let mut unheld = weight;
             for &(tenant, workload, share) in held {
@@ -367,6 +370,8 @@ mod tests {
             detail(2, vec![], sm(40.0)),
             // GPU 3: free and without GPM.
             detail(3, vec![], None),
+            // GPU 4: one 7g instance, held by a whole-GPU binding of b, at 20%.
+            detail(4, vec![instance(1, "7g.80gb", 0, sm(20.0))], sm(20.0)),
         ]);
         let records = [
             running("a", "whole", json!([{"node": "n", "gpus": [0]}])),
@@ -390,6 +395,7 @@ mod tests {
                 "s2",
                 json!([{"node": "n", "gpus": [2], "share": 0.25}]),
             ),
+            running("b", "whole7g", json!([{"node": "n", "gpus": [4]}])),
         ];
         let g = groups(&o, &records);
         let a = &g.allocations[&alloc("a")];
@@ -402,10 +408,17 @@ mod tests {
             "{a:?}"
         );
         let b = &g.allocations[&alloc("b")];
-        assert!((b.reporting - (4.0 / 7.0 + 0.25)).abs() < 1e-9, "{b:?}");
+        assert!(
+            (b.reporting - (4.0 / 7.0 + 0.25 + 1.0)).abs() < 1e-9,
+            "{b:?}"
+        );
         assert!(close(
             b.active_ratio(),
-            (4.0 / 7.0 * 0.5 + 0.25 * 0.4) / (4.0 / 7.0 + 0.25)
+            (4.0 / 7.0 * 0.5 + 0.25 * 0.4 + 0.2) / (4.0 / 7.0 + 0.25 + 1.0)
+        ));
+        assert!(close(
+            g.workloads[&workload("b", "whole7g")].active_ratio(),
+            0.2
         ));
         // Unallocated: half of GPU 2 reports, GPU 3 does not.
         let free = &g.allocations[&alloc("")];
@@ -428,7 +441,7 @@ mod tests {
             .values()
             .map(|s| s.reporting + s.unreported)
             .sum();
-        assert!((total - 4.0).abs() < 1e-9, "{total}");
+        assert!((total - 5.0).abs() < 1e-9, "{total}");
     }
 
     /// A workload that stops has no series left; a pool and tenant that empties reads 0.
