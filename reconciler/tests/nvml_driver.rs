@@ -1212,3 +1212,31 @@ fn the_stand_ins_gpm_answers_nvml_wrappers_api_and_refuses_mismatched_samples() 
         Err(NvmlError::InvalidArg)
     ));
 }
+
+/// A GPM call that fails (other than a lost GPU) leaves the activity unreported and the
+/// observation whole; the next samples measure again.
+#[test]
+fn a_failing_gpm_call_reports_no_activity_and_stops_nothing() {
+    let m = Machine::new(|s| {
+        s.gpus[H100_OFF as usize].gpm = Some(FakeGpm {
+            gpu: activity(64.0, 32.0),
+            instances: Default::default(),
+        });
+    });
+    let mut nvml = m.nvml();
+    m.edit(|s| {
+        s.faults.push(FakeFault::Fail {
+            function: "nvmlGpmSampleGet".into(),
+            gpu: Some(H100_OFF),
+            code: NvmlReturn::Unknown,
+            times: 1,
+            after: 0,
+        })
+    });
+    let o = nvml.observe().expect("the observation stands");
+    assert_eq!(sm(&o, H100_OFF), None);
+    assert_eq!(o.nodes[0].gpus.len(), 3);
+    // The failed sample left no earlier one: one more observation to measure from.
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), None);
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), reported(64.0, 32.0));
+}

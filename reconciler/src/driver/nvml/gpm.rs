@@ -13,8 +13,10 @@
 //! sees are freed.
 //!
 //! Where GPM is not there (a GPU before Hopper, a driver without the symbols, `NOT_SUPPORTED`
-//! for a MIG instance) the activity is `None`; any other failure fails the GPU's read, as any
-//! NVML failure does.
+//! for a MIG instance) the activity is `None`. So it is where a GPM call fails otherwise: a
+//! measurement that cannot be taken must not stop the reconcile loop, whose observation is
+//! about geometry and processes. Such a failure is logged once per distinct error; only a lost
+//! GPU fails the read (it is reported lost, as for any call).
 
 use std::collections::BTreeMap;
 use std::ptr;
@@ -24,6 +26,8 @@ use nvml_wrapper_sys::bindings::{
     nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY, nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL,
     nvmlGpmMetricsGet_t, nvmlGpmSample_t, nvmlGpmSupport_t,
 };
+
+use tracing::warn;
 
 use super::{NvmlDriver, SUCCESS, check};
 use crate::driver::{DriverError, GpuDetail, GpuRef, NvmlReturn, SmActivity};
@@ -72,19 +76,22 @@ impl NvmlDriver {
     ) -> Result<(), DriverError> {
         let gpu = detail.gpu.clone();
         let mut sampled = Vec::new();
-        if self.gpm_supported(&gpu, h)? {
+        let supported = self.gpm_supported(&gpu, h);
+        if self.tolerated(supported)?.unwrap_or(false) {
             let whole = Scope {
                 gpu: gpu.index,
                 instance: None,
             };
-            detail.sm_activity = self.measure(&gpu, h, whole)?;
+            let measured = self.measure(&gpu, h, whole);
+            detail.sm_activity = self.tolerated(measured)?.flatten();
             sampled.push(whole);
             for gi in &mut detail.instances {
                 let scope = Scope {
                     gpu: gpu.index,
                     instance: Some((gi.id, gi.profile_id, gi.start)),
                 };
-                gi.sm_activity = self.measure(&gpu, h, scope)?;
+                let measured = self.measure(&gpu, h, scope);
+                gi.sm_activity = self.tolerated(measured)?.flatten();
                 sampled.push(scope);
             }
         }
@@ -100,6 +107,21 @@ impl NvmlDriver {
             }
         }
         Ok(())
+    }
+
+    /// A GPM result, with its failure turned into nothing reported (logged the first time it
+    /// is seen); a lost GPU stays an error.
+    fn tolerated<T>(&mut self, result: Result<T, DriverError>) -> Result<Option<T>, DriverError> {
+        match result {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.code() == Some(NvmlReturn::GpuIsLost) => Err(e),
+            Err(e) => {
+                if self.gpm_warned.insert(e.to_string()) {
+                    warn!("SM activity not reported: {e}");
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// Takes a sample of `scope`; the activity since its previous sample, if it has one and

@@ -88,6 +88,8 @@ pub struct NvmlDriver {
     process_stride: usize,
     /// Each GPM scope's last sample, measured from at the next observation ([`gpm`]).
     gpm_samples: gpm::Samples,
+    /// The GPM failures already logged (each once).
+    gpm_warned: std::collections::BTreeSet<String>,
 }
 
 impl Drop for NvmlDriver {
@@ -217,6 +219,7 @@ impl NvmlDriver {
             driver_version: String::new(),
             process_stride: version::PROCESS_INFO,
             gpm_samples: gpm::Samples::new(),
+            gpm_warned: std::collections::BTreeSet::new(),
         };
         driver.driver_version = driver.read_driver_version()?;
         driver.process_stride = version::process_info_stride(&driver.driver_version);
