@@ -201,9 +201,9 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ReportCommand {
     /// GPU-hours (guaranteed, borrowed, held idle for reservations, lost to preemptions) and
-    /// their cost per tenant, rolled up the tenant tree, in [SINCE, UNTIL). A tenant's token
-    /// sees its own subtree, the operator's the whole fleet. Lines of one level add up exactly
-    /// to the total.
+    /// their cost per tenant, rolled up the tenant tree, in [SINCE, UNTIL); or per team, pool
+    /// or GPU model. A tenant's token sees its own subtree, the operator's the whole fleet.
+    /// Lines of one level add up exactly to the total.
     Usage {
         #[command(flatten)]
         server: ServerArgs,
@@ -215,6 +215,11 @@ pub enum ReportCommand {
         until: String,
         #[arg(long, value_enum, default_value_t = UsageBy::Tenant)]
         by: UsageBy,
+        /// With `--by team`: the depth of the tenant tree whose tenants are the teams (the root
+        /// is 0, its children 1). Deeper tenants count under their team; a shallower tenant is
+        /// a line of its own with only its own usage.
+        #[arg(long, value_name = "DEPTH", default_value_t = 2)]
+        team_depth: usize,
         /// Prices per GPU model and MIG profile (YAML: `currency`, `gpuHour`, `migProfileHour`).
         #[arg(long, value_name = "FILE")]
         rates: Option<PathBuf>,
@@ -227,6 +232,9 @@ pub enum ReportCommand {
 pub enum UsageBy {
     /// Every tenant, counting its subtree.
     Tenant,
+    /// Every team (by default the root's grandchildren, as in root/organisation/team),
+    /// counting the projects under it; see --team-depth.
+    Team,
     Pool,
     /// GPU model.
     Model,

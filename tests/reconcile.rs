@@ -1787,6 +1787,34 @@ fn usage_is_metered_and_reported_per_tenant_subtree() {
         json!(3000 * ran)
     );
     assert_eq!(all["total"]["gpuUnitSeconds"], json!(3000 * ran));
+    // By team, the quickstart's teams being the root's children: product's line is all of it.
+    let (code, out) = cli(
+        &service,
+        ADMIN,
+        &[
+            "report",
+            "usage",
+            "--since",
+            since,
+            "--until",
+            until,
+            "--by",
+            "team",
+            "--team-depth",
+            "1",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let teams: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        line(&teams, "product").expect("product's line")["gpuUnitSeconds"],
+        json!(3000 * ran),
+        "{teams}"
+    );
+    assert!(line(&teams, "org").is_none(), "{teams}");
+    assert_eq!(teams["total"]["gpuUnitSeconds"], json!(3000 * ran));
     // A tenant sees its own subtree only.
     let own = report(PRODUCT);
     assert!(line(&own, "org").is_none(), "{own}");

@@ -4,10 +4,10 @@
 //! reconfigurations, actions) are counters; durations are histograms.
 //!
 //! Hardware utilization ([`utilization`]) is NVML's utilization rate of allocated GPUs, per pool
-//! and tenant, with the allocated GPUs that have sat idle. SM activity (DCGM or NVML GPM
-//! samples) is not read by either driver yet: no `sm_active` figure is exported rather than one
-//! estimated.
+//! and tenant, with the allocated GPUs that have sat idle; SM activity ([`sm_activity`]) is
+//! NVML GPM's, per pool and tenant and per running workload, where the GPUs have GPM.
 
+pub mod sm_activity;
 pub mod utilization;
 
 use std::collections::BTreeMap;
@@ -97,6 +97,7 @@ pub struct Metrics {
     sync: Family<StatusLabels, Gauge>,
     health: Family<StatusLabels, Gauge>,
     utilization: utilization::UtilizationMetrics,
+    sm_activity: sm_activity::SmActivityMetrics,
     /// Label sets set at the previous cycle, so that a pool or reason that disappears reads 0
     /// rather than its last value.
     seen: Mutex<Seen>,
@@ -151,6 +152,7 @@ impl Metrics {
             sync: Family::default(),
             health: Family::default(),
             utilization: utilization::UtilizationMetrics::default(),
+            sm_activity: sm_activity::SmActivityMetrics::default(),
             seen: Mutex::new(Seen::default()),
             registry: Registry::default(),
         };
@@ -272,10 +274,12 @@ impl Metrics {
             m.health.clone(),
         );
         m.utilization.register(&mut registry);
+        m.sm_activity.register(&mut registry);
         Metrics { registry, ..m }
     }
 
-    /// The utilization of allocated GPUs as `observation` reports it (see [`utilization`]).
+    /// The utilization and SM activity of allocated GPUs as `observation` reports them (see
+    /// [`utilization`] and [`sm_activity`]).
     pub fn record_utilization(
         &self,
         observation: &crate::driver::Observation,
@@ -283,6 +287,7 @@ impl Metrics {
         now: i64,
     ) {
         self.utilization.record(observation, records, now);
+        self.sm_activity.record(observation, records);
     }
 
     /// Replaces the fleet gauges with the figures of `decision`, taken at `now` (unix seconds).
@@ -659,10 +664,25 @@ mod tests {
                     gpu_percent: 3,
                     memory_percent: 1,
                 }),
+                sm_activity: crate::driver::SmActivity::checked(42.0, 21.0),
             }],
         };
+        // One running workload on the GPU, so that the per-workload families have a series.
+        let store = crate::store::Store::open_in_memory().unwrap();
+        let spec = serde_json::from_value(serde_json::json!({
+            "tenant": "a", "sloClass": "batch", "gpu": {"count": 1},
+        }))
+        .unwrap();
+        store
+            .submit("w", &spec, crate::store::Origin::Submitted, 0)
+            .unwrap();
+        let key = tessera_compiler::WorkloadKey::new("a", "w");
+        let binding: Vec<tessera_compiler::model::Binding> =
+            serde_json::from_value(serde_json::json!([{"node": "n", "gpus": [0]}])).unwrap();
+        store.mark_starting(&key, &binding, 0).unwrap();
+        let running = store.mark_running(&key, &[], 0).unwrap();
         m.record_lost(&observation);
-        m.record_utilization(&observation, &[], 100);
+        m.record_utilization(&observation, &[running], 100);
         m.record_status("Synced", "Healthy");
         let exposition = m.encode();
         let families: Vec<&str> = exposition

@@ -70,6 +70,7 @@ fn observe(nodes: &[Node], processes: &[(GpuRef, GpuProcess)]) -> Observation {
                         id: 0,
                         uuid: format!("MIG-{}-{}", g.index, inst.start),
                     }],
+                    sm_activity: None,
                 })
                 .collect();
             let processes = processes
@@ -82,6 +83,7 @@ fn observe(nodes: &[Node], processes: &[(GpuRef, GpuProcess)]) -> Observation {
                 instances,
                 processes,
                 utilization: None,
+                sm_activity: None,
             });
         }
     }

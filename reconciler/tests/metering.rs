@@ -84,9 +84,16 @@ impl Lcg {
     }
 }
 
+/// Meters as the service does (`meter_store`), checking on the way that the store's placed
+/// runs are exactly the live workloads' runs (what `meter_placed` meters from full records).
 fn meter(store: &Store, now: i64) {
     let live = store.live().expect("live");
-    metering::meter_placed(store, &live, || Ok::<_, String>(nodes()), now).expect("meter");
+    let mut from_records: Vec<RunKey> = live.iter().filter_map(metering::runs::run_key).collect();
+    let mut placed = store.placed_runs().expect("placed runs");
+    from_records.sort();
+    placed.sort();
+    assert_eq!(placed, from_records);
+    metering::meter_store(store, || Ok::<_, String>(nodes()), now).expect("meter");
 }
 
 struct Truth {
@@ -272,8 +279,8 @@ fn a_week_with_preemptions_and_restarts_adds_up_to_the_fleet_to_the_second() {
         sum(store.usage(T0, mid).unwrap()) + sum(store.usage(mid, end).unwrap()),
         fleet
     );
-    // By pool and by model the lines add up to the same total.
-    for by in [By::Pool, By::Model] {
+    // By team (a and b, at depth 1), pool and model the lines add up to the same total.
+    for by in [By::Team { depth: 1 }, By::Pool, By::Model] {
         let s = report::summarize(&report, by, Some(&rates));
         assert_eq!(
             s.lines.iter().map(|l| l.gpu_unit_seconds).sum::<i64>(),

@@ -9,14 +9,16 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tessera_compiler::model::{Gpu, Health, Node};
-use tessera_fake_nvml::state::{FakeFault, FakeGpu, FakeState, FakeUtilization, STATE_ENV};
+use tessera_fake_nvml::state::{
+    FakeFault, FakeGpm, FakeGpu, FakeSmActivity, FakeState, FakeUtilization, STATE_ENV,
+};
 use tessera_mig::device::{InitialInstance, MigDevice, MigMode, ProcessScope};
 use tessera_mig::{Placement, builtin_model};
 use tessera_reconciler::driver::faults::{Call, Fault, FaultPlan};
 use tessera_reconciler::driver::nvml::NvmlDriver;
 use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
 use tessera_reconciler::driver::{
-    DriverError, GpuRef, GpuUtilization, NodeDriver, NvmlReturn, Observation,
+    DriverError, GpuRef, GpuUtilization, NodeDriver, NvmlReturn, Observation, SmActivity,
 };
 
 const H100: u32 = 0;
@@ -108,6 +110,7 @@ fn fake_gpus(node: &Node) -> Vec<FakeGpu> {
                 device,
                 foreign: Vec::new(),
                 utilization: None,
+                gpm: None,
             }
         })
         .collect()
@@ -996,4 +999,244 @@ fn utilization_is_read_where_reported_and_absent_where_not() {
     assert_eq!(of(&o, 0), None);
     m.edit(|s| s.gpus[H100_OFF as usize].utilization = None);
     assert_eq!(of(&m.nvml().observe().unwrap(), H100_OFF), None);
+}
+
+fn activity(sm_util: f64, sm_occupancy: f64) -> FakeSmActivity {
+    FakeSmActivity {
+        sm_util,
+        sm_occupancy,
+    }
+}
+
+fn sm(o: &Observation, index: u32) -> Option<SmActivity> {
+    o.details[index as usize].sm_activity
+}
+
+/// The SM activity of each GPU instance of GPU `index`, by instance id.
+fn instance_sm(o: &Observation, index: u32) -> Vec<(u32, Option<SmActivity>)> {
+    o.details[index as usize]
+        .instances
+        .iter()
+        .map(|gi| (gi.id, gi.sm_activity))
+        .collect()
+}
+
+fn reported(sm_util_percent: f64, sm_occupancy_percent: f64) -> Option<SmActivity> {
+    Some(SmActivity {
+        sm_util_percent,
+        sm_occupancy_percent,
+    })
+}
+
+/// GPM's SM activity is measured between one observation's sample and the next, for the
+/// whole GPU and for each MIG instance the library reports it for; a GPU without GPM (the
+/// A100), an instance the library has no figure for, and a scope's first sample report none.
+#[test]
+fn sm_activity_is_measured_between_observations_where_gpm_is_supported() {
+    let m = Machine::new(|s| {
+        let first = s.gpus[H100 as usize].device.gpu_instances()[0].id;
+        s.gpus[H100 as usize].gpm = Some(FakeGpm {
+            gpu: activity(40.0, 20.0),
+            instances: [(first, activity(90.0, 55.5))].into(),
+        });
+        s.gpus[H100_OFF as usize].gpm = Some(FakeGpm {
+            gpu: activity(62.5, 30.0),
+            instances: Default::default(),
+        });
+    });
+    let mut nvml = m.nvml();
+    // Opening observed once: this observation measures from its samples.
+    let o = nvml.observe().unwrap();
+    assert_eq!(sm(&o, H100_OFF), reported(62.5, 30.0));
+    assert_eq!(sm(&o, H100), reported(40.0, 20.0));
+    let ids: Vec<u32> = o.details[H100 as usize]
+        .instances
+        .iter()
+        .map(|gi| gi.id)
+        .collect();
+    let first = m.state().gpus[H100 as usize].device.gpu_instances()[0].id;
+    let want: Vec<(u32, Option<SmActivity>)> = ids
+        .iter()
+        .map(|&id| (id, (id == first).then(|| reported(90.0, 55.5)).flatten()))
+        .collect();
+    assert_eq!(instance_sm(&o, H100), want);
+    assert_eq!(sm(&o, A100), None);
+    // A new figure is the next interval's.
+    m.edit(|s| s.gpus[H100_OFF as usize].gpm.as_mut().unwrap().gpu = activity(5.0, 1.0));
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), reported(5.0, 1.0));
+    // GPM gone: nothing; back: nothing until a second sample, then the figure.
+    let gpm = m.state().gpus[H100_OFF as usize].gpm.clone();
+    m.edit(|s| s.gpus[H100_OFF as usize].gpm = None);
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), None);
+    m.edit(|s| s.gpus[H100_OFF as usize].gpm = gpm);
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), None);
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), reported(5.0, 1.0));
+    // A fresh driver measures from the samples its opening took.
+    assert_eq!(
+        sm(&m.nvml().observe().unwrap(), H100_OFF),
+        reported(5.0, 1.0)
+    );
+}
+
+/// An instance destroyed and made again is a new scope: never measured across the change.
+#[test]
+fn a_remade_instance_starts_its_sm_activity_over() {
+    let m = Machine::new(|s| {
+        let ids: Vec<u32> = s.gpus[H100 as usize]
+            .device
+            .gpu_instances()
+            .iter()
+            .map(|gi| gi.id)
+            .collect();
+        s.gpus[H100 as usize].gpm = Some(FakeGpm {
+            gpu: activity(10.0, 10.0),
+            instances: ids.iter().map(|&id| (id, activity(70.0, 35.0))).collect(),
+        });
+    });
+    let mut nvml = m.nvml();
+    let o = nvml.observe().unwrap();
+    let (id, _) = instance_sm(&o, H100)[1];
+    assert!(
+        instance_sm(&o, H100)
+            .iter()
+            .all(|(_, a)| *a == reported(70.0, 35.0))
+    );
+    let gi = &o.details[H100 as usize].instances[1];
+    let (profile, start) = (gi.profile_id, gi.start);
+    let ci = gi.compute_instances[0].id;
+    nvml.destroy_compute_instance(&gpu(H100), id, ci).unwrap();
+    nvml.destroy_gpu_instance(&gpu(H100), id).unwrap();
+    // Half the slices of the old instance, at its start: another profile, maybe the same id.
+    let small = builtin_model("H100-SXM5-80GB")
+        .unwrap()
+        .resolve_profile("1g.10gb")
+        .unwrap();
+    let remade = nvml.create_gpu_instance(&gpu(H100), small, start).unwrap();
+    assert_ne!(small, profile);
+    nvml.create_compute_instance(&gpu(H100), remade).unwrap();
+    m.edit(|s| {
+        let gpm = s.gpus[H100 as usize].gpm.as_mut().unwrap();
+        gpm.instances.insert(remade, activity(12.0, 6.0));
+    });
+    let o = nvml.observe().unwrap();
+    let of = |o: &Observation| {
+        instance_sm(o, H100)
+            .into_iter()
+            .find(|(i, _)| *i == remade)
+            .unwrap()
+            .1
+    };
+    assert_eq!(of(&o), None);
+    assert_eq!(of(&nvml.observe().unwrap()), reported(12.0, 6.0));
+}
+
+/// The stand-in's GPM answers nvml-wrapper's own API (an independent reader of the same ABI)
+/// as a real H100 did (`evidence/h100-580.159.04-gpm.txt`): percentages with NVML's names,
+/// two samples in either order, one sample twice refused, a MIG sample refused with MIG off;
+/// and samples of two scopes refused.
+#[test]
+fn the_stand_ins_gpm_answers_nvml_wrappers_api_and_refuses_mismatched_samples() {
+    use nvml_wrapper::enums::gpm::GpmMetricId;
+    use nvml_wrapper::error::NvmlError;
+    use nvml_wrapper::gpm::gpm_metrics_get;
+    let m = Machine::new(|s| {
+        let first = s.gpus[H100 as usize].device.gpu_instances()[0].id;
+        s.gpus[H100 as usize].gpm = Some(FakeGpm {
+            gpu: activity(33.0, 11.0),
+            instances: [(first, activity(80.0, 40.0))].into(),
+        });
+        s.gpus[H100_OFF as usize].gpm = Some(FakeGpm {
+            gpu: activity(0.0, 0.0),
+            instances: Default::default(),
+        });
+    });
+    let first = m.state().gpus[H100 as usize].device.gpu_instances()[0].id;
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(fake_library().as_os_str())
+        .init()
+        .unwrap();
+    let h100 = nvml.device_by_index(H100).unwrap();
+    let a100 = nvml.device_by_index(A100).unwrap();
+    assert!(h100.gpm_support().unwrap());
+    assert!(!a100.gpm_support().unwrap());
+    assert!(matches!(a100.gpm_sample(), Err(NvmlError::NotSupported)));
+    let ids = [
+        GpmMetricId::SmUtil,
+        GpmMetricId::SmOccupancy,
+        GpmMetricId::Fp64Util,
+    ];
+    let (a, b) = (h100.gpm_sample().unwrap(), h100.gpm_sample().unwrap());
+    let values = gpm_metrics_get(&nvml, &a, &b, &ids).unwrap();
+    let util = values[0].as_ref().unwrap();
+    assert_eq!(util.value, 33.0);
+    assert_eq!(
+        (
+            util.metric_info.short_name.as_str(),
+            util.metric_info.long_name.as_str(),
+            util.metric_info.unit.as_str()
+        ),
+        ("smutil", "SM_UTIL", "%")
+    );
+    assert_eq!(values[1].as_ref().unwrap().value, 11.0);
+    assert_eq!(values[1].as_ref().unwrap().metric_info.short_name, "smocc");
+    assert!(matches!(values[2], Err(NvmlError::NotSupported)));
+    let reversed = gpm_metrics_get(&nvml, &b, &a, &ids).unwrap();
+    assert_eq!(reversed[0].as_ref().unwrap().value, 33.0);
+    assert!(matches!(
+        gpm_metrics_get(&nvml, &a, &a, &ids),
+        Err(NvmlError::InvalidArg)
+    ));
+    let (c, d) = (
+        h100.gpm_mig_sample(first).unwrap(),
+        h100.gpm_mig_sample(first).unwrap(),
+    );
+    assert_eq!(
+        gpm_metrics_get(&nvml, &c, &d, &ids[..1]).unwrap()[0]
+            .as_ref()
+            .unwrap()
+            .value,
+        80.0
+    );
+    assert!(matches!(
+        gpm_metrics_get(&nvml, &a, &d, &ids),
+        Err(NvmlError::InvalidArg)
+    ));
+    assert!(matches!(
+        h100.gpm_mig_sample(99),
+        Err(NvmlError::InvalidArg)
+    ));
+    // Not in MIG mode: no instance to sample.
+    let off = nvml.device_by_index(H100_OFF).unwrap();
+    assert!(matches!(
+        off.gpm_mig_sample(first),
+        Err(NvmlError::InvalidArg)
+    ));
+}
+
+/// A GPM call that fails (other than a lost GPU) leaves the activity unreported and the
+/// observation whole; the next samples measure again.
+#[test]
+fn a_failing_gpm_call_reports_no_activity_and_stops_nothing() {
+    let m = Machine::new(|s| {
+        s.gpus[H100_OFF as usize].gpm = Some(FakeGpm {
+            gpu: activity(64.0, 32.0),
+            instances: Default::default(),
+        });
+    });
+    let mut nvml = m.nvml();
+    m.edit(|s| {
+        s.faults.push(FakeFault::Fail {
+            function: "nvmlGpmSampleGet".into(),
+            gpu: Some(H100_OFF),
+            code: NvmlReturn::Unknown,
+            times: 1,
+            after: 0,
+        })
+    });
+    let o = nvml.observe().expect("the observation stands");
+    assert_eq!(sm(&o, H100_OFF), None);
+    assert_eq!(o.nodes[0].gpus.len(), 3);
+    // The failed sample left no earlier one: one more observation to measure from.
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), None);
+    assert_eq!(sm(&nvml.observe().unwrap(), H100_OFF), reported(64.0, 32.0));
 }

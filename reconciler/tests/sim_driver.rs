@@ -701,3 +701,69 @@ fn a_fault_plan_file_is_loaded() {
     let err = FaultPlan::load(&path).unwrap_err().to_string();
     assert!(err.contains("faults.yaml") && err.contains("nope"), "{err}");
 }
+
+/// The SM activity set in the state file is reported: the GPU's, in MIG mode too, and a MIG
+/// instance's by its GPU instance id; an id no instance has is not reported, and a GPU with
+/// none set reports none.
+#[test]
+fn sm_activity_from_the_state_file_is_reported() {
+    let mut f = fleet();
+    let obs = f.sim.observe().unwrap();
+    let mig = obs
+        .details
+        .iter()
+        .find(|d| !d.instances.is_empty())
+        .expect("a GPU with MIG instances")
+        .clone();
+    let id = mig.instances[0].id;
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.state()).unwrap()).unwrap();
+    for node in state["nodes"].as_array_mut().unwrap() {
+        if node["node"]["name"] != mig.gpu.node.as_str() {
+            continue;
+        }
+        for g in node["gpus"].as_array_mut().unwrap() {
+            if g["index"] == mig.gpu.index {
+                g["sm_activity"] =
+                    serde_json::json!({"smUtilPercent": 40.0, "smOccupancyPercent": 20.0});
+                g["instance_sm_activity"] = serde_json::json!({
+                    id.to_string(): {"smUtilPercent": 75.5, "smOccupancyPercent": 30.0},
+                    "99": {"smUtilPercent": 1.0, "smOccupancyPercent": 1.0},
+                });
+            }
+        }
+    }
+    std::fs::write(f.state(), serde_json::to_string(&state).unwrap()).unwrap();
+    f.sim = f.reopen();
+    let obs = f.sim.observe().unwrap();
+    let d = obs.details.iter().find(|d| d.gpu == mig.gpu).unwrap();
+    let activity = |util: f64, occupancy: f64| {
+        Some(tessera_reconciler::driver::SmActivity {
+            sm_util_percent: util,
+            sm_occupancy_percent: occupancy,
+        })
+    };
+    assert_eq!(d.sm_activity, activity(40.0, 20.0));
+    let reported: Vec<_> = d.instances.iter().map(|i| (i.id, i.sm_activity)).collect();
+    let want: Vec<_> = d
+        .instances
+        .iter()
+        .map(|i| {
+            (
+                i.id,
+                if i.id == id {
+                    activity(75.5, 30.0)
+                } else {
+                    None
+                },
+            )
+        })
+        .collect();
+    assert_eq!(reported, want);
+    assert!(
+        obs.details
+            .iter()
+            .filter(|o| o.gpu != mig.gpu)
+            .all(|o| o.sm_activity.is_none())
+    );
+}

@@ -125,6 +125,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             since,
             until,
             by,
+            team_depth,
             rates,
             output,
         }) => report::usage(report::UsageArgs {
@@ -132,6 +133,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             since,
             until,
             by,
+            team_depth,
             rates,
             output,
         }),

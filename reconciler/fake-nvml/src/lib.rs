@@ -26,6 +26,9 @@
 //! - Reset: NVML has no reset call of its own; `nvmlDeviceSetMigMode` attempts the reset that
 //!   activates the mode and reports its outcome in `activationStatus` (the mode stays pending
 //!   when it fails). The fake does the same, through `MigDevice::reset`.
+//! - GPM ([`state::FakeGpm`]): support per GPU, sample buffers, samples of a GPU or a MIG
+//!   instance, and `SM_UTIL`/`SM_OCCUPANCY` between two samples, from the state file; a GPU
+//!   without it answers as a pre-Hopper GPU does (not supported).
 //! - Compute instances: only the full-size one per GPU instance (what tessera creates and
 //!   `MigDevice` models); asking for a smaller compute instance profile is `NOT_SUPPORTED`.
 
@@ -34,6 +37,7 @@
 
 mod device;
 mod ffi;
+mod gpm;
 mod handle;
 mod init;
 mod instances;

@@ -5,6 +5,7 @@
 use nvml_wrapper_sys::bindings::NvmlLib;
 
 use crate::device::*;
+use crate::gpm::*;
 use crate::init::*;
 use crate::instances::*;
 
@@ -63,6 +64,12 @@ fn exports_have_the_bindings_types(lib: &NvmlLib) {
         nvmlDeviceGetUtilizationRates,
     );
     same(&lib.nvmlDeviceGetName, nvmlDeviceGetName);
+    same(&lib.nvmlGpmQueryDeviceSupport, nvmlGpmQueryDeviceSupport);
+    same(&lib.nvmlGpmSampleAlloc, nvmlGpmSampleAlloc);
+    same(&lib.nvmlGpmSampleFree, nvmlGpmSampleFree);
+    same(&lib.nvmlGpmSampleGet, nvmlGpmSampleGet);
+    same(&lib.nvmlGpmMigSampleGet, nvmlGpmMigSampleGet);
+    same(&lib.nvmlGpmMetricsGet, nvmlGpmMetricsGet);
     same(&lib.nvmlDeviceGetUUID, nvmlDeviceGetUUID);
     same(
         &lib.nvmlDeviceIsMigDeviceHandle,

@@ -109,6 +109,34 @@ pub struct FakeGpu {
     /// mode answers (so does this stand-in while MIG is on, whatever is set here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilization: Option<FakeUtilization>,
+    /// What GPM (`nvmlGpm*`) measures on this GPU; absent: the GPU has no GPM (as every GPU
+    /// before Hopper), and `nvmlGpmQueryDeviceSupport` says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpm: Option<FakeGpm>,
+}
+
+/// The SM activity GPM reports for a GPU and its MIG instances. A sample records the figures
+/// set here when it is taken; `nvmlGpmMetricsGet` answers the later sample's figures as the
+/// activity over the interval (the stand-in has no counters to difference).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeGpm {
+    /// The whole GPU (`nvmlGpmSampleGet`).
+    pub gpu: FakeSmActivity,
+    /// Per GPU instance id (`nvmlGpmMigSampleGet`). An instance that exists but is not listed
+    /// answers `NOT_SUPPORTED`: the stand-in has no figure for it and makes none up.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub instances: std::collections::BTreeMap<u32, FakeSmActivity>,
+}
+
+/// Percentages, as GPM's metrics report them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeSmActivity {
+    /// `NVML_GPM_METRIC_SM_UTIL`.
+    pub sm_util: f64,
+    /// `NVML_GPM_METRIC_SM_OCCUPANCY`.
+    pub sm_occupancy: f64,
 }
 
 /// Percentages over NVML's sample period.
@@ -321,6 +349,7 @@ mod tests {
                 device: MigDevice::new("GPU-00000000-0000-0000-0000-000000000000", model),
                 foreign: Vec::new(),
                 utilization: None,
+                gpm: None,
             }],
             faults,
             driver: DriverTraits::default(),

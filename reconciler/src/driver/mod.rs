@@ -30,7 +30,7 @@ impl std::fmt::Display for GpuRef {
 }
 
 /// A GPU instance as NVML lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuInstanceInfo {
     /// NVML's GPU instance id on its GPU.
     pub id: u32,
@@ -38,6 +38,10 @@ pub struct GpuInstanceInfo {
     /// First memory slice.
     pub start: u8,
     pub compute_instances: Vec<ComputeInstanceInfo>,
+    /// The instance's own SM activity (GPM sampled per MIG instance); `None` where it is not
+    /// reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_activity: Option<SmActivity>,
 }
 
 /// A compute instance; its MIG device carries the UUID that `CUDA_VISIBLE_DEVICES` names.
@@ -58,7 +62,7 @@ pub struct GpuProcess {
 
 /// Everything a driver observes of one GPU beyond [`Node`]: NVML ids of instances, the
 /// processes that hold the device and how busy it is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuDetail {
     pub gpu: GpuRef,
     pub instances: Vec<GpuInstanceInfo>,
@@ -67,6 +71,36 @@ pub struct GpuDetail {
     /// for a GPU in MIG mode): never estimated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilization: Option<GpuUtilization>,
+    /// The whole GPU's SM activity (NVML GPM); `None` where the GPU has no GPM (before
+    /// Hopper) or no interval has been sampled yet: never estimated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_activity: Option<SmActivity>,
+}
+
+/// What NVML's GPU Performance Monitoring (GPM, Hopper and later) measured over the interval
+/// between two samples: of the SMs of the GPU, or of one MIG instance.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SmActivity {
+    /// Percent of the time the SMs were busy (`NVML_GPM_METRIC_SM_UTIL`, DCGM's
+    /// `SM_ACTIVE`), 0 to 100.
+    pub sm_util_percent: f64,
+    /// Percent of the SMs' warp slots occupied (`NVML_GPM_METRIC_SM_OCCUPANCY`), 0 to 100.
+    pub sm_occupancy_percent: f64,
+}
+
+impl SmActivity {
+    /// Both figures clamped to 0..=100, or `None` if either is not a number: what a driver
+    /// reports is a percentage or nothing.
+    pub fn checked(sm_util_percent: f64, sm_occupancy_percent: f64) -> Option<SmActivity> {
+        if sm_util_percent.is_nan() || sm_occupancy_percent.is_nan() {
+            return None;
+        }
+        Some(SmActivity {
+            sm_util_percent: sm_util_percent.clamp(0.0, 100.0),
+            sm_occupancy_percent: sm_occupancy_percent.clamp(0.0, 100.0),
+        })
+    }
 }
 
 /// NVML's utilization rates over its last sample period (`nvmlDeviceGetUtilizationRates`).

@@ -11,6 +11,7 @@
 //! temporary file, then renamed over the old one, so a kill mid-write leaves the previous state
 //! whole), and a state file that exists is loaded instead of the nodes file's geometry.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ use tessera_mig::{Placement, builtin_model};
 use super::faults::{Call, FaultPlan, FaultState};
 use super::{
     ComputeInstanceInfo, DriverError, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef,
-    GpuUtilization, NodeDriver, NvmlReturn, Observation,
+    GpuUtilization, NodeDriver, NvmlReturn, Observation, SmActivity,
 };
 
 /// Bumped when the state file's shape changes; an unknown version is refused, not guessed at.
@@ -83,7 +84,8 @@ fn render(diagnostics: &[Diagnostic]) -> String {
 }
 
 /// One simulated GPU: the health the nodes file gave it (a lost device overrides it), its
-/// MIG state, and the utilization it reports (set in the state file; none unless set).
+/// MIG state, and the utilization and SM activity it reports (set in the state file; none
+/// unless set).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SimGpu {
     index: u32,
@@ -91,6 +93,13 @@ struct SimGpu {
     device: MigDevice,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     utilization: Option<GpuUtilization>,
+    /// The whole GPU's SM activity, as GPM reports it (in MIG mode too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sm_activity: Option<SmActivity>,
+    /// Per GPU instance id: that MIG instance's SM activity. An id no instance has now is
+    /// ignored (the instance it meant was destroyed).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    instance_sm_activity: BTreeMap<u32, SmActivity>,
 }
 
 /// A node: what the nodes file says about it (its `gpus` left empty, the devices are the
@@ -557,6 +566,8 @@ fn sim_gpu(node: &str, gpu: &Gpu) -> Result<SimGpu, SimError> {
         health: gpu.health,
         device,
         utilization: None,
+        sm_activity: None,
+        instance_sm_activity: BTreeMap::new(),
     })
 }
 
@@ -622,11 +633,13 @@ fn detail(node: &str, g: &SimGpu) -> GpuDetail {
                         uuid: c.uuid.clone(),
                     })
                     .collect(),
+                sm_activity: g.instance_sm_activity.get(&gi.id).copied(),
             })
             .collect(),
         processes,
         // As NVML: a GPU in MIG mode reports none.
         utilization: g.utilization.filter(|_| !d.mig_mode().current),
+        sm_activity: g.sm_activity,
     }
 }
 

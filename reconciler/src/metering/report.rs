@@ -1,10 +1,11 @@
 //! The chargeback report: usage rows (`GET /v1/usage`) rolled up the tenant tree, or grouped by
-//! pool or GPU model, priced with [`Rates`], rendered for people (text, HTML) and programs
+//! team, pool or GPU model, priced with [`Rates`], rendered for people (text, HTML) and programs
 //! (CSV, JSON).
 //!
 //! Every figure is summed in integers (GPU unit-seconds, 7000 per GPU-second; costs in
 //! millionths), and a group's figure is the sum of its rows: the lines of one level (the
-//! tenants under one parent, the pools, the models) add up exactly to the fleet's total.
+//! tenants under one parent, the teams, the pools, the models) add up exactly to the fleet's
+//! total.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -39,6 +40,14 @@ pub struct TenantPath {
 pub enum By {
     /// Every tenant, its line counting its whole subtree, in tree order.
     Tenant,
+    /// Each tenant's usage under its ancestor at this depth of the tenant tree (the root is
+    /// depth 0): with the root's children the organisations, depth 2 is their teams, and a
+    /// team's line counts its projects. A tenant above that depth is a line of its own,
+    /// counting only its own usage (its deeper tenants count under their teams), so every row
+    /// counts in exactly one line.
+    Team {
+        depth: usize,
+    },
     Pool,
     Model,
 }
@@ -125,6 +134,7 @@ pub fn summarize(report: &UsageReport, by: By, rates: Option<&Rates>) -> Summary
     }
     let lines = match by {
         By::Tenant => by_tenant(report, &costed),
+        By::Team { depth } => by_team(report, &costed, depth),
         By::Pool => grouped(&costed, |r| r.pool.clone()),
         By::Model => grouped(&costed, |r| {
             r.model
@@ -198,6 +208,50 @@ fn by_tenant(report: &UsageReport, costed: &[(&UsageRow, Option<Micros>)]) -> Ve
                 })
                 .add(row, *cost),
         }
+    }
+    lines.into_values().collect()
+}
+
+/// Each row counted once, under its tenant's ancestor at `depth` (or the tenant itself, when
+/// it is shallower); lines in tree order. The teams of the acme example are the root's
+/// grandchildren: `by_team(.., 2)` puts `nlp-pretrain` under `nlp`.
+fn by_team(
+    report: &UsageReport,
+    costed: &[(&UsageRow, Option<Micros>)],
+    depth: usize,
+) -> Vec<Line> {
+    let paths: BTreeMap<&str, &[String]> = report
+        .tenants
+        .iter()
+        .map(|t| (t.name.as_str(), t.path.as_slice()))
+        .collect();
+    // Keyed by the team's path, so that the map's order is the tree's pre-order.
+    let mut lines: BTreeMap<Vec<String>, Line> = BTreeMap::new();
+    for (row, cost) in costed {
+        let (key, name) = match paths.get(row.tenant.as_str()) {
+            Some(path) => {
+                let team = &path[..path.len().min(depth + 1)];
+                // Above the teams (an organisation's own usage): said so, so that the line is
+                // not read as the organisation's whole subtree.
+                let name = if path.len() <= depth {
+                    format!("{} (its own usage)", row.tenant)
+                } else {
+                    team.last().cloned().unwrap_or_else(|| row.tenant.clone())
+                };
+                (team.to_vec(), name)
+            }
+            None => (
+                vec![String::new(), row.tenant.clone()],
+                format!("{} (not in the policy in force)", row.tenant),
+            ),
+        };
+        lines
+            .entry(key)
+            .or_insert_with(|| Line {
+                name,
+                ..Line::default()
+            })
+            .add(row, *cost);
     }
     lines.into_values().collect()
 }

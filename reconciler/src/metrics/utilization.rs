@@ -200,6 +200,7 @@ mod tests {
                         gpu_percent: p,
                         memory_percent: 0,
                     }),
+                    sm_activity: None,
                 })
                 .collect(),
         }

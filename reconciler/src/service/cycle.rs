@@ -658,11 +658,9 @@ impl Reconciler {
         now: i64,
         nodes: Option<Vec<tessera_compiler::model::Node>>,
     ) -> Result<(), crate::store::StoreError> {
-        let records = self.store.live()?;
         let driver = &mut self.driver;
-        crate::metering::meter_placed(
+        crate::metering::meter_store(
             &self.store,
-            &records,
             || match nodes {
                 Some(nodes) => Ok(nodes),
                 None => driver.observe().map(|o| o.nodes),

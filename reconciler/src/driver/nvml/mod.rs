@@ -35,6 +35,8 @@
 //! - Processes are whatever NVML lists (`nvmlDeviceGetComputeRunningProcesses_v3`), read at
 //!   the entry size the driver's version writes ([`version`]); `process_started` and
 //!   `process_ended` are ignored.
+//! - SM activity comes from GPM ([`gpm`]), measured between one observation's sample and the
+//!   next; absent where the GPU has no GPM.
 //! - Errors name the NVML function that answered and keep its return code as it came
 //!   ([`NvmlReturn`]); `NO_PERMISSION` says which MIG capability the user lacks.
 
@@ -84,6 +86,16 @@ pub struct NvmlDriver {
     driver_version: String,
     /// Bytes between the process entries this driver version writes ([`version`]).
     process_stride: usize,
+    /// Each GPM scope's last sample, measured from at the next observation ([`gpm`]).
+    gpm_samples: gpm::Samples,
+    /// The GPM failures already logged (each once).
+    gpm_warned: std::collections::BTreeSet<String>,
+}
+
+impl Drop for NvmlDriver {
+    fn drop(&mut self) {
+        self.free_all_samples();
+    }
 }
 
 impl std::fmt::Debug for NvmlDriver {
@@ -149,7 +161,8 @@ macro_rules! nvml {
     }};
 }
 
-// After the macros, which it uses.
+// After the macros, which they use.
+mod gpm;
 mod read;
 
 /// The full-size compute instance profile (`NVML_COMPUTE_INSTANCE_PROFILE_*`) of a GPU
@@ -205,6 +218,8 @@ impl NvmlDriver {
             last_seen: BTreeMap::new(),
             driver_version: String::new(),
             process_stride: version::PROCESS_INFO,
+            gpm_samples: gpm::Samples::new(),
+            gpm_warned: std::collections::BTreeSet::new(),
         };
         driver.driver_version = driver.read_driver_version()?;
         driver.process_stride = version::process_info_stride(&driver.driver_version);
@@ -341,7 +356,12 @@ impl NodeDriver for NvmlDriver {
         let mut node = self.node.clone();
         let mut details = Vec::with_capacity(count as usize);
         for index in 0..count {
-            match self.read_gpu(index) {
+            let read = self.read_gpu(index).and_then(|(gpu, mut detail)| {
+                let h = self.handle(&detail.gpu)?;
+                self.sample_gpm(h, &mut detail)?;
+                Ok((gpu, detail))
+            });
+            match read {
                 Ok(read) => {
                     node.gpus.push(read.0.clone());
                     details.push(read.1.clone());
@@ -356,7 +376,14 @@ impl NodeDriver for NvmlDriver {
                     let mut gpu = gpu.clone();
                     gpu.health = Health::Lost;
                     node.gpus.push(gpu);
-                    details.push(detail.clone());
+                    // Its geometry is the last read; how busy it was then is not now.
+                    let mut detail = detail.clone();
+                    detail.utilization = None;
+                    detail.sm_activity = None;
+                    for gi in &mut detail.instances {
+                        gi.sm_activity = None;
+                    }
+                    details.push(detail);
                 }
                 Err(e) => return Err(e),
             }

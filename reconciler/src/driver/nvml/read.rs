@@ -149,6 +149,8 @@ impl NvmlDriver {
                     profile_id: gi_info.profileId,
                     start,
                     compute_instances,
+                    // Sampled after the read ([`super::gpm`]).
+                    sm_activity: None,
                 };
                 out.push((info, size));
             }
@@ -319,6 +321,7 @@ impl NvmlDriver {
             instances,
             processes,
             utilization,
+            sm_activity: None,
         };
         Ok((gpu, detail))
     }
