@@ -155,7 +155,13 @@ fn pool_section(out: &mut String, pool: &PoolView) {
     let gpus: usize = pool.nodes.iter().map(|n| n.gpus.len()).sum();
     out.push_str("<h3>Pool ");
     push_text(out, &pool.name);
-    let _ = write!(out, "</h3><p>{} nodes, {gpus} GPUs", pool.nodes.len());
+    let nodes = pool.nodes.len();
+    let _ = write!(
+        out,
+        "</h3><p>{nodes} node{}, {gpus} GPU{}",
+        plural(nodes),
+        plural(gpus)
+    );
     if let (Some(capacity), Some(allocated)) = (pool.capacity, pool.allocated) {
         let _ = write!(
             out,
@@ -282,6 +288,10 @@ fn block_svg(out: &mut String, gpu: &GpuView, block: &Block, x0: u32) {
         }
     }
     out.push_str("</title></rect>");
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }
 
 fn health(h: Health) -> &'static str {
