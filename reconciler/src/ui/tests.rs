@@ -197,7 +197,8 @@ fn the_operator_sees_every_pool_gpu_instance_and_who_holds_it() {
 #[test]
 fn the_queue_is_in_line_order_with_reasons_and_the_unplaceable_last() {
     let page = build(&Principal::Admin, "chat");
-    let line: Vec<(&str, Option<(u32, u32)>, &str)> = page
+    type Place<'a> = (&'a str, Option<(u32, u32)>, &'a str);
+    let line: Vec<Place<'_>> = page
         .queue
         .iter()
         .map(|w: &Waiting| (w.name.as_str(), w.position, w.reason.as_str()))
