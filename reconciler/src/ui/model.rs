@@ -168,7 +168,10 @@ impl FleetPage {
             observed_at: s.state.map(|st| st.observed_at.clone()),
             decided_at: s.decisions.map(|d| d.at.clone()),
             pools,
-            queue: s.decisions.map(|d| queue(d, s.viewer)).unwrap_or_default(),
+            queue: s
+                .decisions
+                .map(|d| queue(d, s.viewer, s.state))
+                .unwrap_or_default(),
             usage: s
                 .decisions
                 .map(|d| usage(d, s.day, visible_tenants.as_ref()))
@@ -344,11 +347,24 @@ fn memory_slices(model: Option<&GpuModel>, profile: &str) -> u8 {
         .map_or(1, |s| s.memory_slices)
 }
 
-fn queue(d: &DecisionIndex, viewer: &Principal) -> Vec<Waiting> {
+/// The waiting workloads the viewer may see. A waiting workload has no pool in the decision;
+/// the one its spec asks for, if any, is shown.
+fn queue(d: &DecisionIndex, viewer: &Principal, state: Option<&ClusterStateSpec>) -> Vec<Waiting> {
     let tenant_viewer = match viewer {
         Principal::Admin => None,
         Principal::Tenant(t) => Some(t.as_str()),
     };
+    let asked: HashMap<(&str, &str), &str> = state
+        .map(|st| {
+            st.pending
+                .iter()
+                .filter_map(|p| {
+                    let pool = p.spec.pool.as_deref()?;
+                    Some(((p.spec.tenant.as_str(), p.name.as_str()), pool))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let mut waiting: Vec<Waiting> = d
         .workloads
         .iter()
@@ -359,7 +375,11 @@ fn queue(d: &DecisionIndex, viewer: &Principal) -> Vec<Waiting> {
                 tenant: key.tenant.clone(),
                 name: key.name.clone(),
                 position: w.queue_position.map(|q| (q.position, q.of)),
-                pool: w.pool.clone(),
+                pool: w.pool.clone().or_else(|| {
+                    asked
+                        .get(&(key.tenant.as_str(), key.name.as_str()))
+                        .map(|p| p.to_string())
+                }),
                 reason: w.reason.clone().unwrap_or_default(),
                 message: match tenant_viewer {
                     Some(t) => d.redact(&message, t),

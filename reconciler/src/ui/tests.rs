@@ -39,6 +39,10 @@ fn state(hostile: &str) -> ClusterStateSpec {
             {"name": "embedder", "spec": {"tenant": "product", "sloClass": "online", "gpu": {"migProfile": "1g.10gb"}},
              "bindings": [{"node": "infer-0", "gpus": [0], "migStart": 5}], "startedAt": "2026-11-20T07:00:00Z"},
         ],
+        "pending": [
+            {"name": "big-run", "spec": {"tenant": "research", "sloClass": "batch", "pool": "train",
+             "gpu": {"count": 2}}, "submittedAt": "2026-11-20T07:30:00Z"},
+        ],
     }))
     .unwrap()
 }
@@ -211,6 +215,9 @@ fn the_queue_is_in_line_order_with_reasons_and_the_unplaceable_last() {
             ("stuck", None, "no_capacity"),
         ]
     );
+    // The pool a waiting workload asked for, where it asked for one.
+    let pools: Vec<Option<&str>> = page.queue.iter().map(|w| w.pool.as_deref()).collect();
+    assert_eq!(pools, [None, Some("train"), None]);
 }
 
 #[test]
