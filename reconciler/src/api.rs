@@ -14,6 +14,7 @@
 //! | `GET /metrics` | anyone | Prometheus |
 //! | `GET /healthz` | anyone | liveness |
 //! | `POST /v1/hooks/git` | the forge (HMAC or token) | fetch now ([`hooks`]) |
+//! | `GET /ui`, `/ui/login`, `POST /v1/ui/links` | a browser session, or a token for a link | the fleet page ([`ui`]) |
 //!
 //! Workload names are per tenant. `{name}` with a tenant's token is that tenant's workload; the
 //! operator adds `?tenant=T`, or leaves it out for a name only one tenant has used (several:
@@ -31,6 +32,7 @@
 //! fix.
 
 pub mod hooks;
+pub mod ui;
 mod usage;
 
 use std::sync::Arc;
@@ -48,6 +50,7 @@ use tessera_compiler::model::{API_VERSION, Metadata, WorkloadSpec};
 
 use crate::auth::{Principal, Tokens};
 use crate::service::{Handle, ServiceError, WorkloadView};
+use crate::ui::Sessions;
 
 /// Request bodies larger than this are refused before they are read.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -57,6 +60,8 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 pub struct AppState {
     handle: Handle,
     tokens: Arc<Tokens>,
+    /// The fleet page's browser sessions and one-time login codes.
+    sessions: Arc<Sessions>,
 }
 
 /// The router, ready to serve.
@@ -64,6 +69,7 @@ pub fn router(handle: Handle, tokens: Tokens) -> Router {
     let state = AppState {
         handle,
         tokens: Arc::new(tokens),
+        sessions: Arc::new(Sessions::new()),
     };
     Router::new()
         .route("/v1/workloads", post(submit).get(list))
@@ -76,6 +82,10 @@ pub fn router(handle: Handle, tokens: Tokens) -> Router {
         .route("/state", get(cluster_state))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route("/ui", get(ui::page))
+        .route("/ui/login", get(ui::login_page).post(ui::login))
+        .route("/ui/logout", post(ui::logout))
+        .route("/v1/ui/links", post(ui::mint_link))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

@@ -14,6 +14,7 @@
 //! - [`auth`]: bearer tokens per tenant and for the operator.
 //! - [`service`]: the loop, recovery, status, and the handle the API works through.
 //! - [`api`]: the HTTP API (axum).
+//! - [`ui`]: the fleet page (`/ui`): its data, its HTML, and browser sessions.
 //! - [`actions`]: from a decision and the observed fleet to an ordered list of actions (pure).
 
 pub mod actions;
@@ -28,3 +29,4 @@ pub mod runtime;
 pub mod service;
 pub mod snapshot;
 pub mod store;
+pub mod ui;

@@ -489,6 +489,11 @@ impl Handle {
         self.shared.metrics.encode()
     }
 
+    /// What the last decision said, for the fleet page; `None` before the first decision.
+    pub fn decision_index(&self) -> Option<Arc<DecisionIndex>> {
+        self.shared.decisions()
+    }
+
     pub fn reconcile_now(&self) {
         self.shared.wake(Wake::Forced);
     }

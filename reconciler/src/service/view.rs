@@ -9,7 +9,7 @@ use serde::Serialize;
 use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_solver::Decision;
-use tessera_solver::decision::Outcome;
+use tessera_solver::decision::{Outcome, PoolReport, TenantUsage};
 
 use crate::snapshot::rfc3339;
 use crate::store::{EndReason, Event, Origin, Phase, ReplicaProcess, WorkloadRecord};
@@ -43,7 +43,7 @@ pub struct QueuePosition {
 }
 
 /// The last decision, by workload name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct DecisionIndex {
     /// The decision's instant (RFC 3339).
     pub at: String,
@@ -51,6 +51,11 @@ pub struct DecisionIndex {
     /// Each workload's tenant by its key shown as `tenant/name` (how the solver's sentences
     /// name workloads), to keep other tenants' workloads out of what one tenant reads.
     pub owners: BTreeMap<String, String>,
+    /// Each tenant's GPUs in each pool after the decision, against its guarantee and limit
+    /// (the fleet page).
+    pub usage: Vec<TenantUsage>,
+    /// Each pool's capacity and allocation after the decision (the fleet page).
+    pub pools: Vec<PoolReport>,
 }
 
 impl DecisionIndex {
@@ -111,6 +116,8 @@ impl DecisionIndex {
             at: decision.now.clone(),
             workloads,
             owners,
+            usage: decision.usage.clone(),
+            pools: decision.pools.clone(),
         }
     }
 
