@@ -32,13 +32,15 @@ impl KeepAlive {
         KeepAlive { task, gone }
     }
 
-    /// Whether the lease is known gone, or may be (its local deadline passed unrenewed).
+    /// Whether the lease is known gone, or may be (its local deadline passed unrenewed, or
+    /// renewing was stopped).
     pub(crate) fn is_gone(&self) -> bool {
-        *self.gone.borrow()
+        *self.gone.borrow() || self.gone.has_changed().is_err()
     }
 
     /// Resolves when [`KeepAlive::is_gone`] becomes true.
     pub(crate) async fn gone(&mut self) {
+        // An error means the task ended without saying: it was stopped, which is gone too.
         let _ = self.gone.wait_for(|gone| *gone).await;
     }
 

@@ -6,7 +6,7 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use etcd_client::Client;
 use support::{TTL_SECS, connect, etcd, two_lease_periods, within};
@@ -237,7 +237,8 @@ async fn a_fenced_write_with_a_failed_guard_applies_nothing() {
 }
 
 /// The child of `a_killed_leader_process_is_replaced_within_two_lease_periods`: campaigns,
-/// says its term on stdout, and waits to be killed. Run only as that child.
+/// says its term on stdout, and waits to be killed (or for its parent to go: its stdin
+/// closes). Run only as that child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the leader process of a_killed_leader_process_is_replaced_within_two_lease_periods"]
 async fn leader_child_process() {
@@ -245,7 +246,10 @@ async fn leader_child_process() {
     let client = Client::connect([endpoint], None).await.unwrap();
     let leadership = candidate(&client, "child").campaign().await.unwrap();
     println!("LEADING {}", leadership.fence().term());
-    tokio::time::sleep(Duration::from_secs(600)).await;
+    tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink()))
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 const CHILD_ENDPOINT: &str = "TESSERA_FLEET_TEST_CHILD_ETCD";
@@ -262,6 +266,7 @@ async fn a_killed_leader_process_is_replaced_within_two_lease_periods() {
             "--nocapture",
         ])
         .env(CHILD_ENDPOINT, etcd.endpoint())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -150,3 +150,47 @@ async fn an_agent_whose_lease_was_lost_registers_again() {
         "{event:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_registers_again_after_etcd_was_away_past_its_lease() {
+    let mut etcd = etcd();
+    let client = connect(&etcd).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (registration, _) = Registration::observe(&mut sim(dir.path()), "train-0").unwrap();
+    let mut registrar = Registrar::start(&client, &keys(), &registration, TTL_SECS)
+        .await
+        .unwrap();
+    let RegistrationState::Registered { lease: first } = registrar.state() else {
+        panic!("registered at start");
+    };
+
+    // etcd goes away: unrenewed, the agent counts its lease lost at its local deadline.
+    etcd.kill();
+    let lost = within(
+        two_lease_periods(),
+        "the agent notices its lease may be gone",
+        registrar.wait_for(|s| *s == RegistrationState::Lost),
+    )
+    .await;
+    assert_eq!(lost, RegistrationState::Lost);
+
+    // etcd comes back with its data: the agent registers again, on a new lease.
+    etcd.restart().unwrap_or_else(|e| panic!("{e}"));
+    let again = within(
+        4 * two_lease_periods(),
+        "the agent registers again once etcd is back",
+        registrar
+            .wait_for(|s| matches!(s, RegistrationState::Registered { lease } if *lease != first)),
+    )
+    .await;
+    let RegistrationState::Registered { lease } = again else {
+        unreachable!("waited for Registered")
+    };
+    let mut reader = client.clone();
+    let key = keys().registration("train-0").unwrap();
+    let stored = reader.get(key, None).await.unwrap();
+    let kv = &stored.kvs()[0];
+    assert_eq!(kv.lease(), lease, "the registration is on the new lease");
+    let back: Registration = serde_json::from_slice(kv.value()).unwrap();
+    assert_eq!(back, registration);
+}
