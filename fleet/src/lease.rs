@@ -12,7 +12,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep_until, timeout_at};
 
 /// Keeps one lease alive while it exists; aborts its task on drop.
 #[derive(Debug)]
@@ -65,19 +65,23 @@ async fn run(client: Client, lease: i64, ttl: Duration, granted: Instant) {
         if sent >= deadline {
             return;
         }
+        // No attempt runs past the deadline: a holder learns it may have lost the lease then,
+        // not a slow request later.
+        let give_up = (sent + period).min(deadline);
         if stream.is_none() {
             let mut client = client.clone();
-            if let Ok(Ok(pair)) = timeout(period, client.lease_keep_alive(lease)).await {
+            if let Ok(Ok(pair)) = timeout_at(give_up, client.lease_keep_alive(lease)).await {
                 stream = Some(pair);
             }
         }
         if let Some((keeper, answers)) = stream.as_mut() {
-            let renewed = timeout(period, async {
+            let renewed = timeout_at(give_up, async {
                 keeper.keep_alive().await?;
                 answers.message().await
             })
             .await;
             match renewed {
+                // Renewed by a request sent after `sent`: etcd's expiry is at least `sent + ttl`.
                 Ok(Ok(Some(answer))) if answer.ttl() > 0 => deadline = sent + ttl,
                 // etcd answers TTL 0 for a lease that expired or was revoked: it is gone for good.
                 Ok(Ok(Some(_))) => return,
@@ -86,6 +90,6 @@ async fn run(client: Client, lease: i64, ttl: Duration, granted: Instant) {
                 _ => stream = None,
             }
         }
-        sleep_until((sent + period).min(deadline)).await;
+        sleep_until(give_up).await;
     }
 }

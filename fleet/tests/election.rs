@@ -318,3 +318,16 @@ async fn a_killed_leader_process_is_replaced_within_two_lease_periods() {
     );
     assert_eq!(value(&client, &key).await, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_etcd_counts_itself_deposed_by_its_lease_period() {
+    let mut etcd = etcd();
+    let client = connect(&etcd).await;
+    let mut a = candidate(&client, "a").campaign().await.unwrap();
+    assert!(!a.is_lost());
+    // No keepalive is answered from now on: the leader stops acting at its local deadline, one
+    // lease period after it sent its last renewed keepalive.
+    etcd.kill();
+    within(two_lease_periods(), "a counts itself deposed", a.lost()).await;
+    assert!(a.is_lost());
+}
