@@ -232,7 +232,9 @@ pub enum NodeEvent {
 pub struct NodeWatch {
     keys: Keys,
     stream: WatchStream,
-    pending: VecDeque<NodeEvent>,
+    /// Events of a watch answer not yet returned; a registration that cannot be read is
+    /// returned as its error in its place, and the events after it still follow.
+    pending: VecDeque<Result<NodeEvent, FleetError>>,
 }
 
 impl NodeWatch {
@@ -281,7 +283,7 @@ impl NodeWatch {
     pub async fn next(&mut self) -> Result<Option<NodeEvent>, FleetError> {
         loop {
             if let Some(event) = self.pending.pop_front() {
-                return Ok(Some(event));
+                return event.map(Some);
             }
             let prefix = self.keys.nodes_prefix();
             let Some(answer) = self
@@ -302,8 +304,10 @@ impl NodeWatch {
                     continue;
                 };
                 self.pending.push_back(match event.event_type() {
-                    EventType::Put => NodeEvent::Ready(Box::new(decode(kv.key(), kv.value())?)),
-                    EventType::Delete => NodeEvent::NotReady { node },
+                    EventType::Put => {
+                        decode(kv.key(), kv.value()).map(|r| NodeEvent::Ready(Box::new(r)))
+                    }
+                    EventType::Delete => Ok(NodeEvent::NotReady { node }),
                 });
             }
         }

@@ -194,3 +194,36 @@ async fn an_agent_registers_again_after_etcd_was_away_past_its_lease() {
     let back: Registration = serde_json::from_slice(kv.value()).unwrap();
     assert_eq!(back, registration);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_registration_is_an_error_and_the_watch_goes_on() {
+    let etcd = etcd();
+    let client = connect(&etcd).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (registration, _) = Registration::observe(&mut sim(dir.path()), "train-0").unwrap();
+    let (_, mut watch) = NodeWatch::start(&client, &keys()).await.unwrap();
+
+    // Both in one transaction, so that the watch delivers them in one answer.
+    let bad = keys().registration("bad").unwrap();
+    let good = keys().registration("train-0").unwrap();
+    let mut writer = client.clone();
+    writer
+        .txn(etcd_client::Txn::new().and_then([
+            etcd_client::TxnOp::put(bad.as_str(), "not json", None),
+            etcd_client::TxnOp::put(
+                good.as_str(),
+                serde_json::to_vec(&registration).unwrap(),
+                None,
+            ),
+        ]))
+        .await
+        .unwrap();
+    match within(two_lease_periods(), "the bad one", watch.next()).await {
+        Err(FleetError::Decode { key, .. }) => assert_eq!(key, bad),
+        other => panic!("expected a decode error naming {bad}, got {other:?}"),
+    }
+    let event = within(two_lease_periods(), "the good one", watch.next())
+        .await
+        .unwrap();
+    assert_eq!(event, Some(NodeEvent::Ready(Box::new(registration))));
+}
