@@ -1,0 +1,191 @@
+//! Who may touch which keys: etcd's own users and roles, one pair per node, each role holding
+//! one read-write permission on the key range of `nodes/<node>/`. An agent connects with its
+//! node's user, so etcd itself refuses anything it sends outside its node's keys (another
+//! node's actions, the leader key, the control plane's state), whatever the agent's code does.
+//! The control plane connects as its own user with read-write on the cluster's whole prefix.
+//!
+//! These functions are the control plane's administration: they run with the credentials of
+//! etcd's `root` user (or before access control is enabled). They are idempotent, so a
+//! provisioning that failed half-way is finished by running it again, and provisioning a node
+//! that exists sets its password anew (rotation).
+
+use etcd_client::{Client, ConnectOptions, Permission};
+
+use crate::error::{FleetError, etcd};
+use crate::keys::{Keys, prefix_end};
+
+/// The user name etcd requires for its administrator; access control cannot be enabled
+/// without it.
+pub const ROOT_USER: &str = "root";
+
+/// A user name and password to connect to etcd with.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    /// The password is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connects to etcd at `endpoints` (URLs such as `http://127.0.0.1:2379`), as `credentials`
+/// where access control is on.
+pub async fn connect(
+    endpoints: &[String],
+    credentials: Option<&Credentials>,
+) -> Result<Client, FleetError> {
+    let options =
+        credentials.map(|c| ConnectOptions::new().with_user(c.user.clone(), c.password.clone()));
+    Client::connect(endpoints, options)
+        .await
+        .map_err(|source| FleetError::Connect {
+            endpoints: endpoints.join(","),
+            source,
+        })
+}
+
+/// The etcd user (and role) of one node's agent: `tessera.<cluster>.node.<node>`.
+pub fn node_user(keys: &Keys, node: &str) -> Result<String, FleetError> {
+    crate::keys::check_name("node", node)?;
+    Ok(format!("tessera.{}.node.{node}", keys.cluster()))
+}
+
+/// The etcd user (and role) of the control plane: `tessera.<cluster>.control`.
+pub fn control_user(keys: &Keys) -> String {
+    format!("tessera.{}.control", keys.cluster())
+}
+
+/// Turns on etcd's access control, creating the `root` user (with etcd's `root` role) where it
+/// does not exist. Every client must authenticate afterwards.
+pub async fn enable_auth(admin: &Client, root_password: &str) -> Result<(), FleetError> {
+    let mut admin = admin.clone();
+    ensure_role(&mut admin, ROOT_USER).await?;
+    ensure_user(&mut admin, ROOT_USER, root_password).await?;
+    admin
+        .user_grant_role(ROOT_USER, ROOT_USER)
+        .await
+        .map_err(|e| etcd("user grant role", ROOT_USER, e))?;
+    admin
+        .auth_enable()
+        .await
+        .map_err(|e| etcd("auth enable", ROOT_USER, e))?;
+    Ok(())
+}
+
+/// Creates (or updates) the user of `node`'s agent, whose only permission is read-write on
+/// `nodes/<node>/`.
+pub async fn provision_node(
+    admin: &Client,
+    keys: &Keys,
+    node: &str,
+    password: &str,
+) -> Result<Credentials, FleetError> {
+    let user = node_user(keys, node)?;
+    let prefix = keys.node_prefix(node)?;
+    provision(admin, &user, password, &prefix).await
+}
+
+/// Creates (or updates) the control plane's user: read-write on the cluster's whole prefix.
+pub async fn provision_control_plane(
+    admin: &Client,
+    keys: &Keys,
+    password: &str,
+) -> Result<Credentials, FleetError> {
+    provision(admin, &control_user(keys), password, keys.root()).await
+}
+
+/// Removes `node`'s user and role: its agent can no longer authenticate. (etcd keeps tokens it
+/// already issued valid until they expire: `--auth-token-ttl`, 300 s by default.)
+pub async fn revoke_node(admin: &Client, keys: &Keys, node: &str) -> Result<(), FleetError> {
+    let user = node_user(keys, node)?;
+    let mut admin = admin.clone();
+    if users(&mut admin).await?.contains(&user) {
+        admin
+            .user_delete(user.as_str())
+            .await
+            .map_err(|e| etcd("user delete", &user, e))?;
+    }
+    if roles(&mut admin).await?.contains(&user) {
+        admin
+            .role_delete(user.as_str())
+            .await
+            .map_err(|e| etcd("role delete", &user, e))?;
+    }
+    Ok(())
+}
+
+async fn provision(
+    admin: &Client,
+    user: &str,
+    password: &str,
+    prefix: &str,
+) -> Result<Credentials, FleetError> {
+    let mut admin = admin.clone();
+    ensure_role(&mut admin, user).await?;
+    admin
+        .role_grant_permission(
+            user,
+            Permission::read_write(prefix).with_range_end(prefix_end(prefix)),
+        )
+        .await
+        .map_err(|e| etcd("role grant permission", prefix, e))?;
+    ensure_user(&mut admin, user, password).await?;
+    admin
+        .user_grant_role(user, user)
+        .await
+        .map_err(|e| etcd("user grant role", user, e))?;
+    Ok(Credentials {
+        user: user.to_string(),
+        password: password.to_string(),
+    })
+}
+
+async fn ensure_role(admin: &mut Client, role: &str) -> Result<(), FleetError> {
+    if !roles(admin).await?.iter().any(|r| r == role) {
+        admin
+            .role_add(role)
+            .await
+            .map_err(|e| etcd("role add", role, e))?;
+    }
+    Ok(())
+}
+
+/// Adds `user`, or sets its password where it exists.
+async fn ensure_user(admin: &mut Client, user: &str, password: &str) -> Result<(), FleetError> {
+    if users(admin).await?.iter().any(|u| u == user) {
+        admin
+            .user_change_password(user, password)
+            .await
+            .map_err(|e| etcd("user change password", user, e))?;
+    } else {
+        admin
+            .user_add(user, password, None)
+            .await
+            .map_err(|e| etcd("user add", user, e))?;
+    }
+    Ok(())
+}
+
+async fn users(admin: &mut Client) -> Result<Vec<String>, FleetError> {
+    Ok(admin
+        .user_list()
+        .await
+        .map_err(|e| etcd("user list", "", e))?
+        .users()
+        .to_vec())
+}
+
+async fn roles(admin: &mut Client) -> Result<Vec<String>, FleetError> {
+    Ok(admin
+        .role_list()
+        .await
+        .map_err(|e| etcd("role list", "", e))?
+        .roles()
+        .to_vec())
+}

@@ -1,0 +1,198 @@
+//! The actions the control plane addresses to a node, and the agent's journal of applying them.
+//!
+//! The leader writes each action under `nodes/<node>/actions/<id>` (through its fence), with
+//! ids that only grow. The agent takes them in id order ([`ActionFeed::next`]) and, around
+//! applying each, records intent and then the outcome under `nodes/<node>/journal/<id>`, its
+//! own keys: the single-process mode's write-ahead journal, kept in etcd. An id the journal
+//! records as done or failed is never handed out again, however often the agent restarts or
+//! the watch replays (idempotent ids). An id whose journal stops at intent was being applied
+//! when the agent died; it is handed out marked [`PendingAction::interrupted`], for the
+//! caller to settle from what its driver observes, as the reconciler's recovery settles open
+//! intents.
+
+use std::collections::BTreeMap;
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchStream};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{FleetError, etcd};
+use crate::keys::{Keys, NodeKey};
+
+/// One entry of a node's journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "state", deny_unknown_fields)]
+pub enum JournalRecord {
+    /// About to be applied.
+    Intent,
+    Done,
+    Failed {
+        error: String,
+    },
+}
+
+impl JournalRecord {
+    /// Done or failed: never to be applied again.
+    pub fn is_settled(&self) -> bool {
+        !matches!(self, JournalRecord::Intent)
+    }
+}
+
+/// An action to apply, as the control plane wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingAction {
+    pub id: u64,
+    /// The action's document, as the control plane wrote it (the agent decodes it).
+    pub body: Vec<u8>,
+    /// The journal holds an intent for it: an earlier run of the agent began applying it and
+    /// did not record how that ended.
+    pub interrupted: bool,
+}
+
+/// A node's actions in id order, each handed out until its journal settles it.
+pub struct ActionFeed {
+    client: Client,
+    keys: Keys,
+    node: String,
+    stream: WatchStream,
+    /// Actions written and not yet handed out.
+    queue: BTreeMap<u64, Vec<u8>>,
+    journal: BTreeMap<u64, JournalRecord>,
+    /// The highest id handed out: a later action must have a larger one.
+    last: Option<u64>,
+}
+
+impl ActionFeed {
+    /// Reads the node's actions and journal in one consistent read, and watches its actions
+    /// from that read's revision on.
+    pub async fn start(client: &Client, keys: &Keys, node: &str) -> Result<ActionFeed, FleetError> {
+        let prefix = keys.node_prefix(node)?;
+        let actions = keys.actions_prefix(node)?;
+        let mut client = client.clone();
+        let answer = client
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| etcd("get", &prefix, e))?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        let mut queue = BTreeMap::new();
+        let mut journal = BTreeMap::new();
+        for kv in answer.kvs() {
+            match keys.parse_node_key(kv.key()) {
+                Some(NodeKey::Action { id, .. }) => {
+                    queue.insert(id, kv.value().to_vec());
+                }
+                Some(NodeKey::Journal { id, .. }) => {
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    let record = serde_json::from_slice(kv.value())
+                        .map_err(|source| FleetError::Decode { key, source })?;
+                    journal.insert(id, record);
+                }
+                _ => {}
+            }
+        }
+        let stream = client
+            .watch(
+                actions.as_str(),
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision + 1),
+                ),
+            )
+            .await
+            .map_err(|e| etcd("watch", &actions, e))?;
+        Ok(ActionFeed {
+            client,
+            keys: keys.clone(),
+            node: node.to_string(),
+            stream,
+            queue,
+            journal,
+            last: None,
+        })
+    }
+
+    /// What the journal records for `id`, as this feed knows it.
+    pub fn journal(&self, id: u64) -> Option<&JournalRecord> {
+        self.journal.get(&id)
+    }
+
+    /// The next action to apply, in id order, waiting for one when none is pending; `None`
+    /// when etcd ended the watch (start a new feed: it resumes from the journal).
+    pub async fn next(&mut self) -> Result<Option<PendingAction>, FleetError> {
+        loop {
+            while let Some((id, body)) = self.queue.pop_first() {
+                let record = self.journal.get(&id);
+                if record.is_some_and(JournalRecord::is_settled) {
+                    continue;
+                }
+                if let Some(last) = self.last
+                    && id <= last
+                {
+                    return Err(FleetError::ActionOutOfOrder {
+                        node: self.node.clone(),
+                        id,
+                        after: last,
+                    });
+                }
+                self.last = Some(id);
+                return Ok(Some(PendingAction {
+                    id,
+                    body,
+                    interrupted: record.is_some(),
+                }));
+            }
+            let actions = self.keys.actions_prefix(&self.node)?;
+            let Some(answer) = self
+                .stream
+                .message()
+                .await
+                .map_err(|e| etcd("watch", &actions, e))?
+            else {
+                return Ok(None);
+            };
+            if answer.canceled() {
+                return Ok(None);
+            }
+            for event in answer.events() {
+                let Some(kv) = event.kv() else { continue };
+                let Some(NodeKey::Action { id, .. }) = self.keys.parse_node_key(kv.key()) else {
+                    continue;
+                };
+                match event.event_type() {
+                    EventType::Put => {
+                        self.queue.insert(id, kv.value().to_vec());
+                    }
+                    // Withdrawn before it was handed out (or cleaned up after it was settled).
+                    EventType::Delete => {
+                        self.queue.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records that `id` is about to be applied. Call before touching anything.
+    pub async fn begin(&mut self, id: u64) -> Result<(), FleetError> {
+        self.record(id, JournalRecord::Intent).await
+    }
+
+    /// Records how applying `id` ended; the id is settled for good.
+    pub async fn finish(&mut self, id: u64, outcome: Result<(), String>) -> Result<(), FleetError> {
+        let record = match outcome {
+            Ok(()) => JournalRecord::Done,
+            Err(error) => JournalRecord::Failed { error },
+        };
+        self.record(id, record).await
+    }
+
+    async fn record(&mut self, id: u64, record: JournalRecord) -> Result<(), FleetError> {
+        let key = self.keys.journal(&self.node, id)?;
+        let value = serde_json::to_vec(&record).expect("a journal record serialises");
+        self.client
+            .put(key.as_str(), value, None)
+            .await
+            .map_err(|e| etcd("put", &key, e))?;
+        self.journal.insert(id, record);
+        Ok(())
+    }
+}

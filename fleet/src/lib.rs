@@ -1,0 +1,22 @@
+//! Fleet mode's foundation on etcd: where everything lives ([`keys`]), which control-plane
+//! replica leads and the fence that keeps a deposed one from writing ([`election`]), the
+//! agents' registrations kept alive by leases and watched by the control plane
+//! ([`registration`]), the actions addressed to a node and the agent's journal of applying
+//! them ([`actions`]), and the etcd users and roles that confine each agent to its own node's
+//! keys ([`access`]).
+//!
+//! The service does not use this crate yet: `tessera reconcile` keeps its single-process
+//! SQLite store. See ARCHITECTURE.md ("Fleet mode on etcd") for the protocol and the fencing
+//! argument.
+
+pub mod access;
+pub mod actions;
+pub mod election;
+pub mod error;
+pub mod keys;
+mod lease;
+pub mod registration;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use error::FleetError;

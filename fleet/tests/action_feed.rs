@@ -1,0 +1,136 @@
+//! The agent's side of the action protocol against a real etcd: actions handed out in id
+//! order, each at most once across restarts once its journal settles it, and an interrupted
+//! one handed out again marked as such.
+
+mod support;
+
+use etcd_client::Client;
+use support::{TTL_SECS, connect, etcd, two_lease_periods, within};
+use tessera_fleet::FleetError;
+use tessera_fleet::actions::{ActionFeed, JournalRecord, PendingAction};
+use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, Write};
+use tessera_fleet::keys::Keys;
+
+const NODE: &str = "gpu-1";
+
+fn keys() -> Keys {
+    Keys::new("test").unwrap()
+}
+
+async fn leader(client: &Client) -> Leadership {
+    let info = LeaderInfo {
+        id: "cp".to_string(),
+        advertise: None,
+    };
+    Candidate::new(client.clone(), keys(), info, TTL_SECS)
+        .campaign()
+        .await
+        .unwrap()
+}
+
+/// The leader posts actions `ids` to the node in one fenced transaction, in the order given.
+async fn post(leader: &Leadership, ids: &[u64]) {
+    let writes: Vec<Write> = ids
+        .iter()
+        .map(|id| Write::Put {
+            key: keys().action(NODE, *id).unwrap(),
+            value: format!("{{\"action\":{id}}}").into_bytes(),
+        })
+        .collect();
+    leader.write(&[], &writes).await.unwrap();
+}
+
+async fn next(feed: &mut ActionFeed) -> PendingAction {
+    within(two_lease_periods(), "the next action", feed.next())
+        .await
+        .unwrap()
+        .expect("the watch goes on")
+}
+
+/// Applies the next action (records intent, then done) and returns its id.
+async fn apply_next(feed: &mut ActionFeed) -> u64 {
+    let action = next(feed).await;
+    assert!(!action.interrupted, "{action:?}");
+    assert_eq!(
+        action.body,
+        format!("{{\"action\":{}}}", action.id).into_bytes()
+    );
+    feed.begin(action.id).await.unwrap();
+    feed.finish(action.id, Ok(())).await.unwrap();
+    action.id
+}
+
+/// Asserts that the next action `feed` hands out is `id`.
+async fn next_is(feed: &mut ActionFeed, id: u64) {
+    assert_eq!(next(feed).await.id, id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_are_applied_in_id_order_and_once_across_restarts() {
+    let etcd = etcd();
+    let client = connect(&etcd).await;
+    let leader = leader(&client).await;
+    post(&leader, &[3, 1, 2]).await;
+
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    assert_eq!(apply_next(&mut feed).await, 1);
+    assert_eq!(apply_next(&mut feed).await, 2);
+    // Actions written while the agent runs arrive through the watch, in order.
+    post(&leader, &[5, 4]).await;
+    assert_eq!(apply_next(&mut feed).await, 3);
+    assert_eq!(apply_next(&mut feed).await, 4);
+    let five = next(&mut feed).await;
+    assert_eq!(five.id, 5);
+    feed.begin(5).await.unwrap();
+    feed.finish(5, Err("GPU is lost".to_string()))
+        .await
+        .unwrap();
+    drop(feed);
+
+    // A restarted agent applies nothing twice: the first action it gets is the next new one.
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    assert_eq!(
+        feed.journal(5),
+        Some(&JournalRecord::Failed {
+            error: "GPU is lost".to_string()
+        })
+    );
+    post(&leader, &[6]).await;
+    next_is(&mut feed, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_begun_and_not_finished_is_handed_out_again_as_interrupted() {
+    let etcd = etcd();
+    let client = connect(&etcd).await;
+    let leader = leader(&client).await;
+    post(&leader, &[1, 2]).await;
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    let first = next(&mut feed).await;
+    feed.begin(first.id).await.unwrap();
+    drop(feed); // the agent dies while applying action 1
+
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    let again = next(&mut feed).await;
+    assert_eq!((again.id, again.interrupted), (1, true));
+    feed.finish(1, Ok(())).await.unwrap();
+    let second = next(&mut feed).await;
+    assert_eq!((second.id, second.interrupted), (2, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_older_than_one_handed_out_is_refused() {
+    let etcd = etcd();
+    let client = connect(&etcd).await;
+    let leader = leader(&client).await;
+    post(&leader, &[5]).await;
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    assert_eq!(apply_next(&mut feed).await, 5);
+    post(&leader, &[4]).await;
+    match within(two_lease_periods(), "the late action", feed.next()).await {
+        Err(FleetError::ActionOutOfOrder { node, id, after }) => {
+            assert_eq!((node.as_str(), id, after), (NODE, 4, 5));
+        }
+        other => panic!("an id below one applied must be refused, got {other:?}"),
+    }
+}

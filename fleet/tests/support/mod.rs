@@ -1,0 +1,46 @@
+//! What the fleet tests share: a real etcd, clients, and a bound on waiting.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+use tessera_fleet::access::Credentials;
+use tessera_fleet::testing::TestEtcd;
+
+/// The lease period the tests use: etcd's minimum with its default timings (a TTL of 1 s is
+/// raised to it), so that expiry tests take seconds.
+pub const TTL_SECS: i64 = 2;
+
+pub fn etcd() -> TestEtcd {
+    TestEtcd::start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub async fn connect(etcd: &TestEtcd) -> Client {
+    Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", etcd.endpoint()))
+}
+
+pub async fn connect_as(etcd: &TestEtcd, who: &Credentials) -> Client {
+    Client::connect(
+        [etcd.endpoint()],
+        Some(ConnectOptions::new().with_user(who.user.clone(), who.password.clone())),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connecting to {} as {}: {e}", etcd.endpoint(), who.user))
+}
+
+/// Awaits `future`, failing the test with `what` if it takes longer than `limit`. The limit
+/// is a bound the behaviour promises (a lease period), never a guess at how fast it runs.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"))
+}
+
+/// Two lease periods: how long a failover or an expiry may take.
+pub fn two_lease_periods() -> Duration {
+    Duration::from_secs(2 * TTL_SECS as u64)
+}
