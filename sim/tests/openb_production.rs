@@ -118,6 +118,31 @@ fn cpu_taken_by_cpu_only_tasks_since_the_session_opened_is_respected() {
     assert_eq!(cpu_left, 1000);
 }
 
+#[test]
+fn a_task_goes_to_the_pool_where_it_fragments_least_not_the_first() {
+    // a0 (model A, listed first): 2 GPUs, 4 cores; b0 (model B): 2 GPUs, 64 cores. A first
+    // cycle runs a 500-milli share of 1 core in each pool (the mix). A whole GPU of 3 cores fits
+    // both; on a0 it takes the last cores and strands the 500 milli next to the share, on b0 it
+    // strands nothing.
+    let nodes = vec![node(0, 4, 2, "A"), node(1, 64, 2, "B")];
+    let tasks = vec![
+        spec(1, 1, 500, &["A"]),
+        spec(1, 1, 500, &["B"]),
+        spec(3, 1, 1000, &[]),
+    ];
+    let w = Workload::new(&nodes, tasks, false).unwrap();
+    let mut p = production(&w);
+    let mut cluster = w.cluster().clone();
+    let t = w.tasks();
+    assert_eq!(
+        p.place_cycle(&mut cluster, &[&t[0], &t[1]]).unwrap(),
+        vec![true, true]
+    );
+    assert_eq!(p.place_cycle(&mut cluster, &[&t[2]]).unwrap(), vec![true]);
+    assert_eq!(cluster.node(0).cpu_left, 3000, "a0 keeps its cores");
+    assert_eq!(cluster.node(1).cpu_left, 60_000);
+}
+
 fn node_strategy() -> impl Strategy<Value = NodeSpec> {
     (1u64..=16, 0u32..=8, 0usize..2).prop_map(|(cores, gpus, model)| NodeSpec {
         name: String::new(),

@@ -371,7 +371,12 @@ impl<'p> Solver<'p> {
         for &pool in &wl.pools {
             match try_pool(p, &self.fleet, &self.ledger, w, pool, wl.replicas) {
                 Ok((fleet, ledger, guaranteed, borrowed)) => {
-                    let tier = placement_tier(p, &self.fleet, &fleet, w, pool);
+                    // (one pool: nothing to compare, nothing to measure)
+                    let tier = if wl.pools.len() == 1 {
+                        0
+                    } else {
+                        placement_tier(p, &self.fleet, &fleet, w, pool)
+                    };
                     if best.as_ref().is_none_or(|b| tier < b.0) {
                         best = Some((tier, fleet, ledger, guaranteed, borrowed));
                     }
@@ -796,8 +801,9 @@ impl<'p> Solver<'p> {
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
 /// (guaranteed, borrowed) split of what was admitted.
 /// How much placing `w` in `pool` (`before` → `after`) fragments the nodes it lands on:
-/// `100 −` FGD's whole-point score of each such node against the pool's mix, summed. 0 when the
-/// pool has no mix to score against.
+/// `100 −` FGD's whole-point score of each such node against the pool's mix, summed. 0 (the
+/// best) when nothing runs in the pool: there is no work there to fragment, so new work goes
+/// to an idle pool before it breaks up a busy one.
 fn placement_tier(p: &Problem, before: &Fleet, after: &Fleet, w: usize, pool: usize) -> u64 {
     if !before.mix.scores(pool) {
         return 0;
