@@ -6,7 +6,12 @@
 //!     [--policies FGD,BestFit,...] [--seeds N] [--first-seed S] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
+//!     [--gpu-spec-share S,...] [--seed N]
 //! ```
+//!
+//! `--gpu-spec-share 0,0.1,0.33` runs each trace as given (0) and as `gpu_spec` variants with
+//! that share of GPU tasks pinned to one model (`openb::pin_gpu_spec`, drawn with `--seed N`,
+//! 1 by default); a variant's trace is named `TRACE+specPCT`.
 //!
 //! The single-knob options override that one setting of the chosen variant(s), to see what it
 //! changes.
@@ -37,6 +42,8 @@ struct Args {
     data: PathBuf,
     json: Option<PathBuf>,
     bound: bool,
+    gpu_spec_shares: Vec<f64>,
+    spec_seed: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -65,6 +72,8 @@ fn parse_args() -> Result<Args, String> {
             }),
         json: None,
         bound: false,
+        gpu_spec_shares: vec![0.0],
+        spec_seed: 1,
     };
     type Override = Box<dyn Fn(&mut SimConfig)>;
     let mut overrides: Vec<Override> = Vec::new();
@@ -166,6 +175,20 @@ fn parse_args() -> Result<Args, String> {
                 }
                 overrides.push(Box::new(move |c: &mut SimConfig| c.cycle = Some(n)));
             }
+            "--gpu-spec-share" => {
+                args.gpu_spec_shares = value("--gpu-spec-share")?
+                    .split(',')
+                    .map(|v| match v.trim().parse::<f64>() {
+                        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+                        _ => Err(format!("--gpu-spec-share takes shares in 0..=1, got {v:?}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--seed" => {
+                args.spec_seed = value("--seed")?
+                    .parse()
+                    .map_err(|_| "--seed needs a number")?
+            }
             "--bound" => args.bound = true,
             "--json" => args.json = Some(PathBuf::from(value("--json")?)),
             // passed by `cargo bench` to every bench target
@@ -213,6 +236,7 @@ fn main() -> ExitCode {
     });
     let mut results: Vec<TraceResult> = Vec::new();
     let all = Instant::now();
+    let mut runs: Vec<(String, Vec<openb::TaskSpec>)> = Vec::new();
     for trace in &args.traces {
         let tasks = match openb::load_tasks(args.data.join(openb::pod_list_file(trace))) {
             Ok(t) => t,
@@ -221,6 +245,26 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        for &share in &args.gpu_spec_shares {
+            if share == 0.0 {
+                runs.push((trace.clone(), tasks.clone()));
+                continue;
+            }
+            let mut pinned = tasks.clone();
+            match openb::pin_gpu_spec(&nodes, &mut pinned, share, args.spec_seed) {
+                Ok(n) => println!(
+                    "`{trace}`: {n} GPU tasks pinned to one model (share {share}, seed {})",
+                    args.spec_seed
+                ),
+                Err(e) => {
+                    eprintln!("openb: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            runs.push((format!("{trace}+spec{}", (share * 100.0).round()), pinned));
+        }
+    }
+    for (trace, tasks) in &runs {
         for (variant, config) in &args.variants {
             let workload = match Workload::new(&nodes, tasks.clone(), config.check_memory) {
                 Ok(w) => w,

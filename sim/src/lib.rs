@@ -2,7 +2,7 @@
 //! nothing here decides a fleet.
 //!
 //! - [`openb`]: the openb GPU-sharing trace under the FGD paper's arrival protocol, its baseline
-//!   placement policies (FirstFit, BestFit, FGD, Random) and the benchmark's own Tessera policy,
+//!   placement policies (FirstFit, BestFit, FGD, Random) and the production solver as the Tessera row,
 //!   with the paper's figures to compare against.
 
 pub mod openb;

@@ -11,6 +11,9 @@ fn workload(config: &SimConfig) -> Workload {
     Workload::new(&nodes, tasks, config.check_memory).unwrap()
 }
 
+/// Not for Tessera: online, the production solver decides an arrival on a session that measures
+/// fragmentation against the mix of its last full cycle, while a cycle of one is a full cycle of
+/// its own, so the two see different mixes by design.
 #[test]
 fn cycles_of_one_arrival_are_the_online_protocol() {
     let online = SimConfig::published_runs();
@@ -19,7 +22,7 @@ fn cycles_of_one_arrival_are_the_online_protocol() {
         ..online.clone()
     };
     let w = workload(&online);
-    for kind in [PolicyKind::Fgd, PolicyKind::BestFit, PolicyKind::Tessera] {
+    for kind in [PolicyKind::Fgd, PolicyKind::BestFit] {
         let a = openb::run_policy(&w, kind, &online);
         let b = openb::run_policy(&w, kind, &cycles);
         assert_eq!(a.mean_alloc_at, b.mean_alloc_at, "{}", kind.name());
@@ -33,10 +36,17 @@ fn cycles_place_every_arrival_once_and_never_oversubscribe() {
         ..SimConfig::fgd_md()
     };
     let w = workload(&config);
-    let r = openb::run_policy(&w, PolicyKind::Fgd, &config);
-    for s in &r.per_seed {
-        assert_eq!(s.placed + s.skipped, s.tasks);
-        assert!(s.final_alloc_pct <= 100.0);
-        assert!(s.final_alloc_pct > 50.0, "{s:?}");
+    for (kind, seeds) in [(PolicyKind::Fgd, 10), (PolicyKind::Tessera, 2)] {
+        // (the production solver runs a full cycle per cycle: two seeds keep the test short)
+        let config = SimConfig {
+            seeds: config.seeds.iter().copied().take(seeds).collect(),
+            ..config.clone()
+        };
+        let r = openb::run_policy(&w, kind, &config);
+        for s in &r.per_seed {
+            assert_eq!(s.placed + s.skipped, s.tasks, "{}", kind.name());
+            assert!(s.final_alloc_pct <= 100.0);
+            assert!(s.final_alloc_pct > 50.0, "{} {s:?}", kind.name());
+        }
     }
 }

@@ -1061,17 +1061,14 @@ fn demand_on(pool: &PoolInfo, spec: &WorkloadSpec) -> Result<Demand, String> {
         if count == 0 {
             return Err("asks for 0 GPUs".into());
         }
+        // A shared (MPS or time-sliced) GPU with no share on it can be held whole, as a
+        // Kubernetes device plugin hands out a shared GPU: shares and whole-GPU work then
+        // compete for the same GPUs, and placement decides which GPU each takes.
         match pool.sharing {
-            Sharing::Exclusive => {}
+            Sharing::Exclusive | Sharing::Mps | Sharing::Timeslice => {}
             Sharing::Mig if pool.layouts.iter().any(|l| has_whole(l)) => {}
             Sharing::Mig => {
                 return Err("whole GPUs on a MIG pool need a layout with a 7g instance".into());
-            }
-            s => {
-                return Err(format!(
-                    "whole GPUs need an exclusive pool, not `{}`",
-                    s.as_str()
-                ));
             }
         }
         if count > pool.gpus_per_node {

@@ -332,17 +332,13 @@ fn fit(
             .layouts
             .iter()
             .any(|l| l.instances.iter().any(|i| i.compute_slices == 7));
+        // An MPS or time-sliced GPU with no share on it may be held whole (see the solver's
+        // `demand_on`).
         match pool.sharing {
-            Sharing::Exclusive => {}
+            Sharing::Exclusive | Sharing::Mps | Sharing::Timeslice => {}
             Sharing::Mig if has_7g => {}
             Sharing::Mig => {
                 return Err("whole GPUs on a MIG pool need a layout with a 7g instance".into());
-            }
-            _ => {
-                return Err(format!(
-                    "whole GPUs need an exclusive pool, not `{}`",
-                    pool.sharing.as_str()
-                ));
             }
         }
         if count > pool.gpus_per_node {

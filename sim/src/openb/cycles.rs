@@ -5,8 +5,8 @@
 //! largest first (GPUs per task, then milli-GPU per GPU, then CPU; arrival order breaks ties),
 //! each task by their online rule, so that the effect of batching is measured on its own. Measured
 //! on `default` (BENCHMARKS.md), that reordering does not help them: largest first loses about two
-//! points for FGD at 100 arrivals per cycle. Tessera decides a contested cycle with a greedy on
-//! waste ([`super::Tessera`]).
+//! points for FGD at 100 arrivals per cycle. Tessera solves each cycle as one full cycle of the
+//! production solver ([`super::Production`]).
 
 use super::cluster::{Cluster, Task};
 use super::policy::Placer;

@@ -2,7 +2,8 @@
 //! Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX
 //! ATC 2023; data CC BY 4.0, Alibaba `cluster-trace-gpu-v2023`), its arrival protocol and the
 //! baseline placement policies (FirstFit, BestFit, FGD, Random), reproducing the paper's
-//! allocation-ratio figures, and tessera's own policy ([`Tessera`]) run beside them.
+//! allocation-ratio figures, and tessera's production solver ([`Production`], the "Tessera"
+//! row) run beside them.
 //!
 //! ```no_run
 //! use tessera_sim::openb::{self, PolicyKind, SimConfig};
@@ -47,11 +48,12 @@ mod cluster;
 mod cycles;
 mod fgd;
 mod first_fit;
+mod gpu_spec;
 mod policy;
+mod production;
 mod protocol;
 mod random;
 mod report;
-mod tessera;
 mod trace;
 
 pub use best_fit::score as best_fit_score;
@@ -63,15 +65,18 @@ pub use cluster::{
 pub use cycles::simulate_cycles;
 pub use fgd::{Fgd, TypicalConfig, TypicalShape, TypicalShapes, fgd_score, sigmoid};
 pub use first_fit::FirstFit;
+pub use gpu_spec::{GpuSpecError, pin_gpu_spec};
 pub use policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak, permuted_ranks};
+pub use production::{Production, ProductionError, RENEW_EVERY};
 pub use protocol::{
     ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, DEFAULT_SEEDS, Sample, SimConfig,
     SimOutcome, Workload, make_placer, read_checkpoints, run_policy, run_seed, run_trace, scale,
     simulate,
 };
 pub use random::Random;
-pub use report::{PaperResults, PaperRow, PolicyResult, SeedResult, TraceResult, comparison_table};
-pub use tessera::{Tessera, tessera_typical};
+pub use report::{
+    PaperResults, PaperRow, PolicyResult, SeedResult, TraceResult, comparison_table, worst_vs,
+};
 pub use trace::{
     MILLI, NodeSpec, TaskSpec, TraceError, load_nodes, load_tasks, parse_nodes, parse_tasks,
 };

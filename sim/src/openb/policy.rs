@@ -119,7 +119,7 @@ pub enum PolicyKind {
     BestFit,
     Fgd,
     Random,
-    /// tessera's own policy ([`super::Tessera`]).
+    /// tessera's production solver ([`super::Production`]).
     Tessera,
 }
 

@@ -28,9 +28,9 @@ use super::cluster::{Cluster, ClusterError, Task};
 use super::fgd::{Fgd, TypicalConfig, TypicalShapes};
 use super::first_fit::FirstFit;
 use super::policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak};
+use super::production::Production;
 use super::random::Random;
 use super::report::{PolicyResult, SeedResult, TraceResult};
-use super::tessera::Tessera;
 use super::trace::{NodeSpec, TaskSpec};
 
 /// The paper's seeds.
@@ -344,7 +344,10 @@ pub fn make_placer(
             seed,
         )),
         PolicyKind::Random => Box::new(Random::new(seed)),
-        PolicyKind::Tessera => Box::new(Tessera::for_workload(workload, options, seed)),
+        PolicyKind::Tessera => Box::new(
+            Production::new(workload.cluster(), options, seed)
+                .expect("the policy generated for a loaded node list compiles"),
+        ),
     }
 }
 

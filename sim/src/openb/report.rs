@@ -218,8 +218,25 @@ fn fmt_diff(v: Option<f64>) -> String {
     }
 }
 
+/// The worst checkpoint of `policy` against `baseline` in the same run: the least of
+/// `policy − baseline` over the checkpoints where both have a value, and that checkpoint.
+/// `None` if either policy is missing or no checkpoint has both.
+pub fn worst_vs(result: &TraceResult, policy: &str, baseline: &str) -> Option<(f64, u32)> {
+    let (p, b) = (result.policy(policy)?, result.policy(baseline)?);
+    result
+        .config
+        .checkpoints
+        .iter()
+        .filter_map(|&k| {
+            let d = p.at(k)? - b.at(k)?;
+            d.is_finite().then_some((d, k))
+        })
+        .min_by(|x, y| x.0.total_cmp(&y.0))
+}
+
 /// The side-by-side table: per policy three lines (ours, paper, ours − paper) over the
-/// checkpoints of `result`; paper lines only where the paper has the trace and policy.
+/// checkpoints of `result`, paper lines only where the paper has the trace and policy; the last
+/// column is the policy's worst checkpoint against FGD in this run ([`worst_vs`]).
 pub fn comparison_table(result: &TraceResult, paper: &PaperResults) -> String {
     let checkpoints = &result.config.checkpoints;
     let mut out = String::new();
@@ -227,11 +244,16 @@ pub fn comparison_table(result: &TraceResult, paper: &PaperResults) -> String {
     for k in checkpoints {
         let _ = write!(out, " {:>6}%", k);
     }
-    out.push('\n');
+    out.push_str("   worst vs FGD\n");
     for p in &result.policies {
         let _ = write!(out, "{:<10} {:<6}", p.policy, "ours");
         for &k in checkpoints {
             let _ = write!(out, " {}", fmt_val(p.at(k)));
+        }
+        if p.policy != "FGD"
+            && let Some((d, k)) = worst_vs(result, &p.policy, "FGD")
+        {
+            let _ = write!(out, "   {d:+.2} at {k}%");
         }
         out.push('\n');
         if paper.get(&result.trace, &p.policy).is_some() {

@@ -362,18 +362,38 @@ impl<'p> Solver<'p> {
             return Status::Pending(no_pool_reason(p, w));
         }
         let mut attempts = Vec::new();
+        // Of the pools that take it, the one where it fragments least (FGD's whole-point score
+        // against each pool's mix, summed over the nodes it lands on), then the first listed: a
+        // pool that runs out of CPU next to idle GPUs must not be filled first only because it
+        // is listed first.
+        type Fit = (u64, Fleet, Ledger, Gpus, Gpus);
+        let mut best: Option<Fit> = None;
         for &pool in &wl.pools {
             match try_pool(p, &self.fleet, &self.ledger, w, pool, wl.replicas) {
                 Ok((fleet, ledger, guaranteed, borrowed)) => {
-                    self.fleet = fleet;
-                    self.ledger = ledger;
-                    return Status::Admit {
-                        guaranteed,
-                        borrowed,
+                    // (one pool: nothing to compare, nothing to measure)
+                    let tier = if wl.pools.len() == 1 {
+                        0
+                    } else {
+                        placement_tier(p, &self.fleet, &fleet, w, pool)
                     };
+                    if best.as_ref().is_none_or(|b| tier < b.0) {
+                        best = Some((tier, fleet, ledger, guaranteed, borrowed));
+                    }
+                    if tier == 0 {
+                        break;
+                    }
                 }
                 Err(r) => attempts.push((pool, r)),
             }
+        }
+        if let Some((_, fleet, ledger, guaranteed, borrowed)) = best {
+            self.fleet = fleet;
+            self.ledger = ledger;
+            return Status::Admit {
+                guaranteed,
+                borrowed,
+            };
         }
         // Releasing victims frees room and quota alike (the root's limit is the pool).
         let preempting = if self.hold[w] { 0 } else { attempts.len() };
@@ -780,6 +800,32 @@ impl<'p> Solver<'p> {
 
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
 /// (guaranteed, borrowed) split of what was admitted.
+/// How much placing `w` in `pool` (`before` → `after`) fragments the nodes it lands on:
+/// `100 −` FGD's whole-point score of each such node against the pool's mix, summed. 0 (the
+/// best) when nothing runs in the pool: there is no work there to fragment, so new work goes
+/// to an idle pool before it breaks up a busy one.
+fn placement_tier(p: &Problem, before: &Fleet, after: &Fleet, w: usize, pool: usize) -> u64 {
+    if !before.mix.scores(pool) {
+        return 0;
+    }
+    let mut nodes: Vec<usize> = after.placed[w]
+        .as_ref()
+        .map_or_else(Vec::new, |slots| slots.iter().map(|s| s.node).collect());
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
+        .into_iter()
+        .map(|n| {
+            let (tier, _) = before.mix.cost(
+                pool,
+                before.measure(p, pool, n, None),
+                after.measure(p, pool, n, None),
+            );
+            u64::from(tier)
+        })
+        .sum()
+}
+
 fn try_pool(
     p: &Problem,
     fleet: &Fleet,
