@@ -292,7 +292,7 @@ fn steady(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
     after
         .pending
         .retain(|p| !preempted.contains(p.name.as_str()));
-    after.observed_at = before.observed_at.clone();
+    after.observed_at = before.observed_at;
     after
 }
 

@@ -206,7 +206,7 @@ fn heavy_history_leaves_the_guarantee_alone() {
     let (mut c, templates) = fleet(&policy("24h", 1, 1, 4));
     // a borrowed the whole fleet for days; b has no history and floods the pool.
     c.state.usage = Some(UsageRecord {
-        as_of: c.state.observed_at.clone(),
+        as_of: c.state.observed_at,
         tenants: [("a", 400.0), ("org", 400.0)]
             .into_iter()
             .map(|(t, h)| {
