@@ -481,6 +481,36 @@ pub enum BenchCommand {
         #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
         output: TextOrJson,
     },
+    /// The service end to end: submit -> decided and submit -> running latency (p50, p99)
+    /// under a steady rate of submissions over HTTP, and the admissions a second of a burst.
+    /// Runs the real service in this process on a generated fleet (the solver benchmark's
+    /// reference fleet at 500 nodes) with the `sim` driver and nothing started.
+    Service {
+        /// Nodes of 8 H100; 64 in 500 of them are a MIG pool cut in 1g instances.
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(2..))]
+        nodes: u32,
+        /// Organisations of 29 project tenants each.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+        orgs: u32,
+        /// Workloads submitted in the burst (one GPU or one 1g instance each), all running
+        /// before the steady submissions start.
+        #[arg(long, default_value_t = 5000)]
+        running: u32,
+        /// Client threads submitting the burst.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+        clients: u32,
+        /// Steady submissions a second.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+        rate: u32,
+        /// How long the steady submissions go on (e.g. 15s, 1m).
+        #[arg(long, default_value = "15s", value_parser = duration)]
+        duration: Duration,
+        /// Decide every submission with a full cycle, as `tessera reconcile --full-cycles-only`.
+        #[arg(long)]
+        full_cycles_only: bool,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
+        output: TextOrJson,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

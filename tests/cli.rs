@@ -1,4 +1,4 @@
-//! End-to-end tests of `compile`, `schema` and `mig`, through the built binary.
+//! End-to-end tests of `compile`, `schema`, `mig` and `bench service`, through the built binary.
 
 mod common;
 
@@ -256,6 +256,53 @@ fn a_duration_flag_is_checked_before_anything_runs() {
         stderr.contains("'soon'")
             && stderr.contains("--time-limit")
             && stderr.contains("not a duration: write e.g. 0s, 30s, 5m or 1h"),
+        "{stderr}"
+    );
+}
+
+/// `tessera bench service` at a tiny size: the service it runs admits the whole burst and
+/// decides and starts every steady submission (figures are not checked, only that each was
+/// measured).
+#[test]
+fn bench_service_runs_the_service_and_follows_every_submission() {
+    let (code, stdout, stderr) = tessera(&[
+        "bench",
+        "service",
+        "--nodes",
+        "4",
+        "--orgs",
+        "1",
+        "--running",
+        "20",
+        "--rate",
+        "10",
+        "--duration",
+        "1s",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["fleet"]["tenants"], 29, "{report}");
+    assert_eq!(report["burst"]["submitted"], 20, "{report}");
+    assert_eq!(report["burst"]["running"], 20, "{report}");
+    let steady = &report["steady"];
+    assert_eq!(steady["submitted"], 10, "{report}");
+    assert_eq!(steady["decided"]["count"], 10, "{report}");
+    assert_eq!(steady["running"]["count"], 10, "{report}");
+    assert!(
+        steady["running"]["p99Ms"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(steady["cycles"].as_f64().unwrap() >= 1.0, "{report}");
+}
+
+#[test]
+fn bench_service_refuses_a_load_larger_than_the_fleet() {
+    let (code, _, stderr) = tessera(&["bench", "service", "--nodes", "2", "--running", "5000"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("lower --running, --rate or --duration"),
         "{stderr}"
     );
 }

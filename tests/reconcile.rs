@@ -290,7 +290,9 @@ fn script(name: &str) -> Value {
 
 /// An RFC 3339 instant of the API as Unix seconds.
 fn unix(v: &Value) -> Option<i64> {
-    v.as_str().and_then(tessera_compiler::units::parse_rfc3339)
+    v.as_str()
+        .and_then(tessera_compiler::units::parse_rfc3339)
+        .map(|t| t.as_second())
 }
 
 fn phase(v: &Value) -> &str {

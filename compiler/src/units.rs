@@ -395,29 +395,105 @@ fn parse_scaled(number: &str, scale: u64) -> Option<u64> {
     Some(value)
 }
 
-/// Parses an RFC 3339 instant, `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, to Unix seconds
-/// (fractions dropped). jiff knows the calendar: `2026-02-30` and `24:00:00` are refused, so
+/// Parses an RFC 3339 instant, `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, to the second
+/// (fractions dropped: every instant tessera keeps is whole seconds, so that what it writes
+/// reads back equal). jiff knows the calendar: `2026-02-30` and `24:00:00` are refused, so
 /// that a snapshot's instants can be compared; a leap second (`:60`) reads as `:59`. The form
 /// is checked first, because jiff also reads ISO 8601 forms RFC 3339 lacks (a space for `T`,
 /// no seconds, no offset).
-pub fn parse_rfc3339(s: &str) -> Option<i64> {
+pub fn parse_rfc3339(s: &str) -> Option<jiff::Timestamp> {
     if !rfc3339_form(s) {
         return None;
     }
-    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_second())
+    let t = s.parse::<jiff::Timestamp>().ok()?;
+    jiff::Timestamp::from_second(t.as_second()).ok()
 }
 
-/// Unix seconds as RFC 3339 in UTC, `YYYY-MM-DDTHH:MM:SSZ`: how every instant is written (the
-/// API, the store, snapshots, decisions). Instants beyond jiff's range (years -9999 to 9999)
-/// are clamped to it.
-pub fn format_rfc3339(unix: i64) -> String {
+/// An instant as RFC 3339 in UTC to the second, `YYYY-MM-DDTHH:MM:SSZ`: how every instant is
+/// written (the API, the store, snapshots, decisions).
+pub fn format_rfc3339(t: jiff::Timestamp) -> String {
+    unix(t.as_second()).to_string()
+}
+
+/// Unix seconds as an instant, clamped to jiff's range (years -9999 to 9999): where instants
+/// come from integer columns and arithmetic on seconds.
+pub fn unix(seconds: i64) -> jiff::Timestamp {
     let (min, max) = (
         jiff::Timestamp::MIN.as_second(),
         jiff::Timestamp::MAX.as_second(),
     );
-    jiff::Timestamp::from_second(unix.clamp(min, max))
-        .map(|t| t.to_string())
-        .unwrap_or_default()
+    jiff::Timestamp::from_second(seconds.clamp(min, max)).unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+}
+
+/// Now, to the second: the one way tessera reads the clock, so that every instant it keeps
+/// and writes is whole seconds.
+pub fn now() -> jiff::Timestamp {
+    unix(jiff::Timestamp::now().as_second())
+}
+
+/// Serde for an instant in a document: RFC 3339 as [`parse_rfc3339`] reads it (an error that
+/// says what to write otherwise, at the value's place) and as [`format_rfc3339`] writes it.
+/// `#[serde(with = "crate::units::rfc3339")]`, with `#[schemars(with = "Rfc3339")]`.
+pub mod rfc3339 {
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    const HELP: &str = "write a date and time with its offset, e.g. 2026-11-20T08:00:00Z";
+
+    pub fn serialize<S: Serializer>(t: &jiff::Timestamp, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_rfc3339(*t))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<jiff::Timestamp, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_rfc3339(&text).ok_or_else(|| {
+            de::Error::custom(format!(
+                "`{text}` is not an RFC 3339 instant (no such date or time): {HELP}"
+            ))
+        })
+    }
+
+    /// The same for an optional instant (`null` or absent is `None`).
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(
+            t: &Option<jiff::Timestamp>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match t {
+                Some(t) => super::serialize(t, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<jiff::Timestamp>, D::Error> {
+            #[derive(Deserialize)]
+            struct Instant(#[serde(with = "super")] jiff::Timestamp);
+            Ok(Option::<Instant>::deserialize(d)?.map(|Instant(t)| t))
+        }
+    }
+}
+
+/// The JSON Schema of an instant: a `date-time` string in RFC 3339's form (the calendar is
+/// checked when the document is read).
+pub struct Rfc3339;
+
+impl JsonSchema for Rfc3339 {
+    fn schema_name() -> Cow<'static, str> {
+        "Rfc3339".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "format": "date-time",
+            "pattern": r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+        })
+    }
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` by shape alone (digits where digits go).
@@ -499,14 +575,19 @@ mod tests {
 
     #[test]
     fn rfc3339_instants() {
-        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_rfc3339("1970-01-01T01:00:00+01:00"), Some(0));
-        assert_eq!(parse_rfc3339("2000-03-01T00:00:00.5Z"), Some(951_868_800));
-        assert_eq!(parse_rfc3339("2024-02-29T00:00:00Z"), Some(1_709_164_800));
-        assert_eq!(parse_rfc3339("2026-11-20T08:00:00Z"), Some(1_795_161_600));
-        assert_eq!(format_rfc3339(1_795_161_600), "2026-11-20T08:00:00Z");
-        assert_eq!(format_rfc3339(-1), "1969-12-31T23:59:59Z");
-        assert!(format_rfc3339(i64::MAX).starts_with("9999-12-"));
+        let secs = |s: &str| parse_rfc3339(s).map(|t| t.as_second());
+        assert_eq!(secs("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(secs("1970-01-01T01:00:00+01:00"), Some(0));
+        assert_eq!(secs("2000-03-01T00:00:00.5Z"), Some(951_868_800));
+        assert_eq!(secs("2024-02-29T00:00:00Z"), Some(1_709_164_800));
+        assert_eq!(secs("2026-11-20T08:00:00Z"), Some(1_795_161_600));
+        assert_eq!(format_rfc3339(unix(1_795_161_600)), "2026-11-20T08:00:00Z");
+        assert_eq!(format_rfc3339(unix(-1)), "1969-12-31T23:59:59Z");
+        assert!(format_rfc3339(unix(i64::MAX)).starts_with("9999-12-"));
+        // Fractions are dropped, so that what is written reads back equal.
+        let fraction = "2000-03-01T00:00:00.5Z".parse::<jiff::Timestamp>().unwrap();
+        assert_eq!(format_rfc3339(fraction), "2000-03-01T00:00:00Z");
+        assert_eq!(now().subsec_nanosecond(), 0);
         for bad in [
             "2026-11-20 08:00:00Z",
             "2026-13-20T08:00:00Z",
@@ -529,8 +610,8 @@ mod tests {
         /// What is written reads back as the same instant, in any offset; years 0 to 9999.
         #[test]
         fn instants_round_trip(t in -62_167_219_200i64..253_402_300_800, offset in -1439i32..1440) {
-            let text = format_rfc3339(t);
-            proptest::prop_assert_eq!(parse_rfc3339(&text), Some(t));
+            let text = format_rfc3339(unix(t));
+            proptest::prop_assert_eq!(parse_rfc3339(&text), Some(unix(t)));
             // The same instant written at another offset.
             let zone = jiff::tz::TimeZone::fixed(jiff::tz::Offset::from_seconds(offset * 60).unwrap());
             let local = jiff::Timestamp::from_second(t).unwrap().to_zoned(zone).datetime();
@@ -542,7 +623,7 @@ mod tests {
                 offset.abs() % 60
             );
             if local.year() >= 0 {
-                proptest::prop_assert_eq!(parse_rfc3339(&shifted), Some(t), "{}", shifted);
+                proptest::prop_assert_eq!(parse_rfc3339(&shifted), Some(unix(t)), "{}", shifted);
             }
         }
     }

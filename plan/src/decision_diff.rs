@@ -462,7 +462,7 @@ mod tests {
     fn decision(workloads: Vec<(&str, Outcome)>) -> Decision {
         Decision {
             format_version: 1,
-            now: "2026-11-20T08:00:00Z".into(),
+            now: "2026-11-20T08:00:00Z".parse().unwrap(),
             method: Method::Heuristic,
             objective: 0.0,
             bound: None,

@@ -2,8 +2,7 @@
 //! tracks, as a [`ClusterStateSpec`], the same document `tessera plan` reads in CI (the service
 //! exports it at `GET /state`).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use jiff::Timestamp;
 use tessera_compiler::model::{
     Binding, ClusterStateSpec, PendingWorkload, RunningWorkload, WorkloadSpec,
 };
@@ -16,7 +15,7 @@ use crate::store::carried::Carried;
 pub struct Tracked {
     pub name: String,
     pub spec: WorkloadSpec,
-    pub submitted_at: i64,
+    pub submitted_at: Timestamp,
     /// `Some` while it holds devices (running, starting or checkpointing).
     pub running: Option<RunningFacts>,
 }
@@ -24,8 +23,8 @@ pub struct Tracked {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunningFacts {
     pub bindings: Vec<Binding>,
-    pub started_at: i64,
-    pub last_checkpoint_at: Option<i64>,
+    pub started_at: Timestamp,
+    pub last_checkpoint_at: Option<Timestamp>,
 }
 
 /// The snapshot at `now`. Running workloads by name, pending ones in submission order (then by
@@ -47,8 +46,8 @@ pub fn cluster_state(
                 // it holds.
                 spec: t.spec.running_as(r.bindings.len() as u32),
                 bindings: r.bindings.clone(),
-                started_at: rfc3339(r.started_at),
-                last_checkpoint_at: r.last_checkpoint_at.map(rfc3339),
+                started_at: r.started_at,
+                last_checkpoint_at: r.last_checkpoint_at,
             })
         })
         .collect();
@@ -62,14 +61,14 @@ pub fn cluster_state(
                 PendingWorkload {
                     name: t.name.clone(),
                     spec: t.spec.clone(),
-                    submitted_at: rfc3339(t.submitted_at),
+                    submitted_at: t.submitted_at,
                 },
             )
         })
         .collect();
     pending.sort_by(|(a, _), (b, _)| (a.submitted_at, &a.name).cmp(&(b.submitted_at, &b.name)));
     ClusterStateSpec {
-        observed_at: rfc3339(now),
+        observed_at: unix(now),
         nodes: observation.nodes.clone(),
         running,
         pending: pending.into_iter().map(|(_, p)| p).collect(),
@@ -81,15 +80,17 @@ pub fn cluster_state(
 
 /// Unix seconds as RFC 3339 UTC (`2026-11-23T15:04:33Z`), as the compiler writes instants.
 pub fn rfc3339(unix: i64) -> String {
-    tessera_compiler::units::format_rfc3339(unix)
+    tessera_compiler::units::format_rfc3339(self::unix(unix))
+}
+
+/// Unix seconds, as the store keeps instants in its integer columns, as an instant.
+pub fn unix(seconds: i64) -> Timestamp {
+    tessera_compiler::units::unix(seconds)
 }
 
 /// The current instant as Unix seconds: the one clock read of a cycle.
 pub fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    tessera_compiler::units::now().as_second()
 }
 
 #[cfg(test)]

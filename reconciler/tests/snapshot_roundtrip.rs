@@ -191,10 +191,10 @@ fn tracked(before: &ClusterStateSpec, after: &ClusterStateSpec) -> Vec<Tracked> 
         .map(|r| Tracked {
             name: r.name.clone(),
             spec: submitted(&r.name).spec.clone(),
-            submitted_at: OBSERVED_AT - 60,
+            submitted_at: tessera_reconciler::snapshot::unix(OBSERVED_AT - 60),
             running: Some(RunningFacts {
                 bindings: r.bindings.clone(),
-                started_at: OBSERVED_AT,
+                started_at: tessera_reconciler::snapshot::unix(OBSERVED_AT),
                 last_checkpoint_at: None,
             }),
         })
@@ -202,7 +202,7 @@ fn tracked(before: &ClusterStateSpec, after: &ClusterStateSpec) -> Vec<Tracked> 
     out.extend(after.pending.iter().map(|p| Tracked {
         name: p.name.clone(),
         spec: submitted(&p.name).spec.clone(),
-        submitted_at: OBSERVED_AT - 60,
+        submitted_at: tessera_reconciler::snapshot::unix(OBSERVED_AT - 60),
         running: None,
     }));
     out

@@ -292,7 +292,7 @@ fn steady(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
     after
         .pending
         .retain(|p| !preempted.contains(p.name.as_str()));
-    after.observed_at = before.observed_at.clone();
+    after.observed_at = before.observed_at;
     after
 }
 
@@ -318,7 +318,7 @@ fn arrival(name: &str, tenant: &str, class: &str, count: Option<u32>, cpu: u64) 
             command: Vec::new(),
             env: BTreeMap::new(),
         },
-        submitted_at: "2026-11-20T08:00:00Z".to_owned(),
+        submitted_at: "2026-11-20T08:00:00Z".parse().expect("an instant"),
     }
 }
 

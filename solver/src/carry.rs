@@ -49,7 +49,7 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
             Some(Outcome::Preempt { .. }) => pending.push(PendingWorkload {
                 name: r.name.clone(),
                 spec: r.spec.clone(),
-                submitted_at: d.now.clone(),
+                submitted_at: d.now,
             }),
             _ => {}
         }
@@ -69,7 +69,7 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
                             share: b.share,
                         })
                         .collect(),
-                    started_at: d.now.clone(),
+                    started_at: d.now,
                     last_checkpoint_at: None,
                 });
             }
@@ -78,7 +78,7 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
     }
     running.sort_by(|a, b| (&a.spec.tenant, &a.name).cmp(&(&b.spec.tenant, &b.name)));
     ClusterStateSpec {
-        observed_at: d.now.clone(),
+        observed_at: d.now,
         nodes,
         running,
         pending,

@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tessera_compiler::model::{ReconfigurationRecord, ReservationRecord, Sharing, UsageRecord};
 use tessera_compiler::units::Gpus;
@@ -16,7 +17,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub struct Decision {
     pub format_version: u32,
     /// The instant the decision is for (RFC 3339, UTC).
-    pub now: String,
+    pub now: Timestamp,
     /// Which method produced the decision.
     pub method: Method,
     /// The value of the decision: the sum over placed workloads (kept and admitted) of
@@ -89,7 +90,7 @@ pub struct ReservationReport {
     /// The nodes it will land on.
     pub nodes: Vec<String>,
     /// When the reservation was first made (RFC 3339).
-    pub since: String,
+    pub since: Timestamp,
     /// GPUs the gang needs.
     pub needed: u32,
     /// Free GPUs held idle for it after this decision.
@@ -99,7 +100,7 @@ pub struct ReservationReport {
     /// When the running work in the way is declared to end (RFC 3339); `None` when some of it
     /// declares no `maxDuration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eta: Option<String>,
+    pub eta: Option<Timestamp>,
 }
 
 impl ReservationReport {
@@ -109,7 +110,7 @@ impl ReservationReport {
             workload: self.workload.clone(),
             pool: self.pool.clone(),
             nodes: self.nodes.clone(),
-            since: self.since.clone(),
+            since: self.since,
         }
     }
 }
@@ -444,7 +445,7 @@ pub enum Reason {
         nodes: Vec<String>,
         /// When the work in the way is declared to end (RFC 3339); `None` when some of it
         /// declares no `maxDuration`.
-        eta: Option<String>,
+        eta: Option<Timestamp>,
     },
     /// The room it would fit in is held for a waiting gang, and it is neither preemptible nor
     /// declared to end before that gang can start.

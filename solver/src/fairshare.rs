@@ -39,7 +39,7 @@ use tessera_compiler::compiled::CompiledFairShare;
 use tessera_compiler::model::{TenantUsageRecord, UsageHours, UsageRecord};
 
 use crate::decision::{FairShareReport, TenantShare};
-use crate::problem::{Phase, Problem, format_rfc3339, parse_rfc3339};
+use crate::problem::{Phase, Problem, unix};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -56,7 +56,7 @@ struct Rates {
 /// `p.now` (a clock stepped back, a plan run for an earlier instant) is kept as it is, neither
 /// decayed nor added to, and keeps its `asOf`, so that no interval is counted twice.
 pub fn accrue(p: &Problem, previous: Option<&UsageRecord>) -> UsageRecord {
-    let since = previous.and_then(|r| parse_rfc3339(&r.as_of));
+    let since = previous.map(|r| r.as_of.as_second());
     let elapsed = since.map_or(0, |t| (p.now - t).max(0)) as f64;
     let as_of = since.map_or(p.now, |t| t.max(p.now));
     let rates = rates(p);
@@ -99,7 +99,7 @@ pub fn accrue(p: &Problem, previous: Option<&UsageRecord>) -> UsageRecord {
         );
     }
     UsageRecord {
-        as_of: format_rfc3339(as_of),
+        as_of: unix(as_of),
         tenants,
     }
 }
@@ -259,7 +259,7 @@ pub fn report(p: &Problem) -> Option<FairShareReport> {
     };
     Some(FairShareReport {
         record: UsageRecord {
-            as_of: record.as_of.clone(),
+            as_of: record.as_of,
             tenants: record
                 .tenants
                 .iter()

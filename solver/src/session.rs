@@ -365,7 +365,7 @@ impl Session {
         // The arrival resolved on its own: pools, classes and tenants come from the policy in its
         // order, so indices agree with the session's problem, and no node is needed.
         let alone = ClusterStateSpec {
-            observed_at: self.problem.now_text.clone(),
+            observed_at: self.problem.now_at,
             nodes: Vec::new(),
             running: Vec::new(),
             pending: vec![arrival.clone()],

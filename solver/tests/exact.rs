@@ -64,8 +64,8 @@ impl Rng {
     }
 }
 
-fn rfc3339(t: i64) -> String {
-    tessera_solver::problem::format_rfc3339(t)
+fn rfc3339(t: i64) -> jiff::Timestamp {
+    tessera_solver::problem::unix(t)
 }
 
 /// The policy and snapshot of one case, as YAML.

@@ -10,7 +10,7 @@ use tessera_compiler::model::{PendingWorkload, TenantUsageRecord, UsageHours, Us
 use tessera_compiler::units::Gpus;
 use tessera_solver::decision::{Decision, Outcome};
 use tessera_solver::fairshare::{accrue, history_share, water_fill};
-use tessera_solver::problem::{Problem, format_rfc3339, parse_rfc3339};
+use tessera_solver::problem::{Problem, unix};
 
 const CYCLE: i64 = 15 * 60;
 const HOUR: i64 = 3600;
@@ -206,7 +206,7 @@ fn heavy_history_leaves_the_guarantee_alone() {
     let (mut c, templates) = fleet(&policy("24h", 1, 1, 4));
     // a borrowed the whole fleet for days; b has no history and floods the pool.
     c.state.usage = Some(UsageRecord {
-        as_of: c.state.observed_at.clone(),
+        as_of: c.state.observed_at,
         tenants: [("a", 400.0), ("org", 400.0)]
             .into_iter()
             .map(|(t, h)| {
@@ -267,7 +267,7 @@ fn record(as_of: i64, tenant: &str, used: f64, borrowed: f64) -> UsageRecord {
         ..UsageHours::default()
     };
     UsageRecord {
-        as_of: format_rfc3339(as_of),
+        as_of: unix(as_of),
         tenants: [(
             tenant.to_owned(),
             TenantUsageRecord {
@@ -302,7 +302,7 @@ fn one_half_life_halves_the_record() {
     let a = r.tenants["a"];
     assert!((a.used.gpu_hours - 5.0).abs() < 1e-9, "{a:?}");
     assert!((a.borrowed.gpu_hours - 3.0).abs() < 1e-9, "{a:?}");
-    assert_eq!(r.as_of, format_rfc3339(t0 + 10 * HOUR));
+    assert_eq!(r.as_of, unix(t0 + 10 * HOUR));
     // Decay is continuous: ten steps of an hour give one step of ten hours.
     let mut stepped = record(t0, "a", 10.0, 6.0);
     for k in 1..=10 {
@@ -317,14 +317,14 @@ fn one_half_life_halves_the_record() {
     );
     assert_eq!(r.tenants["a"].used.gpu_hours, 10.0);
     assert_eq!(r.tenants["a"].borrowed.gpu_hours, 6.0);
-    assert_eq!(r.as_of, format_rfc3339(t0 + HOUR));
+    assert_eq!(r.as_of, unix(t0 + HOUR));
 }
 
 #[test]
 fn constant_usage_converges_to_rate_times_half_life_over_ln2() {
     // 6 GPUs, 4 of them guaranteed: 2 borrowed.
     let c = running_a(4, 6);
-    let t0 = parse_rfc3339(&c.state.observed_at).unwrap();
+    let t0 = c.state.observed_at.as_second();
     let mut r = accrue(&problem_at(&c, t0), None);
     assert_eq!(r.tenants["a"].used.gpu_hours, 0.0);
     for k in 1..=40 {

@@ -41,7 +41,7 @@ use tessera_compiler::model::{
 use tessera_compiler::units::Duration;
 use tessera_compiler::units::Gpus;
 use tessera_solver::decision::{Decision, Outcome, PreemptReason, Reason};
-use tessera_solver::problem::{format_rfc3339, parse_rfc3339};
+use tessera_solver::problem::{parse_rfc3339, unix};
 use tessera_solver::{SolveOptions, solve};
 
 use common::random::*;
@@ -56,7 +56,7 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
     );
     // Above 1 when preemptions cost more than the decision places.
     assert!(d.gap.is_some_and(|g| g >= 0.0), "gap {:?}", d.gap);
-    let now = parse_rfc3339(&state.observed_at).unwrap();
+    let now = state.observed_at.as_second();
     let node = |n: &str| state.nodes.iter().find(|x| x.name == n).unwrap();
     let pool_of = |n: &str| policy.pool(&node(n).pool).unwrap();
     // By key, `tenant/name`: names are per tenant, and reasons name workloads by key.
@@ -139,7 +139,7 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
                     .iter()
                     .find(|r| r.name == w.name && r.spec.tenant == w.tenant)
                     .expect("only running is preempted");
-                let ran = now - parse_rfc3339(&run.started_at).unwrap();
+                let ran = now - run.started_at.as_second();
                 assert!(
                     ran >= class.min_runtime_seconds as i64,
                     "{} preempted before minRuntime",
@@ -234,7 +234,7 @@ fn check_invariants(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decis
         let c = policy.slo_class(&r.spec.slo_class).unwrap();
         (
             -c.priority,
-            parse_rfc3339(&r.started_at).unwrap(),
+            r.started_at.as_second(),
             (r.spec.tenant.clone(), r.name.clone()),
         )
     });
@@ -398,7 +398,7 @@ fn fair_preemptions_stop(policy: &CompiledPolicy, mut state: ClusterStateSpec) {
 }
 
 fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Decision) {
-    let now = parse_rfc3339(&state.observed_at).unwrap();
+    let now = state.observed_at.as_second();
     let pending: BTreeMap<String, _> = state
         .pending
         .iter()
@@ -470,11 +470,11 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
         let gang = pending[&r.workload];
         let gang_prio = policy.slo_class(&gang.spec.slo_class).unwrap().priority;
         let gang_key = (
-            parse_rfc3339(&gang.submitted_at).unwrap(),
+            gang.submitted_at.as_second(),
             gang.spec.tenant.as_str(),
             gang.name.as_str(),
         );
-        let eta = r.eta.as_deref().map(|e| parse_rfc3339(e).unwrap());
+        let eta = r.eta.map(|e| e.as_second());
         for w in &d.workloads {
             let Outcome::Admit {
                 bindings,
@@ -500,7 +500,7 @@ fn check_reservations(policy: &CompiledPolicy, state: &ClusterStateSpec, d: &Dec
                 || *guaranteed >= per_replica * i64::from(min)
                 || spec.tenant != gang.spec.tenant
                 || (
-                    parse_rfc3339(&p.submitted_at).unwrap(),
+                    p.submitted_at.as_second(),
                     p.spec.tenant.as_str(),
                     p.name.as_str(),
                 ) < gang_key;
@@ -565,7 +565,7 @@ fn urgent_one_gpu(stream: u64) -> WorkloadSpec {
 /// One random case; how many preemptions by fair share its second decision made.
 fn case(seed: u64) -> usize {
     let mut rng = Seeded(seed);
-    let now = parse_rfc3339(NOW).unwrap();
+    let now = parse_rfc3339(NOW).unwrap().as_second();
     let mut f = fleet(&mut rng);
     let fair = (seed / 5) % 2 == 1;
     if fair {
@@ -597,7 +597,7 @@ fn case(seed: u64) -> usize {
     };
     let first_queue = rng.range(3, 10);
     let mut state0 = ClusterStateSpec {
-        observed_at: format_rfc3339(now - 4 * 3600),
+        observed_at: unix(now - 4 * 3600),
         nodes: nodes(&mut rng, &f),
         running: Vec::new(),
         pending: {
@@ -620,7 +620,7 @@ fn case(seed: u64) -> usize {
                 .push(tessera_compiler::model::PendingWorkload {
                     name: format!("fill-{i}"),
                     spec,
-                    submitted_at: format_rfc3339(now - 4 * 3600),
+                    submitted_at: unix(now - 4 * 3600),
                 });
         }
     }
@@ -676,7 +676,7 @@ fn case(seed: u64) -> usize {
             .push(tessera_compiler::model::PendingWorkload {
                 name: "gang".into(),
                 spec: gang,
-                submitted_at: format_rfc3339(now - 3600),
+                submitted_at: unix(now - 3600),
             });
         for i in 0..6 {
             state1
@@ -684,7 +684,7 @@ fn case(seed: u64) -> usize {
                 .push(tessera_compiler::model::PendingWorkload {
                     name: format!("small-{i}"),
                     spec: small(i),
-                    submitted_at: format_rfc3339(now),
+                    submitted_at: unix(now),
                 });
         }
     }
@@ -699,7 +699,7 @@ fn case(seed: u64) -> usize {
                 .push(tessera_compiler::model::PendingWorkload {
                     name: format!("even-{i}"),
                     spec,
-                    submitted_at: format_rfc3339(now),
+                    submitted_at: unix(now),
                 });
         }
     }

@@ -16,7 +16,6 @@ use tessera_compiler::model::{
 };
 use tessera_compiler::units::{Bytes, Duration, Gpus, Millicores};
 use tessera_solver::decision::{Decision, Outcome, PreemptReason, Reason};
-use tessera_solver::problem::parse_rfc3339;
 use tessera_solver::{SolveOptions, solve};
 
 use common::cycles::Cycles;
@@ -126,7 +125,8 @@ fn job(name: String, spec: WorkloadSpec) -> PendingWorkload {
     PendingWorkload {
         name,
         spec,
-        submitted_at: String::new(),
+        // Set when the cycle submits it.
+        submitted_at: jiff::Timestamp::UNIX_EPOCH,
     }
 }
 
@@ -289,8 +289,8 @@ fn a_reservation_starts_the_gang_within_the_longest_run() {
     let k = start_cycle(&c).expect("the gang starts");
     // Decision 0 is the fill, 1 the gang's first cycle. Once it holds its nodes no new work
     // lands there, so it starts as soon as the longest job it waits for ends.
-    let arrived = parse_rfc3339(&c.decisions[1].now).unwrap();
-    let start = parse_rfc3339(&c.decisions[k].now).unwrap();
+    let arrived = c.decisions[1].now.as_second();
+    let start = c.decisions[k].now.as_second();
     assert!(
         start - arrived <= MAX_RUN,
         "the gang waited {} s, more than the longest run",
@@ -379,10 +379,9 @@ fn backfill_never_delays_the_gang() {
     // Every run is declared: the eta is known, and the gang starts at the first cycle after it.
     let eta = base.decisions[1].reservations[0]
         .eta
-        .as_deref()
-        .map(|e| parse_rfc3339(e).unwrap())
+        .map(|e| e.as_second())
         .expect("an eta");
-    let start = parse_rfc3339(&base.decisions[k].now).unwrap();
+    let start = base.decisions[k].now.as_second();
     assert!(
         start >= eta && start < eta + TICK,
         "start {start}, eta {eta}"
@@ -392,7 +391,7 @@ fn backfill_never_delays_the_gang() {
     let mut short = 0;
     for d in &with.decisions[1..k] {
         let r = &d.reservations[0];
-        let eta = parse_rfc3339(r.eta.as_deref().unwrap()).unwrap();
+        let eta = r.eta.unwrap().as_second();
         for w in &d.workloads {
             if let Outcome::Admit { bindings, .. } = &w.outcome
                 && bindings.iter().any(|b| r.nodes.contains(&b.node))
@@ -402,7 +401,7 @@ fn backfill_never_delays_the_gang() {
                     None => 2 * TICK,
                 };
                 assert!(
-                    parse_rfc3339(&d.now).unwrap() + declared <= eta,
+                    d.now.as_second() + declared <= eta,
                     "{} ends after the eta",
                     w.name
                 );
@@ -426,8 +425,8 @@ fn preemptible_backfill_yields() {
     );
     report("`maxGpus: 256`, the stream preemptible", &c);
     let k = start_cycle(&c).expect("the gang starts");
-    let arrived = parse_rfc3339(&c.decisions[1].now).unwrap();
-    let start = parse_rfc3339(&c.decisions[k].now).unwrap();
+    let arrived = c.decisions[1].now.as_second();
+    let start = c.decisions[k].now.as_second();
     assert!(start - arrived <= MAX_RUN, "waited {} s", start - arrived);
     assert!(
         c.decisions[1..k]
@@ -482,7 +481,7 @@ fn max_gpus_bounds_what_is_held() {
     ];
     for (max, reserving) in cases {
         let (policy, mut state) = fleet(max);
-        let now = parse_rfc3339(&state.observed_at).unwrap();
+        let now = state.observed_at.as_second();
         let mut c = Cycles::new(policy.clone(), state.clone());
         for i in 0..NODES * 8 {
             c.submit(job(format!("fill-{i:03}"), spec("batch", 1, 1, None)), None);
@@ -491,7 +490,7 @@ fn max_gpus_bounds_what_is_held() {
         state = c.state.clone();
         for g in ["gang-a", "gang-b"] {
             let mut w = job(g.into(), gang_spec(16));
-            w.submitted_at = tessera_solver::problem::format_rfc3339(now);
+            w.submitted_at = tessera_solver::problem::unix(now);
             state.pending.push(w);
         }
         let d = solve(&policy, &state, &SolveOptions::default()).unwrap();

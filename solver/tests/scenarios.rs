@@ -809,9 +809,9 @@ fn a_change_recorded_in_the_last_hour_spends_the_gpus_budget() {
     let changed: Vec<_> = d
         .reconfigurations
         .iter()
-        .map(|r| (r.node.as_str(), r.gpu, r.at.as_str()))
+        .map(|r| (r.node.as_str(), r.gpu, r.at.to_string()))
         .collect();
-    assert_eq!(changed, [("m0", 0, "2026-11-20T08:00:00Z")]);
+    assert_eq!(changed, [("m0", 0, "2026-11-20T08:00:00Z".to_string())]);
 
     // The pool allows one change per GPU and hour: one 30 minutes ago spends it.
     let spent = "  reconfigurations:\n    - {node: m0, gpu: 0, at: \"2026-11-20T07:30:00Z\"}\n";
@@ -823,14 +823,22 @@ fn a_change_recorded_in_the_last_hour_spends_the_gpus_budget() {
     );
     assert!(d.geometry.iter().all(|g| g.destroy.is_empty()));
     // The record still counts at the next snapshot.
-    let kept: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
+    let kept: Vec<_> = d
+        .reconfigurations
+        .iter()
+        .map(|r| r.at.to_string())
+        .collect();
     assert_eq!(kept, ["2026-11-20T07:30:00Z"]);
 
     // An hour later it no longer counts, and is not carried on.
     let old = "  reconfigurations:\n    - {node: m0, gpu: 0, at: \"2026-11-20T07:00:00Z\"}\n";
     let d = run(&budget_state(old));
     assert_eq!(admitted(&d, "small")[0].gpus, vec![0]);
-    let at: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
+    let at: Vec<_> = d
+        .reconfigurations
+        .iter()
+        .map(|r| r.at.to_string())
+        .collect();
     assert_eq!(at, ["2026-11-20T08:00:00Z"]);
 }
 
@@ -853,6 +861,10 @@ fn instances_on_an_empty_gpu_are_not_barred_by_past_changes() {
     let spent = "  reconfigurations:\n    - {node: m0, gpu: 0, at: \"2026-11-20T07:30:00Z\"}\n";
     let d = run(&(state(&nodes, &run_, &pend) + spent));
     assert_eq!(admitted(&d, "small")[0].gpus, vec![0]);
-    let at: Vec<_> = d.reconfigurations.iter().map(|r| r.at.as_str()).collect();
+    let at: Vec<_> = d
+        .reconfigurations
+        .iter()
+        .map(|r| r.at.to_string())
+        .collect();
     assert_eq!(at, ["2026-11-20T07:30:00Z"]);
 }

@@ -222,11 +222,9 @@ pub fn get(
     let workloads = value["workloads"].as_array().unwrap_or(&empty);
     match output {
         GetFormat::Json => emit(&(serde_json::to_string_pretty(&value)? + "\n"))?,
-        GetFormat::Human | GetFormat::Wide => emit(&workload_table(
-            workloads,
-            output == GetFormat::Wide,
-            now_unix(),
-        ))?,
+        GetFormat::Human | GetFormat::Wide => {
+            emit(&workload_table(workloads, output == GetFormat::Wide, now()))?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -248,10 +246,8 @@ pub fn describe(
     Ok(ExitCode::SUCCESS)
 }
 
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+fn now() -> jiff::Timestamp {
+    tessera_compiler::units::now()
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986), for a path segment or a
@@ -273,10 +269,10 @@ fn text<'v>(v: &'v Value, key: &str) -> &'v str {
 }
 
 /// How long ago an RFC 3339 instant was, as kubectl shows ages (`45s`, `3m`, `2h`, `5d`).
-fn age(at: &str, now: i64) -> String {
+fn age(at: &str, now: jiff::Timestamp) -> String {
     match tessera_compiler::units::parse_rfc3339(at) {
         Some(t) => {
-            let s = now.saturating_sub(t).max(0);
+            let s = now.as_second().saturating_sub(t.as_second()).max(0);
             match s {
                 0..60 => format!("{s}s"),
                 60..3600 => format!("{}m", s / 60),
@@ -289,7 +285,7 @@ fn age(at: &str, now: i64) -> String {
 }
 
 /// The `tessera get` table; `now` is the instant ages are counted to.
-fn workload_table(workloads: &[Value], wide: bool, now: i64) -> String {
+fn workload_table(workloads: &[Value], wide: bool, now: jiff::Timestamp) -> String {
     let mut header = vec![
         "NAME", "TENANT", "CLASS", "POOL", "PHASE", "AGE", "GPUS", "REASON",
     ];

@@ -10,6 +10,7 @@ mod plan;
 mod reconcile;
 mod report;
 mod schema;
+mod service_bench;
 mod solve;
 mod validate;
 mod verify;
@@ -97,6 +98,25 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             policies: &policies,
             paper: paper.as_deref(),
             bound,
+            output,
+        }),
+        Command::Bench(BenchCommand::Service {
+            nodes,
+            orgs,
+            running,
+            clients,
+            rate,
+            duration,
+            full_cycles_only,
+            output,
+        }) => service_bench::run(service_bench::ServiceBenchArgs {
+            nodes: nodes as usize,
+            orgs: orgs as usize,
+            running: running as usize,
+            clients: clients as usize,
+            rate,
+            duration,
+            full_cycles_only,
             output,
         }),
         Command::Reconcile(args) => reconcile::run(*args),

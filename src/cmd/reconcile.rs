@@ -128,6 +128,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             // Tests and scripts read this line to find a port chosen with :0.
             println!("tessera reconcile: API listening on http://{addr}");
         })),
+        stop: None,
     })?;
     Ok(ExitCode::SUCCESS)
 }

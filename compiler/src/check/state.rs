@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use jiff::Timestamp;
 use tessera_mig as mig;
 
 use super::Sink;
@@ -12,7 +13,7 @@ use crate::diagnostic::{Code, Diagnostic, did_you_mean};
 use crate::key::{WorkloadKey, resolve_reference};
 use crate::load::LoadedDocument;
 use crate::model::{Binding, ClusterStateSpec, Document, Kind, UsageRecord};
-use crate::units::{Gpus, parse_rfc3339};
+use crate::units::Gpus;
 use crate::yaml::escape;
 
 pub(crate) fn check(ctx: &Ctx, sink: &mut Sink) {
@@ -251,30 +252,12 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
         );
     }
 
-    let observed_at = instant(doc, "/spec/observedAt", &spec.observed_at, sink);
+    let observed_at = spec.observed_at;
     if let Some(usage) = &spec.usage {
         check_usage(ctx, doc, usage, observed_at, sink);
     }
     check_reservations(ctx, doc, spec, sink);
     check_reconfigurations(doc, spec, observed_at, sink);
-}
-
-/// An RFC 3339 instant of the snapshot, or an error at it. The schema's pattern checks the
-/// form; this checks the calendar, so that instants compare.
-fn instant(doc: &LoadedDocument, pointer: &str, text: &str, sink: &mut Sink) -> Option<i64> {
-    let t = parse_rfc3339(text);
-    if t.is_none() {
-        sink.push(bad(
-            doc,
-            pointer,
-            format!(
-                "`{}` is `{text}`, which is not an RFC 3339 instant (no such date or time)",
-                crate::schema::dotted(pointer)
-            ),
-            "write a date and time with its offset, e.g. 2026-11-20T08:00:00Z",
-        ));
-    }
-    t
 }
 
 /// The usage record: an instant no later than the snapshot, and tenants of the policy. Amounts
@@ -283,13 +266,10 @@ fn check_usage(
     ctx: &Ctx,
     doc: &LoadedDocument,
     usage: &UsageRecord,
-    observed_at: Option<i64>,
+    observed_at: Timestamp,
     sink: &mut Sink,
 ) {
-    let as_of = instant(doc, "/spec/usage/asOf", &usage.as_of, sink);
-    if let (Some(as_of), Some(observed_at)) = (as_of, observed_at)
-        && as_of > observed_at
-    {
+    if usage.as_of > observed_at {
         sink.push(
             Diagnostic::new(
                 Code::IgnoredClusterState,
@@ -363,7 +343,6 @@ fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, 
             ));
             continue;
         }
-        instant(doc, &format!("{rp}/since"), &res.since, sink);
         if !gang.as_ref().is_some_and(|g| pending.contains(g)) {
             let candidates: Vec<&str> = if res.workload.contains('/') {
                 shown.iter().map(String::as_str).collect()
@@ -467,7 +446,7 @@ fn check_reservations(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, 
 fn check_reconfigurations(
     doc: &LoadedDocument,
     spec: &ClusterStateSpec,
-    observed_at: Option<i64>,
+    observed_at: Timestamp,
     sink: &mut Sink,
 ) {
     let gpus: BTreeSet<(&str, u32)> = spec
@@ -483,11 +462,7 @@ fn check_reconfigurations(
                 .field(crate::schema::dotted(pointer))
                 .help(help)
         };
-        if let (Some(at), Some(observed_at)) = (
-            instant(doc, &format!("{rp}/at"), &rec.at, sink),
-            observed_at,
-        ) && at > observed_at
-        {
+        if rec.at > observed_at {
             sink.push(ignored(
                 &format!("{rp}/at"),
                 format!(

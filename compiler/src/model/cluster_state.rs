@@ -4,7 +4,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::model::WorkloadSpec;
-use crate::units::{Bytes, Gpus, Millicores};
+use jiff::Timestamp;
+
+use crate::units::{Bytes, Gpus, Millicores, Rfc3339};
 
 /// A snapshot of the fleet: nodes and their GPUs as observed, running workloads with their
 /// bindings, and the pending queue. The reconciler exports it; `tessera plan` reads it in CI.
@@ -12,10 +14,9 @@ use crate::units::{Bytes, Gpus, Millicores};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterStateSpec {
     /// When the snapshot was taken, RFC 3339.
-    #[schemars(regex(
-        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
-    ))]
-    pub observed_at: String,
+    #[serde(with = "crate::units::rfc3339")]
+    #[schemars(with = "Rfc3339")]
+    pub observed_at: Timestamp,
     #[serde(default)]
     pub nodes: Vec<Node>,
     /// Workloads running now.
@@ -41,10 +42,9 @@ pub struct ClusterStateSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UsageRecord {
     /// The instant the figures are decayed to, RFC 3339.
-    #[schemars(regex(
-        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
-    ))]
-    pub as_of: String,
+    #[serde(with = "crate::units::rfc3339")]
+    #[schemars(with = "Rfc3339")]
+    pub as_of: Timestamp,
     /// By tenant name; a tenant's figures include its descendants', decayed with its own
     /// half-life.
     #[serde(default)]
@@ -92,10 +92,9 @@ pub struct ReservationRecord {
     #[schemars(length(min = 1))]
     pub nodes: Vec<String>,
     /// When the reservation was first made, RFC 3339.
-    #[schemars(regex(
-        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
-    ))]
-    pub since: String,
+    #[serde(with = "crate::units::rfc3339")]
+    #[schemars(with = "Rfc3339")]
+    pub since: Timestamp,
 }
 
 /// One geometry change of one GPU that destroyed instances or switched its MIG mode. It counts
@@ -108,10 +107,9 @@ pub struct ReconfigurationRecord {
     /// The GPU's NVML device index on the node.
     pub gpu: u32,
     /// When the change was made, RFC 3339.
-    #[schemars(regex(
-        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
-    ))]
-    pub at: String,
+    #[serde(with = "crate::units::rfc3339")]
+    #[schemars(with = "Rfc3339")]
+    pub at: Timestamp,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -194,10 +192,18 @@ pub struct RunningWorkload {
     pub spec: WorkloadSpec,
     /// One binding per replica.
     pub bindings: Vec<Binding>,
-    pub started_at: String,
+    /// When it started, RFC 3339.
+    #[serde(with = "crate::units::rfc3339")]
+    #[schemars(with = "Rfc3339")]
+    pub started_at: Timestamp,
     /// The last checkpoint, if the workload has taken one; work since then is lost on preemption.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_checkpoint_at: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::units::rfc3339::option"
+    )]
+    #[schemars(with = "Option<Rfc3339>")]
+    pub last_checkpoint_at: Option<Timestamp>,
 }
 
 /// Where one replica runs.
@@ -221,5 +227,8 @@ pub struct PendingWorkload {
     #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"))]
     pub name: String,
     pub spec: WorkloadSpec,
-    pub submitted_at: String,
+    /// When it was submitted, RFC 3339: the queue's order among equals.
+    #[serde(with = "crate::units::rfc3339")]
+    #[schemars(with = "Rfc3339")]
+    pub submitted_at: Timestamp,
 }

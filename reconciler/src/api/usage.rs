@@ -33,7 +33,8 @@ pub(super) async fn usage(
         )
     })?;
     let instant = |field: &str, value: &str| {
-        parse_rfc3339(value).ok_or_else(|| {
+        // The store counts in Unix seconds: the instant becomes one at this edge.
+        parse_rfc3339(value).map(|t| t.as_second()).ok_or_else(|| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 format!("{field}: {value:?} is not an RFC 3339 instant (2026-11-01T00:00:00Z)"),

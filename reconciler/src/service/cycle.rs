@@ -1065,11 +1065,11 @@ fn tracked(r: &WorkloadRecord) -> Tracked {
     Tracked {
         name: r.name.clone(),
         spec: r.spec.clone(),
-        submitted_at: r.submitted_at,
+        submitted_at: snapshot::unix(r.submitted_at),
         running: holds.then(|| RunningFacts {
             bindings: r.bindings.clone(),
-            started_at: r.started_at.unwrap_or(r.submitted_at),
-            last_checkpoint_at: r.last_checkpoint_at,
+            started_at: snapshot::unix(r.started_at.unwrap_or(r.submitted_at)),
+            last_checkpoint_at: r.last_checkpoint_at.map(snapshot::unix),
         }),
     }
 }

@@ -52,9 +52,12 @@ pub struct ServeOptions {
     pub hooks: Option<crate::api::hooks::HookSecret>,
     /// Called with the bound address once the API listens (tests bind port 0).
     pub on_listen: Option<Box<dyn FnOnce(SocketAddr) + Send>>,
+    /// Stops the service as SIGINT does when a message arrives or the sender is dropped
+    /// (`tessera bench service` runs the service inside its own process); `None`: signals only.
+    pub stop: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
-/// Runs until SIGINT or SIGTERM.
+/// Runs until SIGINT or SIGTERM, or until `stop` fires.
 pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let ServeOptions {
         config,
@@ -64,6 +67,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         driver,
         hooks,
         on_listen,
+        stop,
     } = options;
     private_dir(&config.state_dir)?;
     let open_store = || {
@@ -141,7 +145,17 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
             app = app.merge(crate::api::hooks::router(secret, branch, shared.clone()));
         }
         axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(async move {
+                match stop {
+                    Some(stop) => {
+                        tokio::select! {
+                            _ = shutdown_signal() => {},
+                            _ = stop => {},
+                        }
+                    }
+                    None => shutdown_signal().await,
+                }
+            })
             .await
             .map_err(ServeError::Io)
     });

@@ -180,13 +180,13 @@ mod tests {
                 "tenant": "t", "sloClass": "batch", "gpu": {"count": 1}
             }))
             .unwrap(),
-            submitted_at: at.to_owned(),
+            submitted_at: at.parse().unwrap(),
         }
     }
 
     fn snapshot(pending: Vec<PendingWorkload>) -> ClusterStateSpec {
         ClusterStateSpec {
-            observed_at: "2026-11-24T10:00:00Z".into(),
+            observed_at: "2026-11-24T10:00:00Z".parse().unwrap(),
             nodes: Vec::new(),
             running: Vec::new(),
             pending,
@@ -203,7 +203,7 @@ mod tests {
         let c = pending("c", "2026-11-24T10:00:01Z");
         let after = snapshot(vec![a.clone(), b.clone()]);
         let mut now = snapshot(vec![a.clone(), b.clone(), c.clone()]);
-        now.observed_at = "2026-11-24T10:00:05Z".into();
+        now.observed_at = "2026-11-24T10:00:05Z".parse().unwrap();
         assert_eq!(arrivals(&after, &now), Some(vec![c.clone()]));
         assert_eq!(arrivals(&after, &after), Some(Vec::new()));
         // A waiting workload left (cancelled): not only arrivals.
@@ -213,7 +213,7 @@ mod tests {
         );
         // A waiting workload changed.
         let mut b2 = b.clone();
-        b2.submitted_at = "2026-11-24T10:00:02Z".into();
+        b2.submitted_at = "2026-11-24T10:00:02Z".parse().unwrap();
         assert_eq!(arrivals(&after, &snapshot(vec![a.clone(), c, b2])), None);
         // Anything else moved.
         let mut moved = snapshot(vec![a, b]);

@@ -11,7 +11,9 @@ use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_solver::Decision;
 use tessera_solver::decision::{Outcome, PoolReport, TenantUsage};
 
-use crate::snapshot::rfc3339;
+use jiff::Timestamp;
+
+use crate::snapshot::unix;
 use crate::store::{EndReason, Event, Origin, Phase, ReplicaProcess, WorkloadRecord};
 
 /// What the last decision said about one workload.
@@ -26,7 +28,7 @@ pub struct Decided {
     /// The solver's sentence for it.
     pub message: Option<String>,
     /// RFC 3339: when the work in the way of its reservation is declared to end.
-    pub expected_start: Option<String>,
+    pub expected_start: Option<Timestamp>,
     /// While it waits: its place in line (1 is the head of the line) among the waiting workloads, in the order
     /// the decision considered them.
     pub queue_position: Option<QueuePosition>,
@@ -45,8 +47,8 @@ pub struct QueuePosition {
 /// The last decision, by workload name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DecisionIndex {
-    /// The decision's instant (RFC 3339).
-    pub at: String,
+    /// The decision's instant.
+    pub at: Timestamp,
     pub workloads: BTreeMap<WorkloadKey, Decided>,
     /// Each workload's tenant by its key shown as `tenant/name` (how the solver's sentences
     /// name workloads), to keep other tenants' workloads out of what one tenant reads.
@@ -60,10 +62,10 @@ pub struct DecisionIndex {
 
 impl DecisionIndex {
     pub fn of(decision: &Decision) -> DecisionIndex {
-        let eta: BTreeMap<&str, &str> = decision
+        let eta: BTreeMap<&str, Timestamp> = decision
             .reservations
             .iter()
-            .filter_map(|r| r.eta.as_deref().map(|eta| (r.workload.as_str(), eta)))
+            .filter_map(|r| r.eta.map(|eta| (r.workload.as_str(), eta)))
             .collect();
         let of = u32::try_from(decision.queue.len()).unwrap_or(u32::MAX);
         let place: BTreeMap<&str, QueuePosition> = decision
@@ -98,7 +100,7 @@ impl DecisionIndex {
                     outcome,
                     reason,
                     message,
-                    expected_start: eta.get(key.to_string().as_str()).map(|s| s.to_string()),
+                    expected_start: eta.get(key.to_string().as_str()).copied(),
                     queue_position: place.get(key.to_string().as_str()).copied(),
                 };
                 (key, decided)
@@ -113,7 +115,7 @@ impl DecisionIndex {
             })
             .collect();
         DecisionIndex {
-            at: decision.now.clone(),
+            at: decision.now,
             workloads,
             owners,
             usage: decision.usage.clone(),
@@ -174,24 +176,24 @@ pub struct WorkloadView {
     pub message: Option<String>,
     /// RFC 3339: a waiting gang's reservation's expected start, when the work in its way
     /// declares when it ends.
-    pub expected_start: Option<String>,
+    pub expected_start: Option<Timestamp>,
     /// While it waits: its place in line in the last decision.
     pub queue_position: Option<QueuePosition>,
     /// RFC 3339 of the decision `reason` comes from.
-    pub decided_at: Option<String>,
-    pub submitted_at: String,
-    pub started_at: Option<String>,
-    pub ended_at: Option<String>,
+    pub decided_at: Option<Timestamp>,
+    pub submitted_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub ended_at: Option<Timestamp>,
     pub end: Option<EndReason>,
     /// How it ended, in words.
     pub end_message: Option<String>,
-    pub cancel_requested_at: Option<String>,
+    pub cancel_requested_at: Option<Timestamp>,
     /// When it was sent its checkpoint signal, and when it is stopped (checkpointing only).
-    pub signalled_at: Option<String>,
-    pub grace_deadline: Option<String>,
+    pub signalled_at: Option<Timestamp>,
+    pub grace_deadline: Option<Timestamp>,
     pub attempts: u32,
     pub checkpoint_dir: Option<String>,
-    pub last_checkpoint_at: Option<String>,
+    pub last_checkpoint_at: Option<Timestamp>,
     pub bindings: Vec<Binding>,
     pub replicas: Vec<ReplicaProcess>,
     pub spec: WorkloadSpec,
@@ -206,7 +208,7 @@ pub struct WorkloadView {
 #[serde(rename_all = "camelCase")]
 pub struct EventView {
     pub id: i64,
-    pub at: String,
+    pub at: Timestamp,
     pub kind: String,
     pub message: String,
 }
@@ -215,7 +217,7 @@ impl From<Event> for EventView {
     fn from(e: Event) -> EventView {
         EventView {
             id: e.id,
-            at: rfc3339(e.at),
+            at: unix(e.at),
             kind: e.kind,
             message: e.message,
         }
@@ -246,17 +248,18 @@ impl WorkloadView {
         let pool = decided
             .and_then(|(_, w)| w.pool.clone())
             .or_else(|| record.spec.pool.clone());
-        let at = |t: Option<i64>| t.map(rfc3339);
+        // The store keeps Unix seconds; the API shows instants.
+        let at = |t: Option<i64>| t.map(unix);
         WorkloadView {
             gpus: gpus(&record.spec),
             slo_class: record.spec.slo_class.clone(),
             pool,
             reason: decided.and_then(|(_, w)| w.reason.clone()),
             message: decided.and_then(|(_, w)| w.message.clone()),
-            expected_start: decided.and_then(|(_, w)| w.expected_start.clone()),
+            expected_start: decided.and_then(|(_, w)| w.expected_start),
             queue_position: decided.and_then(|(_, w)| w.queue_position),
-            decided_at: decided.map(|(d, _)| d.at.clone()),
-            submitted_at: rfc3339(record.submitted_at),
+            decided_at: decided.map(|(d, _)| d.at),
+            submitted_at: unix(record.submitted_at),
             started_at: at(record.started_at),
             ended_at: at(record.ended_at),
             end_message: record.end.as_ref().map(ToString::to_string),

@@ -5,7 +5,6 @@
 
 use rusqlite::{OptionalExtension, params};
 use tessera_compiler::model::{ReconfigurationRecord, ReservationRecord, UsageRecord};
-use tessera_compiler::units::parse_rfc3339;
 // How long a change counts against its GPU's budget: the solver's rule, kept in one place.
 use tessera_solver::problem::BUDGET_WINDOW_SECONDS;
 
@@ -25,13 +24,13 @@ impl Carried {
     /// longer count (an hour old or older, or with an instant that does not parse).
     pub fn spend<'a>(&mut self, gpus: impl IntoIterator<Item = (&'a str, u32)>, now: i64) {
         self.reconfigurations
-            .retain(|r| parse_rfc3339(&r.at).is_some_and(|at| at > now - BUDGET_WINDOW_SECONDS));
-        let at = crate::snapshot::rfc3339(now);
+            .retain(|r| r.at.as_second() > now - BUDGET_WINDOW_SECONDS);
+        let at = crate::snapshot::unix(now);
         self.reconfigurations
             .extend(gpus.into_iter().map(|(node, gpu)| ReconfigurationRecord {
                 node: node.to_owned(),
                 gpu,
-                at: at.clone(),
+                at,
             }));
         self.reconfigurations.sort();
     }
@@ -96,7 +95,7 @@ mod tests {
         assert_eq!(store.carried().unwrap(), Carried::default());
         let carried = Carried {
             usage: Some(UsageRecord {
-                as_of: "2026-11-23T10:00:00Z".into(),
+                as_of: "2026-11-23T10:00:00Z".parse().unwrap(),
                 tenants: BTreeMap::from([(
                     "a".to_string(),
                     TenantUsageRecord {
@@ -113,12 +112,12 @@ mod tests {
                 workload: "big".into(),
                 pool: "train".into(),
                 nodes: vec!["n1".into(), "n2".into()],
-                since: "2026-11-23T09:00:00Z".into(),
+                since: "2026-11-23T09:00:00Z".parse().unwrap(),
             }],
             reconfigurations: vec![ReconfigurationRecord {
                 node: "n1".into(),
                 gpu: 3,
-                at: "2026-11-23T09:30:00Z".into(),
+                at: "2026-11-23T09:30:00Z".parse().unwrap(),
             }],
         };
         store.set_carried(&carried, 100).unwrap();
@@ -150,7 +149,7 @@ mod tests {
         assert_eq!(gpus(&carried), [("n0".into(), 2), ("n1".into(), 1)]);
         assert_eq!(
             carried.reconfigurations[0].at,
-            crate::snapshot::rfc3339(t0 + hour - 1)
+            crate::snapshot::unix(t0 + hour - 1)
         );
     }
 }

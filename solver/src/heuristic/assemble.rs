@@ -223,7 +223,7 @@ pub(crate) fn decision_of(
         .collect();
     Decision {
         format_version: FORMAT_VERSION,
-        now: p.now_text.clone(),
+        now: p.now_at,
         method,
         objective: round(objective, 1e6),
         // Rounded up, so that rounding never makes the bound smaller than the objective.
@@ -256,7 +256,7 @@ fn reconfigurations(p: &Problem, geometry: &[GeometryPlan]) -> Vec<Reconfigurati
             .map(|g| ReconfigurationRecord {
                 node: g.node.clone(),
                 gpu: g.gpu,
-                at: p.now_text.clone(),
+                at: p.now_at,
             }),
     );
     out.sort();

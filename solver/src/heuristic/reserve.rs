@@ -47,7 +47,7 @@ use tessera_compiler::units::Gpus;
 
 use super::{Solver, Status, try_pool};
 use crate::decision::{PreemptReason, Reason, ReservationReport};
-use crate::problem::{Demand, Phase, Problem, format_rfc3339};
+use crate::problem::{Demand, Phase, Problem, unix};
 
 /// Capacity held for one waiting gang in this decision.
 #[derive(Debug, Clone)]
@@ -353,7 +353,7 @@ impl<'p> Solver<'p> {
                 needed,
                 domains: domains.into_iter().collect(),
                 nodes: nodes.iter().map(|&n| p.nodes[n].name.clone()).collect(),
-                eta: eta.map(format_rfc3339),
+                eta: eta.map(unix),
             }));
         }
         None
@@ -520,11 +520,11 @@ pub(super) fn reports(s: &Solver) -> (Vec<ReservationReport>, Vec<Gpus>) {
                 workload: p.workloads[h.gang].key.to_string(),
                 pool: p.pools[h.pool].name.clone(),
                 nodes: h.nodes.iter().map(|&n| p.nodes[n].name.clone()).collect(),
-                since: format_rfc3339(h.since),
+                since: unix(h.since),
                 needed: h.needed,
                 held_idle,
                 backfilled: backfill.min(h.needed - held_idle),
-                eta: h.eta.map(format_rfc3339),
+                eta: h.eta.map(unix),
             }
         })
         .collect();

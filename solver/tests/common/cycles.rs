@@ -8,7 +8,7 @@ use tessera_compiler::CompiledPolicy;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
 use tessera_solver::carry::carry_out;
 use tessera_solver::decision::Decision;
-use tessera_solver::problem::{format_rfc3339, parse_rfc3339};
+use tessera_solver::problem::unix;
 use tessera_solver::{SolveOptions, solve};
 
 pub struct Cycles {
@@ -26,7 +26,7 @@ pub struct Cycles {
 
 impl Cycles {
     pub fn new(policy: CompiledPolicy, state: ClusterStateSpec) -> Cycles {
-        let now = parse_rfc3339(&state.observed_at).expect("observedAt");
+        let now = state.observed_at.as_second();
         Cycles {
             policy,
             state,
@@ -39,7 +39,7 @@ impl Cycles {
 
     /// Queues `w`, submitted now; once started it runs `run_seconds` (`None`: forever).
     pub fn submit(&mut self, mut w: PendingWorkload, run_seconds: Option<i64>) {
-        w.submitted_at = format_rfc3339(self.now);
+        w.submitted_at = unix(self.now);
         if let Some(s) = run_seconds {
             self.run_for.insert(w.name.clone(), s);
         }
@@ -51,7 +51,7 @@ impl Cycles {
     pub fn advance(&mut self, seconds: i64) {
         let end = self.now + seconds;
         for r in &self.state.running {
-            let started = parse_rfc3339(&r.started_at).expect("startedAt");
+            let started = r.started_at.as_second();
             let stop = self
                 .run_for
                 .get(&r.name)
@@ -61,11 +61,11 @@ impl Cycles {
         }
         let run_for = &self.run_for;
         self.state.running.retain(|r| {
-            let started = parse_rfc3339(&r.started_at).expect("startedAt");
+            let started = r.started_at.as_second();
             run_for.get(&r.name).is_none_or(|d| started + d > end)
         });
         self.now = end;
-        self.state.observed_at = format_rfc3339(end);
+        self.state.observed_at = unix(end);
     }
 
     /// One cycle at the current instant: solve, then carry the decision out.

@@ -14,7 +14,7 @@ use tessera_compiler::units::{Bytes, Millicores};
 use tessera_compiler::{SourceFile, compile};
 use tessera_solver::carry::carry_out;
 use tessera_solver::decision::Decision;
-use tessera_solver::problem::format_rfc3339;
+use tessera_solver::problem::unix;
 
 pub const NOW: &str = "2026-11-20T08:00:00Z";
 
@@ -325,7 +325,7 @@ pub fn pending(rng: &mut Seeded, prefix: &str, n: u32, now: i64) -> Vec<PendingW
         out.push(PendingWorkload {
             name: shared.unwrap_or_else(|| format!("{prefix}-{i}")),
             spec,
-            submitted_at: format_rfc3339(now - i64::from(rng.range(0, 30)) * 60),
+            submitted_at: unix(now - i64::from(rng.range(0, 30)) * 60),
         });
     }
     out
@@ -386,12 +386,10 @@ pub fn apply(
         .filter(|r| !old.contains(&(r.spec.tenant.as_str(), r.name.as_str())))
     {
         let started = now - i64::from(rng.range(0, 240)) * 60;
-        r.started_at = format_rfc3339(started);
-        r.last_checkpoint_at = rng
-            .chance(50)
-            .then(|| format_rfc3339(started + (now - started) / 2));
+        r.started_at = unix(started);
+        r.last_checkpoint_at = rng.chance(50).then(|| unix(started + (now - started) / 2));
     }
-    after.observed_at = format_rfc3339(now);
+    after.observed_at = unix(now);
     after.pending.clear();
     after.usage = None;
     after.reservations.clear();
