@@ -76,6 +76,7 @@ pub struct Metrics {
     allocated_gpus: Family<PoolLabels, FloatGauge>,
     capacity_gpus: Family<PoolLabels, FloatGauge>,
     stranded_gpus: Family<PoolLabels, FloatGauge>,
+    fragmentation_gpus: Family<PoolLabels, FloatGauge>,
     free_nodes: Family<PoolLabels, Gauge>,
     tenant_gpus: Family<TenantLabels, FloatGauge>,
     decayed_usage: Family<UsageLabels, FloatGauge>,
@@ -131,6 +132,7 @@ impl Metrics {
             allocated_gpus: Family::default(),
             capacity_gpus: Family::default(),
             stranded_gpus: Family::default(),
+            fragmentation_gpus: Family::default(),
             free_nodes: Family::default(),
             tenant_gpus: Family::default(),
             decayed_usage: Family::default(),
@@ -175,6 +177,11 @@ impl Metrics {
             "pool_stranded_gpus",
             "Free GPU capacity that no pending shape can use (fragmentation)",
             m.stranded_gpus.clone(),
+        );
+        registry.register(
+            "pool_fragmentation_gpus",
+            "FGD's fragmentation: free GPU capacity a replica of the running mix could not use, in expectation",
+            m.fragmentation_gpus.clone(),
         );
         registry.register(
             "pool_free_nodes",
@@ -300,6 +307,7 @@ impl Metrics {
             self.allocated_gpus.get_or_create(&labels).set(0.0);
             self.capacity_gpus.get_or_create(&labels).set(0.0);
             self.stranded_gpus.get_or_create(&labels).set(0.0);
+            self.fragmentation_gpus.get_or_create(&labels).set(0.0);
             self.free_nodes.get_or_create(&labels).set(0);
         }
         for labels in seen.tenants.drain(..) {
@@ -322,6 +330,9 @@ impl Metrics {
             self.stranded_gpus
                 .get_or_create(&labels)
                 .set(p.stranded.as_f64());
+            self.fragmentation_gpus
+                .get_or_create(&labels)
+                .set(p.fragmentation.as_f64());
             self.free_nodes
                 .get_or_create(&labels)
                 .set(i64::from(p.free_nodes));

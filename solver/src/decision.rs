@@ -268,6 +268,12 @@ pub struct PoolReport {
     pub free: Gpus,
     /// Free capacity that no shape still pending on this pool can use (0 when none is pending).
     pub stranded: Gpus,
+    /// FGD's fragmentation measure after the decision: the free GPU capacity of the pool's
+    /// healthy nodes that a replica drawn from the running workload mix could not use, in
+    /// expectation (each shape weighted by how many running replicas have it; absent when the
+    /// pool runs nothing or nothing is fragmented). See the solver's placement scoring.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fragmentation: Gpus,
     /// Healthy nodes with every GPU free.
     pub free_nodes: u32,
     /// NVLink domains whose nodes are all free.

@@ -152,6 +152,27 @@ fn best_fit_keeps_a_whole_node_free() {
 }
 
 #[test]
+fn a_pool_reports_fgd_fragmentation_against_its_running_mix() {
+    // Running: two 4-GPU replicas and one 1-GPU replica. t0 has 3 GPUs idle, which a 4-GPU
+    // replica (2 of the mix's 3) cannot use and a 1-GPU replica can; t1 has 4, which both can.
+    // Expected fragmentation: (2 x 3 GPUs + 1 x 0) / 3 replicas = 2 GPUs.
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let spec = |n: u32| format!("{{tenant: b, sloClass: critical, gpu: {{count: {n}}}}}");
+    let run_ = [
+        running("four-a", &spec(4), &[&gpus("t0", 0, 4)], EARLY),
+        running("one", &spec(1), &[&gpus("t0", 4, 5)], EARLY),
+        running("four-b", &spec(4), &[&gpus("t1", 0, 4)], EARLY),
+    ]
+    .concat();
+    let d = run(&state(&nodes, &run_, ""));
+    let pool = |name: &str| d.pools.iter().find(|p| p.pool == name).unwrap();
+    assert_eq!(pool("train").fragmentation.as_f64(), 2.0);
+    assert_eq!(pool("train").stranded.as_f64(), 0.0, "nothing is pending");
+    // A pool that runs nothing has no mix to measure against.
+    assert_eq!(pool("infer").fragmentation.as_f64(), 0.0);
+}
+
+#[test]
 fn a_replica_goes_where_it_strands_least_of_the_running_mix() {
     // 5 and 4 GPUs free, with 3- and 4-GPU work running. Best fit would put one more GPU on
     // the node with 4 free and leave 5 and 3 (room for one 4-GPU replica); the mix-aware score

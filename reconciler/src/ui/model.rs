@@ -41,8 +41,8 @@ pub struct FleetPage {
     pub viewer: String,
     pub generated_at: String,
     pub status: StatusSummary,
-    pub observed_at: Option<String>,
-    pub decided_at: Option<String>,
+    pub observed_at: Option<jiff::Timestamp>,
+    pub decided_at: Option<jiff::Timestamp>,
     pub pools: Vec<PoolView>,
     /// Waiting workloads in line order (those without a place last).
     pub queue: Vec<Waiting>,
@@ -165,8 +165,8 @@ impl FleetPage {
             },
             generated_at: rfc3339(s.now),
             status: status(s.status, s.viewer),
-            observed_at: s.state.map(|st| st.observed_at.clone()),
-            decided_at: s.decisions.map(|d| d.at.clone()),
+            observed_at: s.state.map(|st| st.observed_at),
+            decided_at: s.decisions.map(|d| d.at),
             pools,
             queue: s
                 .decisions

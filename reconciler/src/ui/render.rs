@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use tessera_compiler::model::Health;
-use tessera_compiler::units::Gpus;
+use tessera_compiler::units::{Gpus, format_rfc3339};
 use tessera_mig::shape::MEMORY_SLICES;
 
 use super::html::push_text;
@@ -91,12 +91,14 @@ fn status(out: &mut String, p: &FleetPage) {
     row(
         out,
         "Fleet observed",
-        p.observed_at.as_deref().unwrap_or("not yet"),
+        &p.observed_at
+            .map_or_else(|| "not yet".to_owned(), format_rfc3339),
     );
     row(
         out,
         "Last decision",
-        p.decided_at.as_deref().unwrap_or("none yet"),
+        &p.decided_at
+            .map_or_else(|| "none yet".to_owned(), format_rfc3339),
     );
     out.push_str("</table>");
     if !s.conditions.is_empty() {

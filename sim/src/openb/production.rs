@@ -49,7 +49,9 @@ use super::trace::MILLI;
 pub const RENEW_EVERY: usize = 100;
 
 /// The snapshot's instant; every arrival is submitted at it (names order them).
-const OBSERVED_AT: &str = "2026-01-01T00:00:00Z";
+/// When every generated snapshot is observed (2026-01-01T00:00:00Z): the trace's own times do
+/// not matter to online placement, only its order.
+const OBSERVED_AT: jiff::Timestamp = jiff::Timestamp::constant(1_767_225_600, 0);
 const TENANT: &str = "openb";
 const CLASS: &str = "batch";
 
@@ -226,7 +228,7 @@ impl Production {
             })
             .collect();
         ClusterStateSpec {
-            observed_at: OBSERVED_AT.into(),
+            observed_at: OBSERVED_AT,
             nodes,
             running: self.running.clone(),
             pending,
@@ -284,7 +286,7 @@ impl Production {
                 command: Vec::new(),
                 env: BTreeMap::new(),
             },
-            submitted_at: OBSERVED_AT.into(),
+            submitted_at: OBSERVED_AT,
         }
     }
 
@@ -323,7 +325,7 @@ impl Production {
                 mig_start: None,
                 share,
             }],
-            started_at: OBSERVED_AT.into(),
+            started_at: OBSERVED_AT,
             last_checkpoint_at: None,
         });
     }

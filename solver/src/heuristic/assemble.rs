@@ -383,6 +383,8 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
             let mut capacity = Gpus::ZERO;
             let mut allocated = Gpus::ZERO;
             let mut stranded = Gpus::ZERO;
+            // F summed over the pool's healthy nodes, in GPU units x replicas of the mix.
+            let mut fragmented: u128 = 0;
             let mut free_nodes = 0;
             let mut free_domains: BTreeMap<&str, bool> = BTreeMap::new();
             let shapes = pending.get(&pl).cloned().unwrap_or_default();
@@ -401,6 +403,9 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                         .all(|&g| p.gpus[g].healthy && fleet.gpu[g].is_free());
                 if node_free {
                     free_nodes += 1;
+                }
+                if node.healthy && fleet.mix.scores(pl) {
+                    fragmented += u128::from(fleet.measure(p, pl, n, None).fragmentation);
                 }
                 let e = free_domains.entry(node.domain.as_str()).or_insert(true);
                 *e &= node_free;
@@ -454,6 +459,7 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                 allocation,
                 free: capacity - allocated,
                 stranded,
+                fragmentation: fleet.mix.expected(pl, fragmented),
                 free_nodes,
                 free_domains: free_domains.values().filter(|v| **v).count() as u32,
                 reserved_idle: Gpus::ZERO,

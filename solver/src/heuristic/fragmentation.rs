@@ -180,6 +180,17 @@ impl Mix {
         self.pools.get(pool).is_some_and(|m| m.total > 0)
     }
 
+    /// `F` summed over nodes, divided by the pool's replica count: the GPUs a replica drawn
+    /// from the mix could not use, in expectation (FGD's fragmentation of the pool). Rounded
+    /// down to whole GPU units, so that the figure is exact and the same on every machine.
+    pub(super) fn expected(&self, pool: usize, fragmentation: u128) -> Gpus {
+        let total = self.pools.get(pool).map_or(0, |m| m.total);
+        match fragmentation.checked_div(u128::from(total)) {
+            Some(units) => Gpus::from_units(i64::try_from(units).unwrap_or(i64::MAX)),
+            None => Gpus::ZERO,
+        }
+    }
+
     /// `F` and `H` of a node with `cpu_left` and `memory_left` and these (healthy) GPUs.
     pub(super) fn measure<'a>(
         &self,
