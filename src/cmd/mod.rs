@@ -10,6 +10,7 @@ mod plan;
 mod reconcile;
 mod report;
 mod schema;
+mod simulate;
 mod solve;
 mod validate;
 mod verify;
@@ -71,6 +72,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             interop::export_mig_parted(&policy, out.as_deref())
         }
         Command::Import(ImportCommand::Kueue { paths, out }) => interop::import_kueue(&paths, &out),
+        Command::Simulate(args) => simulate::run(&args),
         Command::Solve {
             policy,
             state,
