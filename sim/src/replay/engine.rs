@@ -179,7 +179,8 @@ pub fn replay(
     // The waiting queue, in submission order (indices into `trace`).
     let mut queue: Vec<usize> = Vec::new();
     let mut next_arrival = 0usize;
-    let mut now = 0i64;
+    // The instant of the last cycle; the first may come at 0.
+    let mut now = -1i64;
     // Something happened since the last cycle.
     let mut dirty = false;
     loop {
@@ -362,7 +363,8 @@ pub fn replay(
             })
             .max()
             .unwrap_or(now)
-            .max(now),
+            .max(now)
+            .max(0),
     };
     depart(&mut jobs, end, &mut metrics);
     Ok(metrics.finish(end, &jobs))
