@@ -529,7 +529,11 @@ pub struct SimulateArgs {
     pub policy: PathBuf,
     /// The trace: an openb pod list (`.csv`) or a tessera trace (YAML `Workload` documents
     /// with `arrival` and `duration`).
-    #[arg(long, required_unless_present = "generate", conflicts_with = "generate")]
+    #[arg(
+        long,
+        required_unless_present = "generate",
+        conflicts_with = "generate"
+    )]
     pub trace: Option<PathBuf>,
     /// Generate arrivals from the policy's tenants instead of reading a trace.
     #[arg(long, value_enum)]

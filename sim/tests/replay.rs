@@ -41,7 +41,15 @@ fn run(
 ) -> RunReport {
     let config = config();
     let mut report = match kind {
-        None => replay(policy, nodes, trace, &config, Placement::Solver, &mut |_| {}).unwrap(),
+        None => replay(
+            policy,
+            nodes,
+            trace,
+            &config,
+            Placement::Solver,
+            &mut |_| {},
+        )
+        .unwrap(),
         Some(k) => {
             let mut b = OpenbBaseline::new(k, 0, trace).unwrap();
             replay(
@@ -88,7 +96,8 @@ fn a_departure_frees_gpus_for_the_queue() {
     let (policy, nodes) = fleet();
     // `fill` takes all 8 training GPUs from 0s to 95s; `next` arrives at 5s and must wait for
     // them: the cycle at 100s is the first after they are free.
-    let text = one("fill", "alpha", "{count: 4}", 2, 0, 95) + &one("next", "alpha", "{count: 1}", 1, 5, 30);
+    let text = one("fill", "alpha", "{count: 4}", 2, 0, 95)
+        + &one("next", "alpha", "{count: 1}", 1, 5, 30);
     let trace = parse_tessera_trace("t.yaml", &text).unwrap();
     let r = run(&policy, &nodes, &trace, None);
     assert_eq!(r.started, 2);
@@ -100,10 +109,18 @@ fn a_departure_frees_gpus_for_the_queue() {
     // It ends when `next` has run its 30s.
     assert_eq!(r.duration_seconds, 130);
     // 8 GPUs × 95s + 1 GPU × 30s.
-    assert!((r.gpu_hours_used - (8.0 * 95.0 + 30.0) / 3600.0).abs() < 1e-5, "{}", r.gpu_hours_used);
+    assert!(
+        (r.gpu_hours_used - (8.0 * 95.0 + 30.0) / 3600.0).abs() < 1e-5,
+        "{}",
+        r.gpu_hours_used
+    );
     // Allocation: 8 of 10 GPUs for 95s, 1 for 30s, over 130s.
     let mean = (0.8 * 95.0 + 0.1 * 30.0) / 130.0;
-    assert!((r.mean_allocation - mean).abs() < 1e-5, "{} vs {mean}", r.mean_allocation);
+    assert!(
+        (r.mean_allocation - mean).abs() < 1e-5,
+        "{} vs {mean}",
+        r.mean_allocation
+    );
     assert_eq!(r.preemptions, 0);
 }
 
@@ -111,11 +128,15 @@ fn a_departure_frees_gpus_for_the_queue() {
 fn a_bad_trace_line_is_named() {
     let text = one("a", "alpha", "{count: 1}", 1, 0, 10)
         + "kind: Workload\nmetadata: {name: b}\nspec: {tenant: alpha, sloClass: batch, gpu: {count: 1}}\narrival: 3 days\n";
-    let e = parse_tessera_trace("bad.yaml", &text).unwrap_err().to_string();
+    let e = parse_tessera_trace("bad.yaml", &text)
+        .unwrap_err()
+        .to_string();
     assert!(e.starts_with("bad.yaml:10:1: `arrival`"), "{e}");
 
     let text = "kind: Workload\nmetadata: {name: b}\nspec: {tenant: alpha, sloClass: batch, gpu: {count: 1}, colour: red}\narrival: 3\n";
-    let e = parse_tessera_trace("bad.yaml", text).unwrap_err().to_string();
+    let e = parse_tessera_trace("bad.yaml", text)
+        .unwrap_err()
+        .to_string();
     assert!(e.starts_with("bad.yaml:3:") && e.contains("colour"), "{e}");
 }
 
@@ -146,7 +167,10 @@ fn the_same_seed_gives_the_same_replay() {
         serde_json::to_string(&ra).unwrap(),
         serde_json::to_string(&rb).unwrap()
     );
-    let (sa, sb) = (run(&policy, &nodes, &a, None), run(&policy, &nodes, &b, None));
+    let (sa, sb) = (
+        run(&policy, &nodes, &a, None),
+        run(&policy, &nodes, &b, None),
+    );
     assert_eq!(sa, sb);
 }
 
@@ -162,7 +186,10 @@ fn openb_rows_become_workloads() {
     assert_eq!(t.len(), 2);
     assert_eq!((t[0].arrival, t[0].duration), (0, Some(60)));
     assert_eq!(t[0].spec.gpu.fraction, Some(0.5));
-    assert_eq!(t[0].spec.slo_class, "notebook", "a share needs a class that allows sharing");
+    assert_eq!(
+        t[0].spec.slo_class, "notebook",
+        "a share needs a class that allows sharing"
+    );
     assert_eq!((t[1].arrival, t[1].duration), (30, Some(270)));
     assert_eq!(t[1].spec.gpu.count, Some(2));
     // Tenants are drawn from the seed: the same seed, the same spread.
@@ -173,7 +200,10 @@ fn openb_rows_become_workloads() {
     let e = parse_openb_trace("pods.csv", &bad, &policy, 1)
         .unwrap_err()
         .to_string();
-    assert!(e.starts_with("pods.csv:4:") && e.contains("deletion_time"), "{e}");
+    assert!(
+        e.starts_with("pods.csv:4:") && e.contains("deletion_time"),
+        "{e}"
+    );
 
     let nodes = tessera_sim::openb::parse_nodes(
         Path::new("nodes.csv"),

@@ -80,7 +80,14 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         };
         let started = Instant::now();
         let mut report = match kind {
-            None => replay(policy, &nodes, &trace, &config, Placement::Solver, &mut tick)?,
+            None => replay(
+                policy,
+                &nodes,
+                &trace,
+                &config,
+                Placement::Solver,
+                &mut tick,
+            )?,
             Some(k) => {
                 let mut b = OpenbBaseline::new(k, args.seed, &trace)
                     .context("the Tessera row is the solver's own run")?;
@@ -112,7 +119,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         SimulateOutput::Json => emit(&(serde_json::to_string_pretty(&summary)? + "\n"))?,
         SimulateOutput::Human => emit(&tessera_sim::replay::report::human(&summary))?,
         SimulateOutput::Html => {
-            let dir = args.out.as_deref().context("--output html needs --out DIR")?;
+            let dir = args
+                .out
+                .as_deref()
+                .context("--output html needs --out DIR")?;
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             let file = dir.join("index.html");
@@ -125,7 +135,8 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn is_csv(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
 }
 
 /// The fleet the replay runs on: an openb node list, or a snapshot's nodes with no work.
@@ -168,4 +179,3 @@ fn progress_bar(label: &str, end: i64) -> Option<indicatif::ProgressBar> {
     bar.set_prefix(label.to_owned());
     Some(bar)
 }
-

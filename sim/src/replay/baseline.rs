@@ -160,7 +160,10 @@ fn pool_cluster(
         .map(|n| n.gpus.iter().map(|g| g.index).collect())
         .collect();
     for job in jobs {
-        let JobState::Running { bindings, pool: p, .. } = &job.state else {
+        let JobState::Running {
+            bindings, pool: p, ..
+        } = &job.state
+        else {
             continue;
         };
         if p != pool {
@@ -254,7 +257,11 @@ pub(crate) fn place(
             }
             bindings.push(Binding {
                 node: pc.names[choice.node].clone(),
-                gpus: choice.gpus.iter().map(|&g| pc.gpus[choice.node][g]).collect(),
+                gpus: choice
+                    .gpus
+                    .iter()
+                    .map(|&g| pc.gpus[choice.node][g])
+                    .collect(),
                 mig_start: None,
                 share: (t.num_gpu == 1 && t.gpu_milli < 1000)
                     .then(|| Gpus::milli(i64::from(t.gpu_milli))),

@@ -275,16 +275,14 @@ pub fn replay(
                     bindings,
                     guaranteed,
                     borrowed,
-                } => by_key
-                    .get(&(wd.tenant.clone(), wd.name.clone()))
-                    .map(|&i| {
-                        (
-                            i,
-                            bindings,
-                            Gpus::from_units(guaranteed.units() + borrowed.units()),
-                            wd.pool.clone().unwrap_or_default(),
-                        )
-                    }),
+                } => by_key.get(&(wd.tenant.clone(), wd.name.clone())).map(|&i| {
+                    (
+                        i,
+                        bindings,
+                        Gpus::from_units(guaranteed.units() + borrowed.units()),
+                        wd.pool.clone().unwrap_or_default(),
+                    )
+                }),
                 _ => None,
             })
             .collect();

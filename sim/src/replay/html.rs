@@ -126,7 +126,10 @@ fn share_plot(s: &Summary, run: usize) -> Result<String, String> {
         chart
             .draw_series(r.tenants.iter().enumerate().map(|(i, t)| {
                 let x = i as f64;
-                Rectangle::new([(x + 0.5, 0.0), (x + 0.9, t.weight_share)], c.mix(0.3).filled())
+                Rectangle::new(
+                    [(x + 0.5, 0.0), (x + 0.9, t.weight_share)],
+                    c.mix(0.3).filled(),
+                )
             }))
             .map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;

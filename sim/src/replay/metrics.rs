@@ -178,7 +178,8 @@ impl Metrics {
             *self
                 .gpu_seconds
                 .entry(self.tenant_of[job].clone())
-                .or_default() += g.units() as f64 / Gpus::UNITS_PER_GPU as f64 * (at - since) as f64;
+                .or_default() +=
+                g.units() as f64 / Gpus::UNITS_PER_GPU as f64 * (at - since) as f64;
         }
         self.change(at, -gpus.units());
     }
@@ -239,15 +240,18 @@ impl Metrics {
             tenants.entry(&self.tenant_of[i]).or_default().push(i);
             classes.entry(&self.class_of[i]).or_default().push(i);
         }
-        let delays_of = |ids: &[usize]| -> Vec<i64> {
-            ids.iter().filter_map(|&i| self.delays[i]).collect()
-        };
+        let delays_of =
+            |ids: &[usize]| -> Vec<i64> { ids.iter().filter_map(|&i| self.delays[i]).collect() };
         let tenant_reports = tenants
             .iter()
             .map(|(t, ids)| {
                 let d = delays_of(ids);
                 let gs = self.gpu_seconds.get(*t).copied().unwrap_or(0.0);
-                let (p, lost) = self.preempted_by_tenant.get(*t).copied().unwrap_or_default();
+                let (p, lost) = self
+                    .preempted_by_tenant
+                    .get(*t)
+                    .copied()
+                    .unwrap_or_default();
                 TenantReport {
                     tenant: (*t).to_owned(),
                     workloads: ids.len(),
@@ -322,10 +326,7 @@ fn percentiles(mut d: Vec<i64>) -> Delays {
 /// [`CURVE_POINTS`] points: each the time-weighted mean over its equal span.
 fn downsample(points: &[(i64, f64)], end: i64) -> Vec<[f64; 2]> {
     if end <= 0 || points.len() <= CURVE_POINTS {
-        return points
-            .iter()
-            .map(|&(t, a)| [t as f64, round(a)])
-            .collect();
+        return points.iter().map(|&(t, a)| [t as f64, round(a)]).collect();
     }
     let n = CURVE_POINTS as i64;
     let mut out = Vec::with_capacity(CURVE_POINTS);

@@ -56,7 +56,10 @@ pub fn parse_openb_trace(
 ) -> Result<Vec<TraceWorkload>, TraceError> {
     let tasks = harness::parse_tasks(Path::new(file), text).map_err(|e| TraceError::File {
         path: file.to_owned(),
-        message: e.to_string().trim_start_matches(&format!("{file}:")).to_owned(),
+        message: e
+            .to_string()
+            .trim_start_matches(&format!("{file}:"))
+            .to_owned(),
     })?;
     // The columns the harness does not read, by header name, row for row.
     let mut lines = text
@@ -65,7 +68,12 @@ pub fn parse_openb_trace(
         .filter(|(_, l)| !l.trim().is_empty());
     let header: Vec<&str> = lines
         .next()
-        .map(|(_, l)| l.trim_start_matches('\u{feff}').split(',').map(str::trim).collect())
+        .map(|(_, l)| {
+            l.trim_start_matches('\u{feff}')
+                .split(',')
+                .map(str::trim)
+                .collect()
+        })
         .unwrap_or_default();
     let col = |name: &str| header.iter().position(|h| *h == name);
     let (c_created, c_deleted) = (col("creation_time"), col("deletion_time"));
@@ -83,8 +91,7 @@ pub fn parse_openb_trace(
             path: file.to_owned(),
             line: 1,
             column: 1,
-            message: "missing column `creation_time`: a replay needs when each task arrives"
-                .into(),
+            message: "missing column `creation_time`: a replay needs when each task arrives".into(),
         });
     }
     let leaves = leaf_tenants(policy);
@@ -152,7 +159,11 @@ pub fn parse_openb_trace(
                 (tenant.to_owned(), class)
             }
         };
-        rows.push((created, deleted - created, workload(task, tenant, class, policy)));
+        rows.push((
+            created,
+            deleted - created,
+            workload(task, tenant, class, policy),
+        ));
     }
     let start = rows.iter().map(|r| r.0).min().unwrap_or(0);
     Ok(rows
@@ -226,7 +237,12 @@ fn leaf_tenants(policy: &CompiledPolicy) -> Vec<(&str, f64)> {
         .tenants
         .iter()
         .filter(|t| t.children.is_empty() && !t.slo_classes.is_empty())
-        .map(|t| (t.name.as_str(), super::generate::entitlement(policy, &t.name)))
+        .map(|t| {
+            (
+                t.name.as_str(),
+                super::generate::entitlement(policy, &t.name),
+            )
+        })
         .collect()
 }
 

@@ -91,7 +91,9 @@ pub fn human(s: &Summary) -> String {
     });
     row(&mut out, "started", &|r| r.started.to_string());
     row(&mut out, "never started", &|r| r.never_started.to_string());
-    row(&mut out, "GPU-hours used", &|r| format!("{:.1}", r.gpu_hours_used));
+    row(&mut out, "GPU-hours used", &|r| {
+        format!("{:.1}", r.gpu_hours_used)
+    });
     row(&mut out, "preemptions", &|r| r.preemptions.to_string());
     row(&mut out, "GPU-hours lost to preemption", &|r| {
         format!("{:.1}", r.gpu_hours_lost)

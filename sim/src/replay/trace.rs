@@ -107,7 +107,14 @@ pub fn parse_tessera_trace(file: &str, text: &str) -> Result<Vec<TraceWorkload>,
     Ok(out)
 }
 
-const FIELDS: [&str; 6] = ["apiVersion", "kind", "metadata", "spec", "arrival", "duration"];
+const FIELDS: [&str; 6] = [
+    "apiVersion",
+    "kind",
+    "metadata",
+    "spec",
+    "arrival",
+    "duration",
+];
 
 fn workload(
     value: &Value,
@@ -155,10 +162,17 @@ fn workload(
         Some(v) => seconds(v).ok_or_else(|| {
             at(
                 "/arrival",
-                format!("`arrival` must be a duration after the start (90s, 2h) or seconds, found {v}"),
+                format!(
+                    "`arrival` must be a duration after the start (90s, 2h) or seconds, found {v}"
+                ),
             )
         })?,
-        None => return Err(at("", "missing `arrival` (when the workload is submitted)".into())),
+        None => {
+            return Err(at(
+                "",
+                "missing `arrival` (when the workload is submitted)".into(),
+            ));
+        }
     };
     let duration = match map.get("duration") {
         None | Some(Value::Null) => None,
@@ -230,20 +244,34 @@ arrival: 0
     #[test]
     fn mistakes_name_file_line_and_column() {
         let bad = GOOD.replace("arrival: 90s", "arrival: soon");
-        let e = parse_tessera_trace("trace.yaml", &bad).unwrap_err().to_string();
+        let e = parse_tessera_trace("trace.yaml", &bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("trace.yaml:4:1: `arrival`"), "{e}");
 
         let bad = GOOD.replace("gpu: {count: 2}", "gpu: {count: two}");
-        let e = parse_tessera_trace("trace.yaml", &bad).unwrap_err().to_string();
+        let e = parse_tessera_trace("trace.yaml", &bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("trace.yaml:3:"), "{e}");
         assert!(e.contains("`spec`"), "{e}");
 
         let bad = GOOD.replace("metadata: {name: b}", "metadata: {name: a}");
-        let e = parse_tessera_trace("trace.yaml", &bad).unwrap_err().to_string();
+        let e = parse_tessera_trace("trace.yaml", &bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("trace.yaml:8:") && e.contains("twice"), "{e}");
 
-        let bad = GOOD.replace("kind: Workload\nmetadata: {name: b}", "kind: Pool\nmetadata: {name: b}");
-        let e = parse_tessera_trace("trace.yaml", &bad).unwrap_err().to_string();
-        assert!(e.starts_with("trace.yaml:7:1:") && e.contains("Pool"), "{e}");
+        let bad = GOOD.replace(
+            "kind: Workload\nmetadata: {name: b}",
+            "kind: Pool\nmetadata: {name: b}",
+        );
+        let e = parse_tessera_trace("trace.yaml", &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("trace.yaml:7:1:") && e.contains("Pool"),
+            "{e}"
+        );
     }
 }
