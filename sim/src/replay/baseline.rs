@@ -200,6 +200,9 @@ fn pool_cluster(
     })
 }
 
+/// A pool's cluster and the placer deciding in it this cycle.
+type PoolPlacer = (PoolCluster, Box<dyn Placer>);
+
 /// Places the solver's admissions with `placer`, in decision order: per admission, its
 /// bindings, or `None` when the baseline finds no room for the whole gang.
 pub(crate) fn place(
@@ -210,7 +213,8 @@ pub(crate) fn place(
     trace: &[super::TraceWorkload],
     requests: &[Request<'_>],
 ) -> Vec<Option<Vec<Binding>>> {
-    let mut pools: HashMap<String, Option<(PoolCluster, Box<dyn Placer>)>> = HashMap::new();
+    // Per pool, built at its first admission; `None`: not a pool the baseline can place in.
+    let mut pools: HashMap<String, Option<PoolPlacer>> = HashMap::new();
     let solver_bindings = |r: &Request<'_>| -> Vec<Binding> {
         r.solver
             .iter()
