@@ -225,3 +225,20 @@ fn openb_rows_become_workloads() {
     .unwrap_err();
     assert!(e.to_string().contains("`T4`"), "{e}");
 }
+
+#[test]
+fn the_html_page_is_self_contained() {
+    let (policy, nodes) = fleet();
+    let text =
+        one("fill", "alpha", "{count: 4}", 2, 0, 95) + &one("next", "beta", "{count: 1}", 1, 5, 30);
+    let trace = parse_tessera_trace("t.yaml", &text).unwrap();
+    let runs = vec![
+        run(&policy, &nodes, &trace, None),
+        run(&policy, &nodes, &trace, Some(PolicyKind::BestFit)),
+    ];
+    let page = tessera_sim::replay::html::page(&Summary::new(&trace, &nodes, &config(), runs));
+    // The allocation plot and one fair-share plot per run, inline.
+    assert_eq!(page.matches("<svg").count(), 3, "{page}");
+    assert!(!page.contains("<script") && !page.contains("src=\"http"));
+    assert!(page.contains("<th>BestFit</th>"));
+}

@@ -2,13 +2,15 @@
 //!
 //! Time is in seconds from the start of the replay; instants given to the solver are that plus
 //! [`ReplayConfig::epoch`]. A cycle runs at every multiple of [`ReplayConfig::cycle`] at which
-//! something happened since the last one: an arrival, a departure, a preemption (the victim is
-//! queued again) or, while work waits, a running workload passing its class's `minRuntime`
-//! (it may be preempted from then on). A cycle with none of these would see the snapshot the
-//! last cycle left, whose decision has been carried out, and is skipped; this is what makes a
-//! months-long trace replayable, and it is the one place where the replay differs from a
-//! service that solves every period (time alone moves fair-share decay, which the replay weighs
-//! at the next event).
+//! something happened since the last one that could change a decision: an arrival; while work
+//! waits, a departure, an admission or preemption in the last cycle (the victim is queued
+//! again), or a running workload passing its class's `minRuntime` (it may be preempted from
+//! then on). A cycle with none of these would see the snapshot the last cycle left, whose
+//! decision has been carried out, with nothing new to place, and is skipped; a departure with
+//! nothing waiting is recorded at its own instant and decided at the next cycle that runs.
+//! This is what makes a months-long trace replayable, and it is where the replay differs from
+//! a service that solves every period: time alone moves fair-share decay, which the replay
+//! weighs at the next cycle it runs.
 //!
 //! Each cycle builds a `ClusterState` snapshot (nodes with their MIG geometry, running work
 //! with bindings, waiting work in submission order, and the usage record, reservations and
@@ -324,6 +326,8 @@ pub fn replay(
             dirty = true;
         }
 
+        // With nothing waiting, the decision just carried out stands until the next arrival.
+        dirty &= !queue.is_empty();
         for g in &decision.geometry {
             if g.target == g.current && !g.enable_mig {
                 continue;
@@ -353,11 +357,12 @@ pub fn replay(
     }
     let end = match config.horizon {
         Some(h) => h,
+        // The last departure, of work still running too (nothing waits that could start).
         None => jobs
             .iter()
             .filter_map(|j| match j.state {
                 JobState::Done { at } => Some(at),
-                _ => None,
+                _ => j.end(),
             })
             .max()
             .unwrap_or(now)
@@ -403,12 +408,14 @@ fn next_event(
     if let Some(&i) = order.get(next_arrival) {
         take(trace[i].arrival.max(now + 1));
     }
-    for j in jobs {
-        if let Some(end) = j.end() {
-            take(end.max(now + 1));
-        }
-    }
     if !queue.is_empty() {
+        // A departure frees capacity that waiting work may take; with nothing waiting it is
+        // recorded at its instant and decides nothing.
+        for j in jobs {
+            if let Some(end) = j.end() {
+                take(end.max(now + 1));
+            }
+        }
         // A running workload becomes a possible victim once it has run its class's minRuntime.
         for j in jobs {
             if let JobState::Running { since, .. } = j.state {
