@@ -14,7 +14,7 @@ use tessera_sim::openb::PolicyKind;
 use tessera_sim::replay::generate::{Generate, generate};
 use tessera_sim::replay::openb::{load_openb_trace, openb_nodes};
 use tessera_sim::replay::{
-    OpenbBaseline, Placement, ReplayConfig, RunReport, load_tessera_trace, replay,
+    OpenbBaseline, Placement, ReplayConfig, RunReport, TraceError, load_tessera_trace, replay,
 };
 
 use crate::cli::{Generated, SimulateArgs, SimulateOutput};
@@ -35,9 +35,23 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     };
     let nodes = fleet(args, policy, &compilation.states)?;
+    let read = |path: &Path| {
+        if is_csv(path) {
+            load_openb_trace(path, policy, args.seed)
+        } else {
+            load_tessera_trace(path)
+        }
+    };
     let (trace, horizon) = match (&args.trace, args.generate) {
-        (Some(path), _) if is_csv(path) => (load_openb_trace(path, policy, args.seed)?, None),
-        (Some(path), _) => (load_tessera_trace(path)?, None),
+        (Some(path), _) => match read(path) {
+            Ok(t) => (t, None),
+            // A mistake in the trace is a problem in the input (exit 1), named at its place.
+            Err(e @ TraceError::At { .. }) | Err(e @ TraceError::File { .. }) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(1));
+            }
+            Err(e) => return Err(e.into()),
+        },
         (None, Some(Generated::Day)) => {
             let g = Generate {
                 horizon: DAY,
