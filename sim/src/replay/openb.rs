@@ -3,7 +3,10 @@
 //! A pod list becomes one workload per GPU task: it arrives at its `creation_time` (less the
 //! trace's first, so the replay starts at 0) and runs for `deletion_time − creation_time`.
 //! `num_gpu` whole GPUs become `gpu: {count}`, a share of one GPU `gpu: {fraction}`
-//! (`gpu_milli / 1000`); CPU and memory carry over. CPU-only pods are left out: they hold no
+//! (`gpu_milli / 1000`); CPU and memory carry over. A pool has one sharing mode, and whole GPUs
+//! need an exclusive one: when the policy has no exclusive pool, a one-GPU task asks
+//! `fraction: 1.0` instead, and a task of several GPUs can start nowhere (it is reported as
+//! never started). CPU-only pods are left out: they hold no
 //! GPU, and a tessera workload asks for one. A `gpu_spec` naming models pins the workload to
 //! the first pool (by name) of one of those models.
 //!
@@ -190,7 +193,10 @@ fn workload(
     class: String,
     policy: &CompiledPolicy,
 ) -> (String, WorkloadSpec) {
-    let gpu = if task.num_gpu == 1 && task.gpu_milli < 1000 {
+    // A pool has one sharing mode: where the policy has no exclusive pool, a whole GPU is asked
+    // as a share of 1.0 (MPS or time-slicing of one client), as the openb nodes mix both.
+    let shares_only = !policy.pools.iter().any(|p| p.sharing == Sharing::Exclusive);
+    let gpu = if task.num_gpu == 1 && (task.gpu_milli < 1000 || shares_only) {
         GpuRequest {
             count: None,
             mig_profile: None,
