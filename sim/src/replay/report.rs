@@ -16,6 +16,7 @@ pub const FORMAT_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub format_version: u32,
+    /// Workloads in the trace (each run counts those that arrived before its end).
     pub workloads: usize,
     pub nodes: usize,
     pub gpus: usize,

@@ -20,7 +20,7 @@ use std::path::Path;
 use serde_json::Value;
 use tessera_compiler::model::WorkloadSpec;
 use tessera_compiler::units::Duration;
-use tessera_compiler::yaml::{self, SpanIndex};
+use tessera_compiler::yaml;
 
 /// One workload of a trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,7 +89,7 @@ pub fn parse_tessera_trace(file: &str, text: &str) -> Result<Vec<TraceWorkload>,
                 message,
             }
         };
-        let w = workload(&doc.value, &doc.spans, &at)?;
+        let w = workload(&doc.value, &at)?;
         if out
             .iter()
             .any(|o| o.name == w.name && o.spec.tenant == w.spec.tenant)
@@ -118,7 +118,6 @@ const FIELDS: [&str; 6] = [
 
 fn workload(
     value: &Value,
-    spans: &SpanIndex,
     at: &dyn Fn(&str, String) -> TraceError,
 ) -> Result<TraceWorkload, TraceError> {
     let Some(map) = value.as_object() else {
@@ -153,9 +152,8 @@ fn workload(
         return Err(at("", "missing `spec` (the Workload's spec)".into()));
     };
     let spec: WorkloadSpec = serde_path_to_error::deserialize(spec).map_err(|e| {
-        let pointer = format!("/spec{}", pointer_of(e.path()));
         // A missing field is reported at the mapping that lacks it (the nearest span).
-        let _ = spans;
+        let pointer = format!("/spec{}", pointer_of(e.path()));
         at(&pointer, format!("`spec`: {}", e.inner()))
     })?;
     let arrival = match map.get("arrival") {
