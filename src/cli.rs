@@ -130,6 +130,9 @@ pub enum Command {
         #[arg(long, default_value = "2s", value_parser = duration)]
         time_limit: Duration,
     },
+    /// Replay a workload trace over time through the solver (arrivals, departures, queueing,
+    /// preemption, re-layouts), beside baseline placers under the same quota rules.
+    Simulate(Box<SimulateArgs>),
     /// Benchmarks that print figures (they never assert).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -554,6 +557,69 @@ pub enum GetFormat {
     Wide,
     /// The API's JSON.
     Json,
+}
+
+/// `tessera simulate`.
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// The policy directory (or files).
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// The trace: an openb pod list (`.csv`) or a tessera trace (YAML `Workload` documents
+    /// with `arrival` and `duration`).
+    #[arg(
+        long,
+        required_unless_present = "generate",
+        conflicts_with = "generate"
+    )]
+    pub trace: Option<PathBuf>,
+    /// Generate arrivals from the policy's tenants instead of reading a trace.
+    #[arg(long, value_enum)]
+    pub generate: Option<Generated>,
+    /// Offered load of generated arrivals, over the fleet's GPUs.
+    #[arg(long, default_value_t = 0.8, requires = "generate")]
+    pub load: f64,
+    /// The fleet: an openb node list (`.csv`) or a ClusterState snapshot (its nodes, empty).
+    /// Default: the policy's own ClusterState snapshot.
+    #[arg(long)]
+    pub nodes: Option<PathBuf>,
+    /// Simulated time between two cycles.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub cycle: Duration,
+    /// Stop after this much simulated time (default: when the trace is played out; a
+    /// generated day stops at 24h).
+    #[arg(long, value_parser = duration)]
+    pub horizon: Option<Duration>,
+    /// Baselines to replay beside the solver: FGD, BestFit, FirstFit, Random.
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<String>,
+    #[arg(long, value_enum, default_value_t = SimulateOutput::Human)]
+    pub output: SimulateOutput,
+    /// Where `--output html` writes `index.html`.
+    #[arg(long, required_if_eq("output", "html"))]
+    pub out: Option<PathBuf>,
+    /// Seeds the spread of an openb trace over tenants, generated arrivals and random
+    /// baselines.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Refinement budget of one cycle's solve (a cycle that reaches it is reported: its
+    /// decision depends on the machine's speed).
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub time_limit: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Generated {
+    /// 24 hours of Poisson arrivals.
+    Day,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SimulateOutput {
+    Human,
+    Json,
+    /// One self-contained page with SVG plots, written to `--out DIR`.
+    Html,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

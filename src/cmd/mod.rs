@@ -11,6 +11,7 @@ mod reconcile;
 mod report;
 mod schema;
 mod service_bench;
+mod simulate;
 mod solve;
 mod validate;
 mod verify;
@@ -72,6 +73,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             interop::export_mig_parted(&policy, out.as_deref())
         }
         Command::Import(ImportCommand::Kueue { paths, out }) => interop::import_kueue(&paths, &out),
+        Command::Simulate(args) => simulate::run(&args),
         Command::Solve {
             policy,
             state,

@@ -1,0 +1,522 @@
+//! The discrete-event replay: cycles of the production solver over simulated time.
+//!
+//! Time is in seconds from the start of the replay; instants given to the solver are that plus
+//! [`ReplayConfig::epoch`]. A cycle runs at every multiple of [`ReplayConfig::cycle`] at which
+//! something happened since the last one that could change a decision: an arrival; while work
+//! waits, a departure, an admission or preemption in the last cycle (the victim is queued
+//! again), or a running workload passing its class's `minRuntime` (it may be preempted from
+//! then on). A cycle with none of these would see the snapshot the last cycle left, whose
+//! decision has been carried out, with nothing new to place, and is skipped; a departure with
+//! nothing waiting is recorded at its own instant and decided at the next cycle that runs.
+//! This is what makes a months-long trace replayable, and it is where the replay differs from
+//! a service that solves every period: time alone moves fair-share decay, which the replay
+//! weighs at the next cycle it runs.
+//!
+//! Each cycle builds a `ClusterState` snapshot (nodes with their MIG geometry, running work
+//! with bindings, waiting work in submission order, and the usage record, reservations and
+//! reconfiguration records the last decision carried forward, as the service carries them) and
+//! runs [`tessera_solver::solve`], the full cycle the service runs at each period. (The
+//! service's incremental session answers only submissions that arrive between two periods;
+//! a replay that decides once per period has none.) The decision is then applied as the service
+//! applies it:
+//!
+//! - `admit`: the workload starts at the cycle's instant on the decision's bindings (or, under
+//!   a baseline placement, where the baseline puts it: see [`super::baseline`]);
+//! - `preempt`: the GPU-seconds the decision reports lost since the workload's last checkpoint
+//!   are counted lost, and that much run time is owed again; the workload records a checkpoint
+//!   at the stop and is queued again with its original submission instant (the service's
+//!   `requeue`). The grace period is not simulated: the capacity is free at once, as the
+//!   decision counts it;
+//! - MIG geometry: every GPU whose target differs from its current instances takes the target
+//!   (one reconfiguration each).
+//!
+//! A workload departs when it has run its duration; its GPUs are free from that instant, and
+//! the next cycle may use them.
+
+use std::collections::HashMap;
+use std::time::Duration as WallDuration;
+
+use tessera_compiler::CompiledPolicy;
+use tessera_compiler::model::{
+    Binding, ClusterStateSpec, MigInstance, Node, PendingWorkload, ReconfigurationRecord,
+    ReservationRecord, RunningWorkload, UsageRecord,
+};
+use tessera_compiler::units::{Gpus, format_rfc3339};
+use tessera_solver::decision::{Outcome, RefineStatus, ReplicaBinding};
+use tessera_solver::{SolveError, SolveOptions};
+
+use super::baseline::BaselinePlacer;
+use super::metrics::{Metrics, RunReport};
+use super::trace::TraceWorkload;
+
+/// How to replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayConfig {
+    /// Seconds between two cycles.
+    pub cycle: i64,
+    /// The refinement budget of one cycle's solve (the heuristic ignores it).
+    pub time_limit: WallDuration,
+    /// The Unix instant of time 0, for the snapshots' instants.
+    pub epoch: i64,
+    /// Stop at this many seconds; `None`: when every workload has left or can no longer start.
+    pub horizon: Option<i64>,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        ReplayConfig {
+            cycle: 10,
+            time_limit: WallDuration::from_secs(2),
+            // 2026-01-01T00:00:00Z
+            epoch: 1_767_225_600,
+            horizon: None,
+        }
+    }
+}
+
+/// Where admitted work goes: where the solver says, or where a baseline placer says (the
+/// solver still decides who is admitted and who is preempted).
+pub enum Placement<'a> {
+    Solver,
+    Baseline(&'a mut dyn BaselinePlacer),
+}
+
+/// Why a replay stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("cycle at {at}s: {source}")]
+    Solve {
+        at: i64,
+        #[source]
+        source: SolveError,
+    },
+    #[error("the trace has no workloads")]
+    EmptyTrace,
+    #[error("the cycle must be at least one second")]
+    BadCycle,
+    #[error("workload `{tenant}/{name}` appears twice in the trace")]
+    Duplicate { tenant: String, name: String },
+}
+
+/// One workload's life in the replay.
+#[derive(Debug, Clone)]
+pub(crate) struct Job {
+    pub(crate) trace: usize,
+    pub(crate) state: JobState,
+    /// Seconds of run still owed, at `since` while running; `None`: runs forever.
+    pub(crate) remaining: Option<i64>,
+    pub(crate) first_start: Option<i64>,
+    pub(crate) last_checkpoint: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum JobState {
+    Future,
+    Waiting,
+    Running {
+        since: i64,
+        bindings: Vec<Binding>,
+        gpus: Gpus,
+        pool: String,
+    },
+    Done {
+        at: i64,
+    },
+}
+
+impl Job {
+    fn end(&self) -> Option<i64> {
+        match (&self.state, self.remaining) {
+            (JobState::Running { since, .. }, Some(r)) => Some(since + r),
+            _ => None,
+        }
+    }
+}
+
+/// Replays `trace` on `nodes` under `policy`. `progress` is told the simulated second of each
+/// cycle (for a progress bar; it cannot change the run).
+pub fn replay(
+    policy: &CompiledPolicy,
+    nodes: &[Node],
+    trace: &[TraceWorkload],
+    config: &ReplayConfig,
+    mut placement: Placement<'_>,
+    progress: &mut dyn FnMut(i64),
+) -> Result<RunReport, ReplayError> {
+    if trace.is_empty() {
+        return Err(ReplayError::EmptyTrace);
+    }
+    if config.cycle < 1 {
+        return Err(ReplayError::BadCycle);
+    }
+    // Arrival order, stable: the queue's submission order.
+    let mut order: Vec<usize> = (0..trace.len()).collect();
+    order.sort_by_key(|&i| (trace[i].arrival, i));
+    let mut by_key: HashMap<(String, String), usize> = HashMap::with_capacity(trace.len());
+    for (i, w) in trace.iter().enumerate() {
+        if by_key
+            .insert((w.spec.tenant.clone(), w.name.clone()), i)
+            .is_some()
+        {
+            return Err(ReplayError::Duplicate {
+                tenant: w.spec.tenant.clone(),
+                name: w.name.clone(),
+            });
+        }
+    }
+    let mut jobs: Vec<Job> = trace
+        .iter()
+        .enumerate()
+        .map(|(i, w)| Job {
+            trace: i,
+            state: JobState::Future,
+            remaining: w.duration,
+            first_start: None,
+            last_checkpoint: None,
+        })
+        .collect();
+    let mut nodes: Vec<Node> = nodes.to_vec();
+    let mut carried = Carried::default();
+    let mut metrics = Metrics::new(policy, &nodes, trace);
+    // The waiting queue, in submission order (indices into `trace`).
+    let mut queue: Vec<usize> = Vec::new();
+    let mut next_arrival = 0usize;
+    // The instant of the last cycle; the first may come at 0.
+    let mut now = -1i64;
+    // Something happened since the last cycle.
+    let mut dirty = false;
+    loop {
+        // The next cycle: the first boundary at or after the next thing that can change a
+        // decision.
+        let next_event = next_event(
+            &jobs,
+            trace,
+            &order,
+            next_arrival,
+            &queue,
+            policy,
+            now,
+            dirty,
+            config.cycle,
+        );
+        let Some(at) = next_event else { break };
+        let cycle_at = ceil_to(at, config.cycle);
+        if config.horizon.is_some_and(|h| cycle_at > h) {
+            break;
+        }
+        // Departures up to the cycle, each at its own instant.
+        depart(&mut jobs, cycle_at, &mut metrics);
+        while next_arrival < order.len() && trace[order[next_arrival]].arrival <= cycle_at {
+            let i = order[next_arrival];
+            jobs[i].state = JobState::Waiting;
+            queue.push(i);
+            next_arrival += 1;
+        }
+        now = cycle_at;
+        progress(now);
+        let state = snapshot(&nodes, &jobs, trace, &queue, &carried, config.epoch, now);
+        let decision = tessera_solver::solve(
+            policy,
+            &state,
+            &SolveOptions {
+                time_limit: config.time_limit,
+                now: Some(config.epoch + now),
+            },
+        )
+        .map_err(|source| ReplayError::Solve { at: now, source })?;
+        metrics.cycle(
+            decision
+                .pools
+                .iter()
+                .filter_map(|p| p.refinement.as_ref())
+                .any(|r| matches!(r.status, RefineStatus::TimeLimit)),
+        );
+        dirty = false;
+
+        // Preemptions first: their capacity is what admissions may use.
+        for wd in &decision.workloads {
+            let Outcome::Preempt {
+                lost_gpu_seconds, ..
+            } = &wd.outcome
+            else {
+                continue;
+            };
+            let Some(&i) = by_key.get(&(wd.tenant.clone(), wd.name.clone())) else {
+                continue;
+            };
+            let job = &mut jobs[i];
+            let JobState::Running { since, gpus, .. } = &job.state else {
+                continue;
+            };
+            let (since, gpus) = (*since, *gpus);
+            let gpu_count = gpus.units() as f64 / Gpus::UNITS_PER_GPU as f64;
+            let lost = lost_gpu_seconds.max(0.0);
+            // The run time since the last checkpoint is owed again.
+            let lost_span = if gpu_count > 0.0 {
+                (lost / gpu_count).round() as i64
+            } else {
+                0
+            };
+            job.remaining = job
+                .remaining
+                .map(|r| (r - (now - since)).max(0) + lost_span.min(now - since));
+            job.last_checkpoint = Some(now);
+            job.state = JobState::Waiting;
+            queue.push(i);
+            metrics.stop(i, now, gpus);
+            metrics.preempted(i, lost);
+            dirty = true;
+        }
+        queue.sort_by_key(|&i| (trace[i].arrival, i));
+
+        let admitted: Vec<(usize, &Vec<ReplicaBinding>, Gpus, String)> = decision
+            .workloads
+            .iter()
+            .filter_map(|wd| match &wd.outcome {
+                Outcome::Admit {
+                    bindings,
+                    guaranteed,
+                    borrowed,
+                } => by_key.get(&(wd.tenant.clone(), wd.name.clone())).map(|&i| {
+                    (
+                        i,
+                        bindings,
+                        Gpus::from_units(guaranteed.units() + borrowed.units()),
+                        wd.pool.clone().unwrap_or_default(),
+                    )
+                }),
+                _ => None,
+            })
+            .collect();
+        let placed: Vec<Option<Vec<Binding>>> = match &mut placement {
+            Placement::Solver => admitted
+                .iter()
+                .map(|(_, b, _, _)| Some(b.iter().map(binding).collect()))
+                .collect(),
+            Placement::Baseline(placer) => {
+                let requests: Vec<super::baseline::Request<'_>> = admitted
+                    .iter()
+                    .map(|(i, b, _, pool)| super::baseline::Request {
+                        spec: &trace[*i].spec,
+                        pool,
+                        solver: b,
+                    })
+                    .collect();
+                super::baseline::place(*placer, policy, &nodes, &jobs, trace, &requests)
+            }
+        };
+        for ((i, _, gpus, pool), bindings) in admitted.into_iter().zip(placed) {
+            let Some(bindings) = bindings else {
+                metrics.unplaced();
+                continue;
+            };
+            let job = &mut jobs[i];
+            if job.first_start.is_none() {
+                job.first_start = Some(now);
+                metrics.started(i, now - trace[i].arrival);
+            }
+            job.state = JobState::Running {
+                since: now,
+                bindings,
+                gpus,
+                pool,
+            };
+            metrics.start(i, now, gpus);
+            queue.retain(|&q| q != i);
+            dirty = true;
+        }
+
+        // With nothing waiting, the decision just carried out stands until the next arrival.
+        dirty &= !queue.is_empty();
+        for g in &decision.geometry {
+            if g.target == g.current && !g.enable_mig {
+                continue;
+            }
+            metrics.reconfigured();
+            if let Some(node) = nodes.iter_mut().find(|n| n.name == g.node)
+                && let Some(gpu) = node.gpus.iter_mut().find(|x| x.index == g.gpu)
+            {
+                gpu.mig.enabled = true;
+                gpu.mig.pending = None;
+                gpu.instances = g
+                    .target
+                    .iter()
+                    .map(|i| MigInstance {
+                        profile: i.profile.clone(),
+                        start: i.start,
+                        uuid: None,
+                    })
+                    .collect();
+            }
+        }
+        carried = Carried {
+            usage: decision.fair_share.as_ref().map(|f| f.record.clone()),
+            reservations: decision.reservations.iter().map(|r| r.record()).collect(),
+            reconfigurations: decision.reconfigurations.clone(),
+        };
+    }
+    let end = match config.horizon {
+        Some(h) => h,
+        // The last departure, of work still running too (nothing waits that could start).
+        None => jobs
+            .iter()
+            .filter_map(|j| match j.state {
+                JobState::Done { at } => Some(at),
+                _ => j.end(),
+            })
+            .max()
+            .unwrap_or(now)
+            .max(now)
+            .max(0),
+    };
+    depart(&mut jobs, end, &mut metrics);
+    Ok(metrics.finish(end, &jobs))
+}
+
+/// What a decision carries to the next snapshot, as the service carries it.
+#[derive(Debug, Clone, Default)]
+struct Carried {
+    usage: Option<UsageRecord>,
+    reservations: Vec<ReservationRecord>,
+    reconfigurations: Vec<ReconfigurationRecord>,
+}
+
+/// The first multiple of `step` at or after `t`.
+fn ceil_to(t: i64, step: i64) -> i64 {
+    t.div_euclid(step) * step + if t.rem_euclid(step) == 0 { 0 } else { step }
+}
+
+/// The earliest instant after `now` at which a cycle could decide something new; `None` when
+/// nothing can happen any more.
+#[allow(clippy::too_many_arguments)]
+fn next_event(
+    jobs: &[Job],
+    trace: &[TraceWorkload],
+    order: &[usize],
+    next_arrival: usize,
+    queue: &[usize],
+    policy: &CompiledPolicy,
+    now: i64,
+    dirty: bool,
+    cycle: i64,
+) -> Option<i64> {
+    let mut best: Option<i64> = None;
+    let mut take = |t: i64| best = Some(best.map_or(t, |b: i64| b.min(t)));
+    if dirty {
+        take(now + cycle);
+    }
+    if let Some(&i) = order.get(next_arrival) {
+        take(trace[i].arrival.max(now + 1));
+    }
+    if !queue.is_empty() {
+        // A departure frees capacity that waiting work may take; with nothing waiting it is
+        // recorded at its instant and decides nothing.
+        for j in jobs {
+            if let Some(end) = j.end() {
+                take(end.max(now + 1));
+            }
+        }
+        // A running workload becomes a possible victim once it has run its class's minRuntime.
+        for j in jobs {
+            if let JobState::Running { since, .. } = j.state {
+                let class = policy.slo_class(&trace[j.trace].spec.slo_class);
+                if let Some(c) = class.filter(|c| c.preemptible && c.min_runtime_seconds > 0) {
+                    let t = since + c.min_runtime_seconds as i64;
+                    if t > now {
+                        take(t);
+                    }
+                }
+            }
+        }
+    }
+    best
+}
+
+/// Ends every running workload whose run is complete by `until`, at its own instant.
+fn depart(jobs: &mut [Job], until: i64, metrics: &mut Metrics) {
+    let mut ending: Vec<(i64, usize)> = jobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, j)| j.end().filter(|&e| e <= until).map(|e| (e, i)))
+        .collect();
+    ending.sort_unstable();
+    for (at, i) in ending {
+        if let JobState::Running { gpus, .. } = jobs[i].state {
+            metrics.stop(i, at, gpus);
+        }
+        jobs[i].state = JobState::Done { at };
+        jobs[i].remaining = Some(0);
+    }
+}
+
+fn binding(b: &ReplicaBinding) -> Binding {
+    Binding {
+        node: b.node.clone(),
+        gpus: b.gpus.clone(),
+        mig_start: b.mig_start,
+        share: b.share,
+    }
+}
+
+/// The snapshot a cycle at `now` observes.
+fn snapshot(
+    nodes: &[Node],
+    jobs: &[Job],
+    trace: &[TraceWorkload],
+    queue: &[usize],
+    carried: &Carried,
+    epoch: i64,
+    now: i64,
+) -> ClusterStateSpec {
+    let running = jobs
+        .iter()
+        .filter_map(|j| match &j.state {
+            JobState::Running {
+                since, bindings, ..
+            } => {
+                let w = &trace[j.trace];
+                Some(RunningWorkload {
+                    name: w.name.clone(),
+                    spec: w.spec.running_as(bindings.len() as u32),
+                    bindings: bindings.clone(),
+                    started_at: format_rfc3339(epoch + since),
+                    last_checkpoint_at: j.last_checkpoint.map(|c| format_rfc3339(epoch + c)),
+                })
+            }
+            _ => None,
+        })
+        .collect();
+    let pending = queue
+        .iter()
+        .map(|&i| {
+            let w = &trace[i];
+            PendingWorkload {
+                name: w.name.clone(),
+                spec: w.spec.clone(),
+                submitted_at: format_rfc3339(epoch + w.arrival),
+            }
+        })
+        .collect();
+    ClusterStateSpec {
+        observed_at: format_rfc3339(epoch + now),
+        nodes: nodes.to_vec(),
+        running,
+        pending,
+        usage: carried.usage.clone(),
+        reservations: carried.reservations.clone(),
+        reconfigurations: carried.reconfigurations.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cycles_fall_on_boundaries() {
+        assert_eq!(ceil_to(0, 10), 0);
+        assert_eq!(ceil_to(1, 10), 10);
+        assert_eq!(ceil_to(10, 10), 10);
+        assert_eq!(ceil_to(11, 10), 20);
+    }
+}

@@ -1,0 +1,195 @@
+//! `tessera simulate`: a trace replayed over time through the solver, beside baselines. The
+//! replay itself is `tessera_sim::replay`; this reads the inputs, shows progress and writes
+//! the report.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use tessera_compiler::CompiledPolicy;
+use tessera_compiler::model::Node;
+use tessera_sim::openb::PolicyKind;
+use tessera_sim::replay::generate::{Generate, generate};
+use tessera_sim::replay::openb::{load_openb_trace, openb_nodes};
+use tessera_sim::replay::{
+    OpenbBaseline, Placement, ReplayConfig, RunReport, TraceError, load_tessera_trace, replay,
+};
+
+use crate::cli::{Generated, SimulateArgs, SimulateOutput};
+use crate::output::{self, emit};
+
+const DAY: i64 = 24 * 3600;
+
+pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
+    let mut paths: Vec<PathBuf> = vec![args.policy.clone()];
+    let nodes_yaml = args.nodes.as_ref().filter(|p| !is_csv(p));
+    paths.extend(nodes_yaml.cloned());
+    let (compilation, sources) = super::compile_paths(&paths)?;
+    let Some(policy) = &compilation.policy else {
+        eprint!(
+            "{}",
+            output::human::render(&compilation, &sources, output::color_stderr())
+        );
+        return Ok(ExitCode::from(1));
+    };
+    let nodes = fleet(args, policy, &compilation.states)?;
+    let read = |path: &Path| {
+        if is_csv(path) {
+            load_openb_trace(path, policy, args.seed)
+        } else {
+            load_tessera_trace(path)
+        }
+    };
+    let (trace, horizon) = match (&args.trace, args.generate) {
+        (Some(path), _) => match read(path) {
+            Ok(t) => (t, None),
+            // A mistake in the trace is a problem in the input (exit 1), named at its place.
+            Err(e @ TraceError::At { .. }) | Err(e @ TraceError::File { .. }) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(1));
+            }
+            Err(e) => return Err(e.into()),
+        },
+        (None, Some(Generated::Day)) => {
+            let g = Generate {
+                horizon: DAY,
+                load: args.load,
+                seed: args.seed,
+            };
+            (generate(policy, &nodes, &g)?, Some(DAY))
+        }
+        (None, None) => bail!("pass --trace FILE or --generate day"),
+    };
+    let config = ReplayConfig {
+        cycle: i64::try_from(args.cycle.as_secs()).unwrap_or(i64::MAX),
+        time_limit: args.time_limit,
+        horizon: args
+            .horizon
+            .map(|h| i64::try_from(h.as_secs()).unwrap_or(i64::MAX))
+            .or(horizon),
+        ..ReplayConfig::default()
+    };
+    let mut baselines = Vec::new();
+    for name in &args.compare {
+        let kind = PolicyKind::from_name(name.trim())
+            .filter(|k| *k != PolicyKind::Tessera)
+            .with_context(|| {
+                format!("--compare: unknown baseline `{name}` (FGD, BestFit, FirstFit, Random)")
+            })?;
+        baselines.push(kind);
+    }
+    let end_hint = config
+        .horizon
+        .unwrap_or_else(|| trace.iter().map(|w| w.arrival).max().unwrap_or(0));
+    let mut runs: Vec<(RunReport, f64)> = Vec::new();
+    for kind in std::iter::once(None).chain(baselines.into_iter().map(Some)) {
+        let label = kind.map_or("Tessera", PolicyKind::name);
+        let bar = progress_bar(label, end_hint);
+        let mut tick = |t: i64| {
+            if let Some(b) = &bar {
+                b.set_position(u64::try_from(t.min(end_hint)).unwrap_or(0));
+            }
+        };
+        let started = Instant::now();
+        let mut report = match kind {
+            None => replay(
+                policy,
+                &nodes,
+                &trace,
+                &config,
+                Placement::Solver,
+                &mut tick,
+            )?,
+            Some(k) => {
+                let mut b = OpenbBaseline::new(k, args.seed, &trace)
+                    .context("the Tessera row is the solver's own run")?;
+                replay(
+                    policy,
+                    &nodes,
+                    &trace,
+                    &config,
+                    Placement::Baseline(&mut b),
+                    &mut tick,
+                )?
+            }
+        };
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        report.placement = label.to_owned();
+        runs.push((report, started.elapsed().as_secs_f64()));
+    }
+    for (r, wall) in &runs {
+        eprintln!(
+            "{}: {} cycles solved in {wall:.1}s wall time",
+            r.placement, r.cycles
+        );
+    }
+    let reports: Vec<RunReport> = runs.into_iter().map(|r| r.0).collect();
+    let summary = tessera_sim::replay::Summary::new(&trace, &nodes, &config, reports);
+    match args.output {
+        SimulateOutput::Json => emit(&(serde_json::to_string_pretty(&summary)? + "\n"))?,
+        SimulateOutput::Human => emit(&tessera_sim::replay::report::human(&summary))?,
+        SimulateOutput::Html => {
+            let dir = args
+                .out
+                .as_deref()
+                .context("--output html needs --out DIR")?;
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let file = dir.join("index.html");
+            std::fs::write(&file, tessera_sim::replay::html::page(&summary))
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            eprintln!("wrote {}", file.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn is_csv(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+}
+
+/// The fleet the replay runs on: an openb node list, or a snapshot's nodes with no work.
+fn fleet(
+    args: &SimulateArgs,
+    policy: &CompiledPolicy,
+    states: &[(String, tessera_compiler::model::ClusterStateSpec)],
+) -> anyhow::Result<Vec<Node>> {
+    if let Some(path) = args.nodes.as_ref().filter(|p| is_csv(p)) {
+        let specs = tessera_sim::openb::load_nodes(path)?;
+        return Ok(openb_nodes(&path.display().to_string(), &specs, policy)?);
+    }
+    match states {
+        [(_, s)] => Ok(s.nodes.clone()),
+        [] => bail!(
+            "no fleet: pass --nodes FILE (an openb node list or a ClusterState snapshot), or keep one ClusterState in the policy directory"
+        ),
+        many => bail!(
+            "{} ClusterState documents ({}): pass the fleet with --nodes FILE",
+            many.len(),
+            many.iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// A bar on stderr over simulated time, when stderr is a terminal.
+fn progress_bar(label: &str, end: i64) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(u64::try_from(end.max(1)).unwrap_or(1));
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{prefix:>8} [{bar:40}] {percent:>3}% of simulated time, {elapsed} elapsed",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(label.to_owned());
+    Some(bar)
+}

@@ -1,0 +1,83 @@
+//! `tessera simulate` end to end on a tiny fleet: the JSON report, and a bad trace line.
+
+use std::process::Command;
+
+fn tessera(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn simulate_reports_every_run_as_json() {
+    let (code, stdout, stderr) = tessera(&[
+        "simulate",
+        "--policy",
+        "sim/tests/replay/policy",
+        "--trace",
+        "sim/tests/replay/trace.yaml",
+        "--compare",
+        "FGD,BestFit",
+        "--output",
+        "json",
+        "--time-limit",
+        "60s",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["format_version"], 1);
+    assert_eq!(v["workloads"], 50);
+    let runs: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["placement"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs, ["Tessera", "FGD", "BestFit"]);
+    assert!(
+        stderr.contains("Tessera: "),
+        "wall time on stderr: {stderr}"
+    );
+
+    let (code, _, stderr) = tessera(&[
+        "simulate",
+        "--policy",
+        "sim/tests/replay/policy",
+        "--trace",
+        "sim/tests/replay/trace.yaml",
+        "--compare",
+        "Tetris",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("unknown baseline `Tetris`"), "{stderr}");
+}
+
+#[test]
+fn a_bad_trace_line_is_an_input_error_at_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.yaml");
+    std::fs::write(
+        &trace,
+        "kind: Workload\nmetadata: {name: a}\nspec: {tenant: alpha, sloClass: batch, gpu: {count: 1}}\narrival: 0\nduration: forever\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = tessera(&[
+        "simulate",
+        "--policy",
+        "sim/tests/replay/policy",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("trace.yaml:5:1: `duration`"),
+        "file:line:col and the field: {stderr}"
+    );
+}
