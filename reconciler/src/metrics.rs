@@ -646,8 +646,8 @@ mod tests {
         m.record_decision(
             &decision(serde_json::json!({
                 "pools": [{"pool": "p", "sharing": "exclusive", "capacity": 8, "allocated": 4,
-                    "allocation": 0.5, "free": 4, "stranded": 1, "free_nodes": 0,
-                    "free_domains": 0}],
+                    "allocation": 0.5, "free": 4, "stranded": 1, "fragmentation": 2,
+                    "free_nodes": 0, "free_domains": 0}],
                 "usage": [{"tenant": "a", "pool": "p", "guarantee": 4, "limit": 8, "total": 4,
                     "guaranteed": 4, "borrowed": 0}],
                 "workloads": [{"name": "w", "tenant": "a", "slo_class": "batch", "priority": 1,
@@ -696,6 +696,10 @@ mod tests {
         m.record_utilization(&observation, &[running], 100);
         m.record_status("Synced", "Healthy");
         let exposition = m.encode();
+        assert!(
+            exposition.contains("tessera_pool_fragmentation_gpus{pool=\"p\"} 2.0\n"),
+            "{exposition}"
+        );
         let families: Vec<&str> = exposition
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))

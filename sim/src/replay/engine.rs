@@ -41,7 +41,7 @@ use tessera_compiler::model::{
     Binding, ClusterStateSpec, MigInstance, Node, PendingWorkload, ReconfigurationRecord,
     ReservationRecord, RunningWorkload, UsageRecord,
 };
-use tessera_compiler::units::{Gpus, format_rfc3339};
+use tessera_compiler::units::{Gpus, unix};
 use tessera_solver::decision::{Outcome, RefineStatus, ReplicaBinding};
 use tessera_solver::{SolveError, SolveOptions};
 
@@ -479,8 +479,8 @@ fn snapshot(
                     name: w.name.clone(),
                     spec: w.spec.running_as(bindings.len() as u32),
                     bindings: bindings.clone(),
-                    started_at: format_rfc3339(epoch + since),
-                    last_checkpoint_at: j.last_checkpoint.map(|c| format_rfc3339(epoch + c)),
+                    started_at: unix(epoch + since),
+                    last_checkpoint_at: j.last_checkpoint.map(|c| unix(epoch + c)),
                 })
             }
             _ => None,
@@ -493,12 +493,12 @@ fn snapshot(
             PendingWorkload {
                 name: w.name.clone(),
                 spec: w.spec.clone(),
-                submitted_at: format_rfc3339(epoch + w.arrival),
+                submitted_at: unix(epoch + w.arrival),
             }
         })
         .collect();
     ClusterStateSpec {
-        observed_at: format_rfc3339(epoch + now),
+        observed_at: unix(epoch + now),
         nodes: nodes.to_vec(),
         running,
         pending,
