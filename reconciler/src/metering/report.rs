@@ -15,6 +15,8 @@ use tessera_compiler::units::Gpus;
 
 use super::rates::{Micros, Rates};
 use crate::store::usage::UsageRow;
+// The report's HTML escapes as the fleet page does: one rule for text put into markup.
+use crate::ui::html::escape;
 
 /// What `GET /v1/usage` answers: the rows of the window, and the tenant tree they roll up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -453,22 +455,6 @@ pub fn html(summary: &Summary) -> String {
         );
     }
     out.push_str("</body></html>\n");
-    out
-}
-
-/// Text made safe for HTML element content and quoted attributes.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
     out
 }
 

@@ -35,7 +35,7 @@
 //! - Processes are whatever NVML lists (`nvmlDeviceGetComputeRunningProcesses_v3`), read at
 //!   the entry size the driver's version writes ([`version`]); `process_started` and
 //!   `process_ended` are ignored.
-//! - SM activity comes from GPM ([`gpm`]), measured between one observation's sample and the
+//! - SM activity comes from GPM (`gpm.rs`), measured between one observation's sample and the
 //!   next; absent where the GPU has no GPM.
 //! - Errors name the NVML function that answered and keep its return code as it came
 //!   ([`NvmlReturn`]); `NO_PERMISSION` says which MIG capability the user lacks.
