@@ -4,11 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use tessera_compiler::model::{
-    Binding, ClusterStateSpec, MigInstance, PendingWorkload, RunningWorkload,
-};
+use tessera_compiler::model::{ClusterStateSpec, MigInstance, PendingWorkload, RunningWorkload};
 
-use crate::decision::{Decision, Outcome};
+use crate::decision::{Decision, Outcome, ReplicaBinding};
 
 /// The snapshot after `d`: admitted work runs on its bindings (started at `d.now`), preempted
 /// work waits again (submitted at `d.now`), GPUs have their target geometry, waiting work
@@ -60,15 +58,7 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
                 running.push(RunningWorkload {
                     name: p.name.clone(),
                     spec: p.spec.running_as(bindings.len() as u32),
-                    bindings: bindings
-                        .iter()
-                        .map(|b| Binding {
-                            node: b.node.clone(),
-                            gpus: b.gpus.clone(),
-                            mig_start: b.mig_start,
-                            share: b.share,
-                        })
-                        .collect(),
+                    bindings: bindings.iter().map(ReplicaBinding::binding).collect(),
                     started_at: d.now,
                     last_checkpoint_at: None,
                 });

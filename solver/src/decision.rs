@@ -7,7 +7,9 @@ use std::fmt;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use tessera_compiler::model::{ReconfigurationRecord, ReservationRecord, Sharing, UsageRecord};
+use tessera_compiler::model::{
+    Binding, ReconfigurationRecord, ReservationRecord, Sharing, UsageRecord,
+};
 use tessera_compiler::units::Gpus;
 
 /// Bumped on any change a consumer of the JSON could notice.
@@ -204,6 +206,19 @@ pub struct ReplicaBinding {
     pub mig_start: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<Gpus>,
+}
+
+impl ReplicaBinding {
+    /// The binding a snapshot records once the replica runs (the profile is the pool's to
+    /// resolve from the start and the GPU, so it is not kept).
+    pub fn binding(&self) -> Binding {
+        Binding {
+            node: self.node.clone(),
+            gpus: self.gpus.clone(),
+            mig_start: self.mig_start,
+            share: self.share,
+        }
+    }
 }
 
 /// One MIG instance on a GPU.

@@ -128,7 +128,7 @@ fn start(
     for (replica, b) in bindings.iter().enumerate() {
         launches.push((replica as u32, b, devices(cx.observation, b)?));
     }
-    let plain: Vec<Binding> = bindings.iter().map(to_binding).collect();
+    let plain: Vec<Binding> = bindings.iter().map(ReplicaBinding::binding).collect();
     cx.store.mark_starting(workload, &plain, cx.now)?;
 
     let checkpoint_dir = checkpoint_dir(cx.state_dir, workload);
@@ -305,13 +305,4 @@ fn devices(observation: &Observation, b: &ReplicaBinding) -> Result<ReplicaDevic
         gi: None,
         gpus,
     })
-}
-
-pub fn to_binding(b: &ReplicaBinding) -> Binding {
-    Binding {
-        node: b.node.clone(),
-        gpus: b.gpus.clone(),
-        mig_start: b.mig_start,
-        share: b.share,
-    }
 }

@@ -216,15 +216,7 @@ pub(crate) fn place(
     // Per pool, built at its first admission; `None`: not a pool the baseline can place in.
     let mut pools: HashMap<String, Option<PoolPlacer>> = HashMap::new();
     let solver_bindings = |r: &Request<'_>| -> Vec<Binding> {
-        r.solver
-            .iter()
-            .map(|b| Binding {
-                node: b.node.clone(),
-                gpus: b.gpus.clone(),
-                mig_start: b.mig_start,
-                share: b.share,
-            })
-            .collect()
+        r.solver.iter().map(ReplicaBinding::binding).collect()
     };
     let mut out = Vec::with_capacity(requests.len());
     for r in requests {

@@ -291,7 +291,7 @@ pub fn replay(
         let placed: Vec<Option<Vec<Binding>>> = match &mut placement {
             Placement::Solver => admitted
                 .iter()
-                .map(|(_, b, _, _)| Some(b.iter().map(binding).collect()))
+                .map(|(_, b, _, _)| Some(b.iter().map(ReplicaBinding::binding).collect()))
                 .collect(),
             Placement::Baseline(placer) => {
                 let requests: Vec<super::baseline::Request<'_>> = admitted
@@ -446,15 +446,6 @@ fn depart(jobs: &mut [Job], until: i64, metrics: &mut Metrics) {
         }
         jobs[i].state = JobState::Done { at };
         jobs[i].remaining = Some(0);
-    }
-}
-
-fn binding(b: &ReplicaBinding) -> Binding {
-    Binding {
-        node: b.node.clone(),
-        gpus: b.gpus.clone(),
-        mig_start: b.mig_start,
-        share: b.share,
     }
 }
 
