@@ -5,6 +5,8 @@
 //! - [`store`]: SQLite: workloads and their lifecycle, applied revisions, the write-ahead action
 //!   journal, events.
 //! - [`runtime`]: the embedded workload runtime: processes, checkpoint signals, exits.
+//! - [`node`]: applying one action on a node: driver and runtime calls, no store (shared by
+//!   the service and fleet mode's agent).
 //! - [`repo`]: the bare mirror of the policy repository and the files of a revision.
 //! - [`policy`]: which revision is in force; a bad one is never applied.
 //! - [`snapshot`]: the observed fleet and tracked workloads as a `ClusterState`.
@@ -23,6 +25,7 @@ pub mod auth;
 pub mod driver;
 pub mod metering;
 pub mod metrics;
+pub mod node;
 pub mod policy;
 pub mod repo;
 pub mod runtime;
