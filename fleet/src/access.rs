@@ -78,8 +78,10 @@ pub async fn enable_auth(admin: &Client, root_password: &str) -> Result<(), Flee
     Ok(())
 }
 
-/// Creates (or updates) the user of `node`'s agent, whose only permission is read-write on
-/// `nodes/<node>/`.
+/// Creates (or updates) the user of `node`'s agent. It may read everything under
+/// `nodes/<node>/` (its actions, the workloads bound to it, its own keys) and write only what
+/// the agent writes: its registration, its observation and its journal. The actions and the
+/// bound set are the leader's to write, so an agent cannot give itself work.
 pub async fn provision_node(
     admin: &Client,
     keys: &Keys,
@@ -88,7 +90,14 @@ pub async fn provision_node(
 ) -> Result<Credentials, FleetError> {
     let user = node_user(keys, node)?;
     let prefix = keys.node_prefix(node)?;
-    provision(admin, &user, password, &prefix).await
+    let journal = keys.journal_prefix(node)?;
+    let permissions = [
+        Permission::read(prefix.as_str()).with_range_end(prefix_end(&prefix)),
+        Permission::read_write(keys.registration(node)?),
+        Permission::read_write(keys.observed(node)?),
+        Permission::read_write(journal.as_str()).with_range_end(prefix_end(&journal)),
+    ];
+    provision(admin, &user, password, &prefix, permissions).await
 }
 
 /// Creates (or updates) the control plane's user: read-write on the cluster's whole prefix.
@@ -97,7 +106,9 @@ pub async fn provision_control_plane(
     keys: &Keys,
     password: &str,
 ) -> Result<Credentials, FleetError> {
-    provision(admin, &control_user(keys), password, keys.root()).await
+    let root = keys.root();
+    let everything = Permission::read_write(root).with_range_end(prefix_end(root));
+    provision(admin, &control_user(keys), password, root, [everything]).await
 }
 
 /// Removes `node`'s user and role: its agent can no longer authenticate. (etcd keeps tokens it
@@ -125,16 +136,16 @@ async fn provision(
     user: &str,
     password: &str,
     prefix: &str,
+    permissions: impl IntoIterator<Item = Permission>,
 ) -> Result<Credentials, FleetError> {
     let mut admin = admin.clone();
     ensure_role(&mut admin, user).await?;
-    admin
-        .role_grant_permission(
-            user,
-            Permission::read_write(prefix).with_range_end(prefix_end(prefix)),
-        )
-        .await
-        .map_err(|e| etcd("role grant permission", prefix, e))?;
+    for permission in permissions {
+        admin
+            .role_grant_permission(user, permission)
+            .await
+            .map_err(|e| etcd("role grant permission", prefix, e))?;
+    }
     ensure_user(&mut admin, user, password).await?;
     admin
         .user_grant_role(user, user)

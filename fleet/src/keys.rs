@@ -5,6 +5,7 @@
 //! /tessera/<cluster>/state/<name>                    control-plane state, written by the leader
 //! /tessera/<cluster>/nodes/<node>/registration       the agent's registration (its lease)
 //! /tessera/<cluster>/nodes/<node>/observed           what the agent last observed
+//! /tessera/<cluster>/nodes/<node>/bound              the workloads bound to the node (leader)
 //! /tessera/<cluster>/nodes/<node>/actions/<id>       actions addressed to the node, in id order
 //! /tessera/<cluster>/nodes/<node>/journal/<id>       the agent's intent, then outcome, per action
 //! ```
@@ -73,6 +74,7 @@ pub struct Keys {
 pub enum NodeKey {
     Registration { node: String },
     Observed { node: String },
+    Bound { node: String },
     Action { node: String, id: u64 },
     Journal { node: String, id: u64 },
 }
@@ -83,6 +85,7 @@ impl NodeKey {
         match self {
             NodeKey::Registration { node }
             | NodeKey::Observed { node }
+            | NodeKey::Bound { node }
             | NodeKey::Action { node, .. }
             | NodeKey::Journal { node, .. } => node,
         }
@@ -141,6 +144,11 @@ impl Keys {
         Ok(format!("{}observed", self.node_prefix(node)?))
     }
 
+    /// The workloads bound to the node, written by the leader (see [`crate::protocol::Bound`]).
+    pub fn bound(&self, node: &str) -> Result<String, NameError> {
+        Ok(format!("{}bound", self.node_prefix(node)?))
+    }
+
     pub fn actions_prefix(&self, node: &str) -> Result<String, NameError> {
         Ok(format!("{}actions/", self.node_prefix(node)?))
     }
@@ -169,6 +177,7 @@ impl Keys {
         match rest {
             "registration" => Some(NodeKey::Registration { node }),
             "observed" => Some(NodeKey::Observed { node }),
+            "bound" => Some(NodeKey::Bound { node }),
             _ => {
                 let (kind, id) = rest.split_once('/')?;
                 if id.len() != 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
@@ -268,6 +277,8 @@ mod tests {
             prop_assert_eq!(keys.parse_node_key(reg.as_bytes()), Some(NodeKey::Registration { node: node.clone() }));
             let obs = keys.observed(&node).unwrap();
             prop_assert_eq!(keys.parse_node_key(obs.as_bytes()), Some(NodeKey::Observed { node: node.clone() }));
+            let bound = keys.bound(&node).unwrap();
+            prop_assert_eq!(keys.parse_node_key(bound.as_bytes()), Some(NodeKey::Bound { node: node.clone() }));
             let action = keys.action(&node, id).unwrap();
             prop_assert_eq!(keys.parse_node_key(action.as_bytes()), Some(NodeKey::Action { node: node.clone(), id }));
             let journal = keys.journal(&node, id).unwrap();

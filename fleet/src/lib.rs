@@ -15,6 +15,7 @@ pub mod election;
 pub mod error;
 pub mod keys;
 mod lease;
+pub mod protocol;
 pub mod registration;
 #[cfg(feature = "testing")]
 pub mod testing;

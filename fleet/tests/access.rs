@@ -66,7 +66,15 @@ async fn a_node_writes_its_own_keys_and_no_one_elses() {
     let a = connect_as(&etcd, &a_creds).await;
     let keys = keys();
     put(&a, &keys.observed("node-a").unwrap()).await.unwrap();
-    put(&a, &keys.action("node-a", 1).unwrap()).await.unwrap();
+    // Its actions and the workloads bound to it are the leader's to write, not its own.
+    assert_denied(
+        put(&a, &keys.action("node-a", 1).unwrap()).await,
+        "node-a writing its own actions",
+    );
+    assert_denied(
+        put(&a, &keys.bound("node-a").unwrap()).await,
+        "node-a writing the workloads bound to it",
+    );
     assert_denied(
         put(&a, &keys.registration("node-b").unwrap()).await,
         "node-a writing node-b's registration",
