@@ -139,6 +139,15 @@ pub enum Command {
     /// The service: follow a branch of the policy repository, observe the nodes, solve each
     /// cycle and drive the fleet toward the decision. Runs until SIGINT or SIGTERM.
     Reconcile(Box<ReconcileArgs>),
+    /// Fleet mode's node agent: runs `tessera-fleet agent ARGS…` (the `tessera-fleet` binary
+    /// next to this one or on PATH), passing its exit code through. See `tessera-fleet agent
+    /// --help` for the arguments.
+    #[command(disable_help_flag = true)]
+    Agent {
+        /// Everything after `agent`, passed on unchanged.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// What a node driver observes, changing nothing (like `nvidia-smi mig -lgi`): nodes, GPUs,
     /// MIG mode, GPU and compute instances, processes.
     Observe(ObserveArgs),

@@ -306,3 +306,46 @@ fn bench_service_refuses_a_load_larger_than_the_fleet() {
         "{stderr}"
     );
 }
+
+/// `tessera agent` runs `tessera-fleet agent` found beside its own executable (or on PATH),
+/// passing arguments and the exit code through; without it, it says what to build. The
+/// `tessera` binary is hard-linked into a directory of its own so that what lies beside it is
+/// the test's choice.
+#[test]
+fn agent_delegates_to_tessera_fleet_or_says_how_to_get_it() {
+    let dir = tempfile::Builder::new()
+        .prefix("agent-delegation-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let tessera = dir.path().join("tessera");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_tessera"), &tessera).unwrap();
+    let empty_path = tempfile::tempdir().unwrap();
+    let run = || {
+        std::process::Command::new(&tessera)
+            .args(["agent", "--node", "gpu-1", "--help"])
+            .env("PATH", empty_path.path())
+            .output()
+            .unwrap()
+    };
+
+    let out = run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for says in [
+        "`tessera-fleet` binary",
+        "cargo build --release --workspace",
+        "protobuf-compiler",
+    ] {
+        assert!(stderr.contains(says), "{stderr:?} should say {says:?}");
+    }
+
+    let fake = dir.path().join("tessera-fleet");
+    std::fs::write(&fake, "#!/bin/sh\necho \"$@\"\nexit 7\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = run();
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "agent --node gpu-1 --help\n"
+    );
+}

@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod actions;
+pub mod agent;
 pub mod election;
 pub mod error;
 pub mod keys;

@@ -1,5 +1,6 @@
 //! One module per verb.
 
+mod agent;
 mod bench;
 mod client;
 mod compile;
@@ -122,6 +123,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output,
         }),
         Command::Reconcile(args) => reconcile::run(*args),
+        Command::Agent { args } => agent::run(&args),
         Command::Observe(args) => observe::run(&args),
         Command::Submit { file, server } => client::submit(&file, &server),
         Command::Cancel {

@@ -1,0 +1,309 @@
+//! `tessera-fleet agent`: the node side of fleet mode.
+//!
+//! An agent registers its node ([`Registrar`], on a lease), stops whatever it runs that is no
+//! longer bound to it (`nodes/<node>/bound`), then takes the actions the leader addresses to
+//! it in id order ([`ActionFeed`]) and applies each through the same node-local code as the
+//! single-process service (`tessera_reconciler::node`), journaling intent before and the
+//! outcome after. An action whose journal stops at intent (the previous agent died applying
+//! it) is settled from what the node shows, never applied again. After each change it writes
+//! `nodes/<node>/observed`, only when that changed.
+//!
+//! Its workloads are local processes: they keep running while etcd or the control plane is
+//! away, and across a restart of the agent itself (the runtime adopts them; the agent's
+//! record in its state directory says what it started). Every etcd failure is retried with
+//! a growing back-off; only a refusal by etcd's access control (these credentials may not
+//! act for this node) ends the agent, since waiting cannot fix it.
+
+mod node;
+mod record;
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::Client;
+use tracing::{Instrument, error, info, info_span, warn};
+
+pub use node::{INTERRUPTED, NodeState};
+pub use record::{LocalReplica, LocalWorkload, Record, RecordError};
+
+use crate::FleetError;
+use crate::access::{self, Credentials};
+use crate::actions::{ActionFeed, PendingAction};
+use crate::error::etcd;
+use crate::keys::Keys;
+use crate::protocol::{self, Bound};
+use crate::registration::Registrar;
+
+/// How an agent reaches etcd and keeps its registration.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub keys: Keys,
+    pub endpoints: Vec<String>,
+    pub credentials: Option<Credentials>,
+    /// The registration lease's TTL: how long after the agent stops answering its node is
+    /// NotReady.
+    pub lease_ttl_secs: i64,
+    /// How often exits are collected and the observation refreshed between actions.
+    pub observe_every: Duration,
+}
+
+/// What ends an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(
+        "{0}; the agent's etcd user may act only for its own node (see `tessera-fleet agent \
+         --help` on credentials)"
+    )]
+    Refused(FleetError),
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
+/// Runs the agent for `node` until `shutdown` resolves. Its workloads keep running after it
+/// returns; its registration then expires after the lease's TTL.
+pub async fn run(
+    config: &AgentConfig,
+    node: &mut NodeState,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    tokio::pin!(shutdown);
+    let mut backoff = Backoff::default();
+    let (client, _registrar) = loop {
+        let attempt = join(config, node);
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            joined = attempt => match joined {
+                Ok(joined) => break joined,
+                Err(e) => {
+                    let e = match e {
+                        Joined::Fleet(e) => fatal(e)?.to_string(),
+                        Joined::Record(e) => return Err(AgentError::Record(e)),
+                        other => other.to_string(),
+                    };
+                    let wait = backoff.next();
+                    warn!(retry_in = ?wait, "cannot join the fleet yet: {e}");
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    };
+    info!(node = node.name(), "joined the fleet");
+    backoff = Backoff::default();
+    let mut publisher = Publisher::new(config, node.name())?;
+    let mut feed: Option<ActionFeed> = None;
+    let mut tick = tokio::time::interval(config.observe_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if feed.is_none() {
+            match ActionFeed::start(&client, &config.keys, node.name()).await {
+                Ok(started) => feed = Some(started),
+                Err(e) => {
+                    let e = fatal(e)?;
+                    let wait = backoff.next();
+                    warn!(retry_in = ?wait, "cannot read this node's actions: {e}");
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some(current) = feed.as_mut() else {
+            continue;
+        };
+        let next = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            next = current.next() => Some(next),
+            _ = tick.tick() => None,
+        };
+        let failed = match next {
+            None => {
+                node.poll_exits()?;
+                publisher.publish(&client, node).await.err()
+            }
+            Some(Ok(Some(pending))) => {
+                let id = pending.id;
+                let span = info_span!("action", id, interrupted = pending.interrupted);
+                match take(current, node, pending).instrument(span).await {
+                    Ok(()) => publisher.publish(&client, node).await.err(),
+                    Err(e) => {
+                        warn!(
+                            id,
+                            "the journal could not be written; the action is settled once etcd answers"
+                        );
+                        Some(e)
+                    }
+                }
+            }
+            Some(Ok(None)) => {
+                info!("etcd ended the watch of this node's actions; watching again");
+                feed = None;
+                None
+            }
+            Some(Err(e)) => Some(e),
+        };
+        match failed {
+            None => backoff = Backoff::default(),
+            Some(e) => {
+                let e = fatal(e)?;
+                let wait = backoff.next();
+                warn!(retry_in = ?wait, "etcd: {e}; the node's workloads keep running");
+                feed = None;
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Connects, registers, and stops what is no longer bound to this node.
+async fn join(config: &AgentConfig, node: &mut NodeState) -> Result<(Client, Registrar), Joined> {
+    let client = access::connect(&config.endpoints, config.credentials.as_ref()).await?;
+    let registration = node.registration()?;
+    let registrar =
+        Registrar::start(&client, &config.keys, &registration, config.lease_ttl_secs).await?;
+    let key = config.keys.bound(node.name()).map_err(FleetError::from)?;
+    let answer = client
+        .clone()
+        .get(key.as_str(), None)
+        .await
+        .map_err(|e| etcd("get", &key, e))?;
+    let bound = match answer.kvs().first() {
+        Some(kv) => protocol::decode::<Bound>(kv.value()).map_err(|e| Joined::Bound {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?,
+        // Nothing was ever bound here (a new node, or a control plane that has not bound
+        // anything yet).
+        None => Bound::default(),
+    };
+    let stopped = node.stop_unbound(&bound)?;
+    if !stopped.is_empty() {
+        info!(
+            stopped = stopped.join(", "),
+            "stopped workloads no longer bound to this node"
+        );
+    }
+    Ok((client, registrar))
+}
+
+/// Why joining failed.
+#[derive(Debug, thiserror::Error)]
+enum Joined {
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("{key} cannot be read: {reason}")]
+    Bound { key: String, reason: String },
+}
+
+/// Applies one action under the journal: intent, apply, outcome; or, for an interrupted one,
+/// its settlement.
+async fn take(
+    feed: &mut ActionFeed,
+    node: &mut NodeState,
+    pending: PendingAction,
+) -> Result<(), FleetError> {
+    let id = pending.id;
+    let outcome = if pending.interrupted {
+        let outcome = node.settle(&pending.body);
+        match &outcome {
+            Ok(()) => info!("settled: the previous agent's interrupted action is done"),
+            Err(e) => warn!("settled as failed: {e}"),
+        }
+        outcome
+    } else {
+        feed.begin(id).await?;
+        let outcome = node.apply(&pending.body);
+        match &outcome {
+            Ok(()) => info!("applied"),
+            Err(e) => warn!("failed: {e}"),
+        }
+        outcome
+    };
+    feed.finish(id, outcome).await
+}
+
+/// Sorts an etcd failure into one to retry (returned) and one that ends the agent: a
+/// refusal by access control or a name that cannot be a key, which waiting cannot fix.
+fn fatal(e: FleetError) -> Result<FleetError, AgentError> {
+    match e {
+        e @ (FleetError::PermissionDenied { .. } | FleetError::Name(_)) => {
+            error!("{e}");
+            Err(AgentError::Refused(e))
+        }
+        other => Ok(other),
+    }
+}
+
+/// Writes `observed` when it differs from what was last written.
+struct Publisher {
+    key: String,
+    last: Option<Vec<u8>>,
+}
+
+impl Publisher {
+    fn new(config: &AgentConfig, node: &str) -> Result<Publisher, AgentError> {
+        Ok(Publisher {
+            key: config.keys.observed(node).map_err(FleetError::from)?,
+            last: None,
+        })
+    }
+
+    async fn publish(&mut self, client: &Client, node: &mut NodeState) -> Result<(), FleetError> {
+        let observed = match node.observe() {
+            Ok(observed) => observed,
+            Err(e) => {
+                // The driver's trouble is the node's to report, not a reason to stop.
+                warn!("observing the node: {e}");
+                return Ok(());
+            }
+        };
+        let bytes = protocol::encode(&observed);
+        if self.last.as_deref() == Some(bytes.as_slice()) {
+            return Ok(());
+        }
+        client
+            .clone()
+            .put(self.key.as_str(), bytes.clone(), None)
+            .await
+            .map_err(|e| etcd("put", &self.key, e))?;
+        self.last = Some(bytes);
+        Ok(())
+    }
+}
+
+/// Waits that double from 100 ms to 5 s.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let wait = Duration::from_millis(100) * 2u32.saturating_pow(self.failures.min(6));
+        self.failures += 1;
+        wait.min(Duration::from_secs(5))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let mut b = Backoff::default();
+        let waits: Vec<u64> = (0..9).map(|_| b.next().as_millis() as u64).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+    }
+}
