@@ -563,3 +563,81 @@ async fn an_agent_with_one_nodes_credentials_cannot_act_for_another() {
         .unwrap();
     assert!(answer.kvs().is_empty(), "nothing was written for train-1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_keep_running_while_etcd_is_away_and_the_agent_catches_up() {
+    let mut etcd = etcd();
+    let client = connect(&etcd, None).await;
+    let leader = lead(&client).await;
+    let dir = tempfile::tempdir().unwrap();
+    let run = ["--runtime", "process", "--insecure-runtime"];
+    let mut agent = Agent::start(&etcd, &dir.path().join("state"), NODE, &run);
+    post(
+        &leader,
+        1,
+        vec![
+            start(
+                "research/short",
+                json!({"node": NODE, "gpus": [0]}),
+                0,
+                &["sh", "-c", "exit 3"],
+            ),
+            start(
+                "research/long",
+                json!({"node": NODE, "gpus": [1]}),
+                0,
+                &["sleep", "300"],
+            ),
+        ],
+    )
+    .await;
+    settled(&client, &agent, 1..=2).await;
+    // An exit is reported in `observed`, with how it ended.
+    let observed = observed_until(&client, &agent, |o| {
+        o.workloads
+            .iter()
+            .any(|w| matches!(&w.state, RunState::Exited { status } if status == "exit code 3"))
+    })
+    .await;
+    let long = observed
+        .workloads
+        .iter()
+        .find(|w| w.workload == "research/long")
+        .and_then(|w| w.pid)
+        .unwrap();
+
+    etcd.kill();
+    let deadline = Instant::now() + PATIENCE;
+    while !agent.log().contains("the node's workloads keep running") {
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not notice etcd going:\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(agent.is_running(), "{}", agent.log());
+    assert!(pid_alive(long), "the workload runs on without etcd");
+
+    etcd.restart().unwrap();
+    let client = connect(&etcd, None).await;
+    post(
+        &leader,
+        3,
+        vec![message(
+            json!({"action": "stop", "workload": "research/long", "reason": "test"}),
+        )],
+    )
+    .await;
+    let journal = settled(&client, &agent, 3..=3).await;
+    assert_eq!(journal[&3], JournalRecord::Done, "{}", agent.log());
+    observed_until(&client, &agent, |o| {
+        o.workloads.iter().all(|w| w.workload != "research/long")
+    })
+    .await;
+    let deadline = Instant::now() + PATIENCE;
+    while !is_zombie_or_gone(long) {
+        assert!(Instant::now() < deadline, "the stopped workload still runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -411,3 +411,86 @@ fn shows_effect(observation: &Observation, action: &Action) -> bool {
         Action::Checkpoint { .. } | Action::Stop { .. } | Action::Start { .. } => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use tessera_reconciler::driver::sim::SimDriver;
+    use tessera_reconciler::runtime::Confinement;
+
+    fn node(dir: &Path) -> NodeState {
+        let nodes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/nodes/quickstart.yaml");
+        let sim = SimDriver::open(&nodes, &dir.join("sim.json")).unwrap();
+        let runtime = Runtime::new(dir.join("runtime"), Confinement::Insecure).unwrap();
+        NodeState::open("train-0", Box::new(sim), runtime, &dir.join("state"), false).unwrap()
+    }
+
+    fn body(action: serde_json::Value) -> Vec<u8> {
+        let mut message = json!({"version": VERSION, "action": action});
+        if message["action"]["action"] == "start" {
+            message["launch"] = json!({"attempt": 1, "command": ["true"]});
+        }
+        serde_json::to_vec(&message).unwrap()
+    }
+
+    /// An interrupted action is settled done exactly when the node shows its effect: before
+    /// applying it, it is interrupted; after, it is done. A checkpoint's effect (a signal)
+    /// cannot be seen, so it is always interrupted.
+    #[test]
+    fn an_interrupted_action_is_done_only_where_the_node_shows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = node(dir.path());
+        let gpu = json!({"node": "train-0", "index": 0});
+        let steps = [
+            json!({"action": "set_mig_mode", "gpu": gpu, "enabled": true}),
+            json!({"action": "reset_gpu", "gpu": gpu}),
+            json!({"action": "create_gpu_instance", "gpu": gpu, "profile_id": 9, "start": 0}),
+            json!({"action": "create_compute_instance", "gpu": gpu, "start": 0}),
+            json!({"action": "start", "workload": "a/w", "bindings": [{"node": "train-0", "gpus": [0], "migStart": 0}]}),
+            json!({"action": "stop", "workload": "a/w", "reason": "test"}),
+        ];
+        for step in steps {
+            let b = body(step.clone());
+            assert_eq!(
+                node.settle(&b),
+                Err(INTERRUPTED.to_string()),
+                "before {step}"
+            );
+            node.apply(&b).unwrap_or_else(|e| panic!("{step}: {e}"));
+            assert_eq!(node.settle(&b), Ok(()), "after {step}");
+        }
+        let checkpoint = body(
+            json!({"action": "checkpoint", "workload": "a/w", "signal": "SIGUSR1", "deadline": 0}),
+        );
+        assert_eq!(node.settle(&checkpoint), Err(INTERRUPTED.to_string()));
+    }
+
+    /// What the agent started is in its record, and a new agent on the same state directory
+    /// knows it; what is not bound any more is dropped from it.
+    #[test]
+    fn the_record_survives_the_agent_and_unbound_work_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = body(
+            json!({"action": "start", "workload": "a/w", "bindings": [{"node": "train-0", "gpus": [3]}]}),
+        );
+        node(dir.path()).apply(&start).unwrap();
+        let mut again = node(dir.path());
+        assert_eq!(again.record().workloads["a/w"].attempt, 1);
+        assert_eq!(
+            again.apply(&start),
+            Err("a/w already runs here (attempt 1); stop it first".to_string())
+        );
+        let bound = Bound {
+            version: VERSION,
+            workloads: [("a/w".to_string(), 1)].into(),
+        };
+        assert!(again.stop_unbound(&bound).unwrap().is_empty());
+        let moved = Bound {
+            version: VERSION,
+            workloads: [("a/w".to_string(), 2)].into(),
+        };
+        assert_eq!(again.stop_unbound(&moved).unwrap(), ["a/w"]);
+        assert!(node(dir.path()).record().workloads.is_empty());
+    }
+}
