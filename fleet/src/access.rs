@@ -9,7 +9,7 @@
 //! provisioning that failed half-way is finished by running it again, and provisioning a node
 //! that exists sets its password anew (rotation).
 
-use etcd_client::{Client, ConnectOptions, Permission};
+use etcd_client::{Client, ConnectOptions, Permission, RoleRevokePermissionOptions};
 
 use crate::error::{FleetError, etcd};
 use crate::keys::{Keys, prefix_end};
@@ -140,7 +140,25 @@ async fn provision(
 ) -> Result<Credentials, FleetError> {
     let mut admin = admin.clone();
     ensure_role(&mut admin, user).await?;
-    for permission in permissions {
+    let wanted: Vec<Permission> = permissions.into_iter().collect();
+    // What the role holds beyond what it should (an older provisioning's, or a hand-made
+    // grant) goes first, so that provisioning again leaves exactly `wanted`.
+    let held = admin
+        .role_get(user)
+        .await
+        .map_err(|e| etcd("role get", user, e))?
+        .permissions();
+    let same = |a: &Permission, b: &Permission| {
+        a.key() == b.key() && a.range_end() == b.range_end() && a.get_type() == b.get_type()
+    };
+    for old in held.iter().filter(|h| !wanted.iter().any(|w| same(w, h))) {
+        let options = RoleRevokePermissionOptions::new().with_range_end(old.range_end());
+        admin
+            .role_revoke_permission(user, old.key(), Some(options))
+            .await
+            .map_err(|e| etcd("role revoke permission", user, e))?;
+    }
+    for permission in wanted {
         admin
             .role_grant_permission(user, permission)
             .await

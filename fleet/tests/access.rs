@@ -58,6 +58,17 @@ async fn a_node_writes_its_own_keys_and_no_one_elses() {
     let control = access::provision_control_plane(&root, &keys(), "cp-secret")
         .await
         .unwrap();
+    // A wider grant than the agent's (an older provisioning's) is taken away when the node is
+    // provisioned again.
+    let prefix = keys().node_prefix("node-a").unwrap();
+    root.clone()
+        .role_grant_permission(
+            access::node_user(&keys(), "node-a").unwrap(),
+            etcd_client::Permission::read_write(prefix.as_str())
+                .with_range_end(tessera_fleet::keys::prefix_end(&prefix)),
+        )
+        .await
+        .unwrap();
     // Provisioning again (after a half-done run, or to rotate) succeeds and keeps one user.
     access::provision_node(&root, &keys(), "node-a", "a-secret")
         .await
