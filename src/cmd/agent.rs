@@ -2,8 +2,12 @@
 //! needs `protoc` to build, and this binary must build without it), so this verb runs
 //! `tessera-fleet agent ARGS…`, the way git runs `git-foo` for `git foo`: first the one next to
 //! this executable (where cargo puts every binary of the workspace), then the one on PATH.
+//!
+//! It replaces this process (`exec`) rather than running as its child, so that a service
+//! manager's SIGTERM reaches the agent itself and its exit code is the command's.
 
 use std::ffi::{OsStr, OsString};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -25,12 +29,9 @@ pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
                 .unwrap_or_default()
         );
     };
-    let status = Command::new(&program)
-        .arg("agent")
-        .args(args)
-        .status()
-        .with_context(|| format!("cannot run {}", program.display()))?;
-    Ok(exit_code(status))
+    // `exec` returns only when it failed.
+    let error = Command::new(&program).arg("agent").args(args).exec();
+    Err(error).with_context(|| format!("cannot run {}", program.display()))
 }
 
 /// `tessera-fleet` in `here` (this executable's directory), else the first on `path`.
@@ -46,17 +47,6 @@ fn find(here: Option<&Path>, path: Option<&OsStr>) -> Option<PathBuf> {
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// The child's exit code; a child killed by a signal exits as a shell reports it, 128 + the
-/// signal.
-fn exit_code(status: std::process::ExitStatus) -> ExitCode {
-    use std::os::unix::process::ExitStatusExt;
-    let code = status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1);
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 #[cfg(test)]

@@ -93,6 +93,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let keys = Keys::new(&args.cluster)?;
     tessera_fleet::keys::check_name("node", &args.node)?;
     let credentials = credentials(&args)?;
+    private_dir(&args.state_dir)?;
     let driver = driver(&args)?;
     let confinement = if args.insecure_runtime {
         Confinement::Insecure
@@ -205,8 +206,6 @@ fn driver(args: &AgentArgs) -> anyhow::Result<Box<dyn NodeDriver>> {
             if mine.is_empty() {
                 bail!("{}: describes no node named {}", file.display(), args.node);
             }
-            std::fs::create_dir_all(&args.state_dir)
-                .with_context(|| format!("cannot create {}", args.state_dir.display()))?;
             Box::new(SimDriver::from_nodes(&mine, &sim_state(&args.state_dir))?)
         }
         DriverKind::Nvml => {
@@ -227,6 +226,19 @@ fn driver(args: &AgentArgs) -> anyhow::Result<Box<dyn NodeDriver>> {
             Box::new(NvmlDriver::open(args.nvml_lib.as_deref(), nodes.remove(0))?)
         }
     })
+}
+
+/// Creates the state directory, or narrows an existing one, to its owner alone (0700): it
+/// holds the agent's record, its workloads' logs and checkpoints.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot make {} private (0700)", dir.display()))
 }
 
 /// Where the simulated GPUs keep their geometry across restarts of the agent.

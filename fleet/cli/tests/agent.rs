@@ -285,6 +285,16 @@ async fn actions_are_applied_once_in_order_journaled_and_observed() {
     )
     .await;
     let journal = settled(&client, &agent, 1..=4).await;
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(dir.path().join("state"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(
+        mode & 0o777,
+        0o700,
+        "the state directory is the agent's alone"
+    );
     for id in 1..=4 {
         assert_eq!(
             journal[&id],
