@@ -111,6 +111,13 @@ impl ActionFeed {
         })
     }
 
+    /// Whether an action has arrived that [`ActionFeed::next`] has not handed out yet (some
+    /// may turn out settled already): a caller can hold back reporting until the batch is
+    /// through.
+    pub fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
     /// What the journal records for `id`, as this feed knows it.
     pub fn journal(&self, id: u64) -> Option<&JournalRecord> {
         self.journal.get(&id)

@@ -89,7 +89,7 @@ fn duration(value: &str) -> Result<Duration, String> {
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
-    init_logging();
+    init_logging("info");
     let keys = Keys::new(&args.cluster)?;
     tessera_fleet::keys::check_name("node", &args.node)?;
     let credentials = credentials(&args)?;
@@ -246,11 +246,11 @@ fn sim_state(state_dir: &Path) -> PathBuf {
     state_dir.join("sim-node.json")
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (`info` when unset): one line per action, inside
+/// Logs to stderr, filtered by `RUST_LOG` (`default` when unset): one line per action, inside
 /// its span (the journal id).
-fn init_logging() {
+pub fn init_logging(default: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

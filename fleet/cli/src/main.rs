@@ -6,6 +6,7 @@
 //! 3 when etcd refuses the agent (its credentials may not act for this node).
 
 mod agent;
+mod bench;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,17 @@ enum Command {
     /// Run the node agent on a GPU machine: register the node in etcd, apply the actions the
     /// control plane addresses to it, run its workloads, report what it observes.
     Agent(Box<agent::AgentArgs>),
+    /// Benchmarks that print figures (they never assert).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Many simulated agents in this process against a real etcd, each with its own lease
+    /// and watch: registration, a MIG layout on every GPU, time until all is journaled, and
+    /// etcd's writes and bytes.
+    Agents(bench::BenchAgentsArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +46,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Agent(args) => match agent::run(*args) {
             Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Bench(BenchCommand::Agents(args)) => match bench::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(2)

@@ -5,7 +5,8 @@
 //! it in id order ([`ActionFeed`]) and applies each through the same node-local code as the
 //! single-process service (`tessera_reconciler::node`), journaling intent before and the
 //! outcome after. An action whose journal stops at intent (the previous agent died applying
-//! it) is settled from what the node shows, never applied again. After each change it writes
+//! it) is settled from what the node shows, never applied again. After the actions that
+//! arrived together are through, and whenever a workload ends, it writes
 //! `nodes/<node>/observed`, only when that changed.
 //!
 //! Its workloads are local processes: they keep running while etcd or the control plane is
@@ -131,6 +132,8 @@ pub async fn run(
                 let id = pending.id;
                 let span = info_span!("action", id, interrupted = pending.interrupted);
                 match take(current, node, pending).instrument(span).await {
+                    // Reported once the actions that arrived together are through.
+                    Ok(()) if current.has_queued() => None,
                     Ok(()) => publisher.publish(&client, node).await.err(),
                     Err(e) => {
                         warn!(

@@ -1,0 +1,354 @@
+//! `tessera-fleet bench agents`: many simulated agents in this one process against a real etcd
+//! (each with its own lease, watch and journal, sharing one gRPC connection), and a leader
+//! that gives every node the same MIG layout. It prints figures and asserts nothing.
+//!
+//! Measured: registration of every node; from the first action written to every action
+//! journaled done; etcd's puts and the bytes its clients sent, for the convergence and for an
+//! idle window after it (what a steady fleet costs with nothing changing).
+
+use std::fmt::Write as _;
+use std::io::{Read, Write as _};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use etcd_client::{Client, GetOptions, WatchOptions};
+use tessera_fleet::actions::JournalRecord;
+use tessera_fleet::agent::{self, AgentConfig, NodeState};
+use tessera_fleet::election::{Candidate, LeaderInfo, Write};
+use tessera_fleet::keys::{Keys, NodeKey};
+use tessera_fleet::protocol::{self, ActionMessage, VERSION};
+use tessera_fleet::testing::TestEtcd;
+use tessera_reconciler::actions::Action;
+use tessera_reconciler::driver::GpuRef;
+use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
+use tessera_reconciler::runtime::{Confinement, Runtime};
+
+#[derive(Debug, Args)]
+pub struct BenchAgentsArgs {
+    /// Simulated nodes, one agent each.
+    #[arg(long, default_value_t = 500)]
+    pub nodes: usize,
+    /// H100 80GB GPUs per node.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub gpus: u32,
+    /// An etcd to use (its keys under `/tessera/bench/` are replaced); by default one is
+    /// started on loopback ports in a temporary directory (Debian's etcd-server).
+    #[arg(long)]
+    pub etcd: Option<String>,
+    /// The agents' registration lease.
+    #[arg(long, default_value_t = 10)]
+    pub lease_ttl_secs: i64,
+    /// How long to watch the converged fleet for the idle figures.
+    #[arg(long, default_value_t = 5)]
+    pub idle_secs: u64,
+}
+
+pub fn run(args: BenchAgentsArgs) -> anyhow::Result<()> {
+    // The agents' own lines (two per action) would drown the figures: warnings only, unless
+    // RUST_LOG says otherwise.
+    crate::agent::init_logging("warn");
+    let started = match &args.etcd {
+        Some(_) => None,
+        None => Some(TestEtcd::start()?),
+    };
+    let endpoint = match (&args.etcd, &started) {
+        (Some(url), _) => url.clone(),
+        (None, Some(etcd)) => etcd.endpoint(),
+        (None, None) => bail!("no etcd"),
+    };
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    tokio.block_on(bench(&args, &endpoint))
+}
+
+async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
+    let keys = Keys::new("bench")?;
+    let client = Client::connect([endpoint], None)
+        .await
+        .with_context(|| format!("cannot connect to {endpoint}"))?;
+    client
+        .clone()
+        .delete(
+            keys.root(),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await?;
+    let dir = tempfile::Builder::new()
+        .prefix("tessera-bench-agents-")
+        .tempdir()?;
+    let nodes = fleet(dir.path(), args.nodes, args.gpus)?;
+    let config = AgentConfig {
+        keys: keys.clone(),
+        endpoints: vec![endpoint.to_string()],
+        credentials: None,
+        lease_ttl_secs: args.lease_ttl_secs,
+        observe_every: Duration::from_secs(1),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let at_start = Metrics::read(endpoint)?;
+    let t0 = Instant::now();
+    let mut agents = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let state = dir.path().join(&node.name);
+        std::fs::create_dir_all(&state)?;
+        let sim = SimDriver::from_nodes(std::slice::from_ref(&node), &state.join("sim.json"))?;
+        let runtime = Runtime::new(state.join("runtime"), Confinement::Insecure)?;
+        let mut node = NodeState::open(&node.name, Box::new(sim), runtime, &state, false)?;
+        let config = config.clone();
+        let mut stopped = stopped.clone();
+        agents.push(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            agent::run(&config, &mut node, shutdown).await
+        }));
+    }
+    let count = |prefix: String| {
+        let client = client.clone();
+        async move {
+            let answer = client
+                .clone()
+                .get(
+                    prefix,
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await?;
+            anyhow::Ok(answer.count() as usize)
+        }
+    };
+    loop {
+        let registered = count(keys.nodes_prefix()).await?;
+        // Each node has a registration and an observation once it has joined.
+        if registered >= 2 * args.nodes {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let registered_in = t0.elapsed();
+    let after_join = Metrics::read(endpoint)?;
+
+    let leader = Candidate::new(
+        client.clone(),
+        keys.clone(),
+        LeaderInfo {
+            id: "bench".into(),
+            advertise: None,
+        },
+        30,
+    )
+    .campaign()
+    .await?;
+    let journal_prefix = keys.nodes_prefix();
+    let revision = client
+        .clone()
+        .get(keys.root(), Some(GetOptions::new().with_count_only()))
+        .await?
+        .header()
+        .map_or(0, |h| h.revision());
+    let mut stream = client
+        .clone()
+        .watch(
+            journal_prefix.as_str(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(revision + 1),
+            ),
+        )
+        .await?;
+    let per_node = 4 * args.gpus as usize;
+    let total = per_node * args.nodes;
+    let t1 = Instant::now();
+    // A fenced transaction per node, `WRITERS` in flight at once, as a leader would send them.
+    let mut writers = tokio::task::JoinSet::new();
+    for n in 0..args.nodes {
+        let node = node_name(n);
+        let writes: Vec<Write> = layout(&node, args.gpus)
+            .into_iter()
+            .enumerate()
+            .map(|(i, action)| {
+                let message = ActionMessage {
+                    version: VERSION,
+                    action,
+                    launch: None,
+                };
+                Ok(Write::Put {
+                    key: keys.action(&node, i as u64 + 1)?,
+                    value: protocol::encode(&message),
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        if writers.len() >= WRITERS
+            && let Some(written) = writers.join_next().await
+        {
+            written??;
+        }
+        let fence = leader.fence().clone();
+        let client = client.clone();
+        writers.spawn(async move { fence.write(&client, &[], &writes).await });
+    }
+    while let Some(written) = writers.join_next().await {
+        written??;
+    }
+    let written_in = t1.elapsed();
+    let mut done = 0usize;
+    let mut failed = Vec::new();
+    while done + failed.len() < total {
+        let Some(answer) = stream.message().await? else {
+            bail!("etcd ended the watch");
+        };
+        for event in answer.events() {
+            let Some(kv) = event.kv() else { continue };
+            if !matches!(keys.parse_node_key(kv.key()), Some(NodeKey::Journal { .. })) {
+                continue;
+            }
+            match serde_json::from_slice::<JournalRecord>(kv.value())? {
+                JournalRecord::Done => done += 1,
+                JournalRecord::Failed { error } => failed.push(error),
+                JournalRecord::Intent => {}
+            }
+        }
+    }
+    let converged_in = t1.elapsed();
+    let after_converge = Metrics::read(endpoint)?;
+    tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+    let after_idle = Metrics::read(endpoint)?;
+    let _ = stop.send(true);
+    for agent in agents {
+        agent.await??;
+    }
+
+    let mut out = String::new();
+    writeln!(
+        out,
+        "tessera-fleet bench agents: {} nodes x {} GPUs, one process, etcd at {endpoint}",
+        args.nodes, args.gpus
+    )?;
+    writeln!(
+        out,
+        "  registered (registration + observed)  {:>8.2} s   etcd puts {:>7}   client bytes {:>11}",
+        registered_in.as_secs_f64(),
+        after_join.puts - at_start.puts,
+        after_join.received_bytes - at_start.received_bytes
+    )?;
+    writeln!(
+        out,
+        "  {total} actions written (a fenced txn per node, {WRITERS} in flight) {:>8.2} s",
+        written_in.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "  all journaled ({done} done, {} failed)      {:>8.2} s   etcd puts {:>7}   client bytes {:>11}",
+        failed.len(),
+        converged_in.as_secs_f64(),
+        after_converge.puts - after_join.puts,
+        after_converge.received_bytes - after_join.received_bytes
+    )?;
+    writeln!(
+        out,
+        "  idle {} s after convergence                       etcd puts {:>7}   client bytes {:>11}",
+        args.idle_secs,
+        after_idle.puts - after_converge.puts,
+        after_idle.received_bytes - after_converge.received_bytes
+    )?;
+    if let Some(first) = failed.first() {
+        writeln!(out, "  first failure: {first}")?;
+    }
+    print!("{out}");
+    Ok(())
+}
+
+/// Fenced writes the bench's leader keeps in flight.
+const WRITERS: usize = 32;
+
+fn node_name(n: usize) -> String {
+    format!("gpu-{n:04}")
+}
+
+/// The nodes, as a ClusterState file read through the compiler like any other.
+fn fleet(
+    dir: &std::path::Path,
+    nodes: usize,
+    gpus: u32,
+) -> anyhow::Result<Vec<tessera_compiler::model::Node>> {
+    let mut yaml = String::from(
+        "apiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {name: bench}\nspec:\n  \
+         observedAt: \"2026-11-26T00:00:00Z\"\n  nodes:\n",
+    );
+    for n in 0..nodes {
+        writeln!(
+            yaml,
+            "    - {{name: {}, pool: h100, cpu: 200, memory: 1800Gi, gpus: [",
+            node_name(n)
+        )?;
+        for g in 0..gpus {
+            writeln!(
+                yaml,
+                "        {{index: {g}, uuid: GPU-{n:08x}-0000-0000-0000-{g:012x}, model: H100-SXM5-80GB}},"
+            )?;
+        }
+        yaml.push_str("      ]}\n");
+    }
+    let path = dir.join("nodes.yaml");
+    std::fs::write(&path, yaml)?;
+    Ok(load_nodes(&path)?)
+}
+
+/// Every GPU: MIG on, reset, one 3g.40gb instance (profile 9) at slice 0 and its compute
+/// instance.
+fn layout(node: &str, gpus: u32) -> Vec<Action> {
+    (0..gpus)
+        .flat_map(|index| {
+            let gpu = GpuRef {
+                node: node.to_string(),
+                index,
+            };
+            [
+                Action::SetMigMode {
+                    gpu: gpu.clone(),
+                    enabled: true,
+                },
+                Action::ResetGpu { gpu: gpu.clone() },
+                Action::CreateGpuInstance {
+                    gpu: gpu.clone(),
+                    profile_id: 9,
+                    start: 0,
+                },
+                Action::CreateComputeInstance { gpu, start: 0 },
+            ]
+        })
+        .collect()
+}
+
+/// What etcd's `/metrics` counts: puts applied, and bytes received from clients over gRPC.
+struct Metrics {
+    puts: u64,
+    received_bytes: u64,
+}
+
+impl Metrics {
+    fn read(endpoint: &str) -> anyhow::Result<Metrics> {
+        let address = endpoint
+            .strip_prefix("http://")
+            .with_context(|| format!("{endpoint}: only http:// etcd URLs are measured"))?;
+        let mut stream = TcpStream::connect(address)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        let value = |name: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        Ok(Metrics {
+            puts: value("etcd_mvcc_put_total"),
+            received_bytes: value("etcd_network_client_grpc_received_bytes_total"),
+        })
+    }
+}
