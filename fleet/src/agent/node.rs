@@ -27,7 +27,6 @@ pub struct NodeState {
     record: Record,
     state_dir: PathBuf,
     run_commands: bool,
-    created: Created,
 }
 
 impl NodeState {
@@ -49,7 +48,6 @@ impl NodeState {
             record,
             state_dir: state_dir.to_path_buf(),
             run_commands,
-            created: Created::new(),
         };
         let held: Vec<(u32, ReplicaBinding, Option<u32>)> = node
             .record
@@ -230,11 +228,13 @@ impl NodeState {
                         self.name
                     )));
                 }
+                // Observed afresh for each step, so a compute instance finds its GPU instance
+                // in the observation rather than in a map of what was created before.
                 let observation = self.driver.observe()?;
                 node::apply_geometry(
                     self.driver.as_mut(),
                     &observation,
-                    &mut self.created,
+                    &mut Created::new(),
                     geometry,
                 )
             }
@@ -273,7 +273,6 @@ impl NodeState {
         }
         // New compute instances have UUIDs only the driver knows: observe now.
         let observation: Observation = self.driver.observe()?;
-        self.created.clear();
         let plans = node::resolve(&observation, mine)?;
         let checkpoint_dir = node::checkpoint_dir(&self.state_dir, &key);
         let started = if self.run_commands && !launch.command.is_empty() {
