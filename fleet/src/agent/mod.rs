@@ -125,7 +125,7 @@ pub async fn run(
         };
         let failed = match next {
             None => {
-                node.poll_exits()?;
+                blocking(|| node.poll_exits())?;
                 publisher.publish(&client, node).await.err()
             }
             Some(Ok(Some(pending))) => {
@@ -218,7 +218,7 @@ async fn take(
 ) -> Result<(), FleetError> {
     let id = pending.id;
     let outcome = if pending.interrupted {
-        let outcome = node.settle(&pending.body);
+        let outcome = blocking(|| node.settle(&pending.body));
         match &outcome {
             Ok(()) => info!("settled: the previous agent's interrupted action is done"),
             Err(e) => warn!("settled as failed: {e}"),
@@ -226,7 +226,7 @@ async fn take(
         outcome
     } else {
         feed.begin(id).await?;
-        let outcome = node.apply(&pending.body);
+        let outcome = blocking(|| node.apply(&pending.body));
         match &outcome {
             Ok(()) => info!("applied"),
             Err(e) => warn!("failed: {e}"),
@@ -263,7 +263,7 @@ impl Publisher {
     }
 
     async fn publish(&mut self, client: &Client, node: &mut NodeState) -> Result<(), FleetError> {
-        let observed = match node.observe() {
+        let observed = match blocking(|| node.observe()) {
             Ok(observed) => observed,
             Err(e) => {
                 // The driver's trouble is the node's to report, not a reason to stop.
@@ -282,6 +282,17 @@ impl Publisher {
             .map_err(|e| etcd("put", &self.key, e))?;
         self.last = Some(bytes);
         Ok(())
+    }
+}
+
+/// Runs a driver or runtime call, which may block for seconds (an NVML reset), without
+/// holding up the other tasks of a multi-threaded runtime (the registration's keepalive among
+/// them); on a current-thread runtime there is no other worker to hand them to.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
