@@ -65,6 +65,7 @@ mod fleet;
 mod fragmentation;
 mod protected;
 mod queue;
+use crate::cow::CowVec;
 pub use assemble::solve;
 pub(crate) use assemble::*;
 pub(crate) use fleet::*;
@@ -580,7 +581,7 @@ impl<'p> Solver<'p> {
                 vl.amount(vl.replicas).gpus,
                 lost_units_seconds(p, v),
                 p.classes[vl.class].priority,
-                vl.key.clone(),
+                &vl.key,
             )
         };
         // Preempting within-guarantee work is only for work that stays within guarantee: a
