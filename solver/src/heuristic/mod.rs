@@ -306,15 +306,15 @@ impl<'p> Solver<'p> {
             } else {
                 (Vec::new(), Vec::new())
             };
+            if admitted {
+                rekey(p, &self.ledger, &queue, &mut keys, &deltas);
+            }
             self.trace.push(Step {
                 w,
                 key: (priority, borrows, share, submitted),
                 deltas,
                 victims,
             });
-            if admitted {
-                keys = queue_keys(p, &self.ledger, &queue);
-            }
         }
     }
 
@@ -797,6 +797,43 @@ impl<'p> Solver<'p> {
             borrowed,
         })
     }
+}
+
+/// Recomputes the keys of `queue` that an admission's ledger changes (`deltas`) may have moved.
+/// A key reads the usage of its tenant and the tenant's ancestors in its pools (the guarantee
+/// split and the fair-share path), and a change of a tenant's usage is recorded at the tenant
+/// and each of its ancestors: a key whose lineage and pools meet no changed (tenant, pool) is
+/// the one it was. Recomputing every key after every admission cost (queue × admissions).
+fn rekey<'p>(
+    p: &'p Problem,
+    ledger: &Ledger,
+    queue: &[usize],
+    keys: &mut [FullKey<'p>],
+    deltas: &[Delta],
+) {
+    let changed: BTreeSet<(usize, usize)> = deltas
+        .iter()
+        .flat_map(|&(t, pool, _, _)| p.tenants[t].lineage.iter().map(move |&a| (a, pool)))
+        .collect();
+    let stale: Vec<usize> = (0..queue.len())
+        .filter(|&i| {
+            let wl = &p.workloads[queue[i]];
+            wl.pools.iter().any(|&pool| {
+                p.tenants[wl.tenant]
+                    .lineage
+                    .iter()
+                    .any(|&t| changed.contains(&(t, pool)))
+            })
+        })
+        .collect();
+    let workloads: Vec<usize> = stale.iter().map(|&i| queue[i]).collect();
+    for (i, key) in stale.into_iter().zip(queue_keys(p, ledger, &workloads)) {
+        keys[i] = key;
+    }
+    debug_assert!(
+        keys.iter().eq(queue_keys(p, ledger, queue).iter()),
+        "a key the admission moved was not recomputed"
+    );
 }
 
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
