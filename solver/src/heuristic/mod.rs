@@ -599,9 +599,9 @@ impl<'p> Solver<'p> {
         } else {
             wl.replicas
         };
-        let attempt = |victims: &[usize]| {
-            let (fleet, ledger) = self.without(pool, victims);
-            let admitted = try_pool(p, &fleet, &ledger, w, pool, cap).map_err(|_| ())?;
+        // A what-if on the fleet and ledger with `victims` released.
+        let attempt_on = |fleet: &Fleet, ledger: &Ledger, victims: &[usize]| {
+            let admitted = try_pool(p, fleet, ledger, w, pool, cap).map_err(|_| ())?;
             // Taken together, each side that gives up work by fair share still holds at least
             // what the requester's side holds with the gang admitted.
             let fair_ok = victims
@@ -621,6 +621,10 @@ impl<'p> Solver<'p> {
                 });
             if fair_ok { Ok(admitted) } else { Err(()) }
         };
+        let attempt = |victims: &[usize]| {
+            let (fleet, ledger) = self.without(pool, victims);
+            attempt_on(&fleet, &ledger, victims)
+        };
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
         // its GPUs) is not needed.
         if eligible.is_empty() {
@@ -635,12 +639,16 @@ impl<'p> Solver<'p> {
         // replica's units free: skip those that cannot (units freed are over-counted for
         // partial gangs and unhealthy GPUs, and a node's free units bound what one replica
         // finds there, so nothing is skipped that could succeed).
-        let node_free: BTreeMap<usize, i64> = p.pools[pool]
-            .nodes
-            .iter()
-            .map(|&n| (n, self.fleet.node_free(p, n)))
-            .collect();
-        let pool_free: i64 = node_free.values().sum();
+        // (The fleet keeps each node's free units: no map of the pool's nodes per search.)
+        let pool_nodes = &p.pools[pool].nodes;
+        let node_free = |n: usize| {
+            if p.nodes[n].pool == Some(pool) {
+                self.fleet.node_free(p, n)
+            } else {
+                0
+            }
+        };
+        let pool_free: i64 = pool_nodes.iter().map(|&n| node_free(n)).sum();
         let needed = amount.units();
         let holds = |v: usize| {
             let vl = &p.workloads[v];
@@ -648,14 +656,14 @@ impl<'p> Solver<'p> {
         };
         let per_replica = wl.demand.gpus().units();
         let replicas_on = |n: usize, freed: i64| {
-            let free = node_free.get(&n).copied().unwrap_or(0);
+            let free = node_free(n);
             if per_replica > 0 {
                 (free + freed) / per_replica
             } else {
                 i64::MAX / 4
             }
         };
-        let base_fit: i64 = node_free.keys().map(|&n| replicas_on(n, 0)).sum();
+        let base_fit: i64 = pool_nodes.iter().map(|&n| replicas_on(n, 0)).sum();
         // What each victim frees, by node.
         let frees = |v: usize, freed: &mut BTreeMap<usize, i64>| {
             let units = p.workloads[v].demand.gpus().units();
@@ -716,10 +724,18 @@ impl<'p> Solver<'p> {
             let mut set = Vec::new();
             let mut freed = 0;
             let mut freed_by_node = BTreeMap::new();
+            // The fleet and ledger with `set` released, grown a victim at a time as `without`
+            // would release them (the same releases in the same order): a what-if per victim
+            // added released the whole set again, (set²) releases per search.
+            let (mut released_fleet, mut released_ledger) =
+                (self.fleet.clone(), self.ledger.clone());
             for v in order {
                 set.push(v);
                 freed += holds(v);
                 frees(v, &mut freed_by_node);
+                let vl = &p.workloads[v];
+                released_fleet.release(p, v, true);
+                released_ledger.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
                 if pool_free + freed < needed {
                     continue;
                 }
@@ -727,7 +743,7 @@ impl<'p> Solver<'p> {
                     debug_assert!(attempt(&set).is_err(), "a what-if skipped would succeed");
                     continue;
                 }
-                if let Ok(mut admitted) = attempt(&set) {
+                if let Ok(mut admitted) = attempt_on(&released_fleet, &released_ledger, &set) {
                     let mut i = set.len();
                     while i > 0 {
                         i -= 1;
