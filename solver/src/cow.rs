@@ -25,7 +25,7 @@ impl<T: Clone> CowVec<T> {
     }
 
     pub(crate) fn push(&mut self, value: T) {
-        if self.len % CHUNK == 0 {
+        if self.len.is_multiple_of(CHUNK) {
             self.chunks.push(Rc::new(Vec::with_capacity(CHUNK)));
         }
         let last = self.chunks.last_mut().expect("a chunk was just ensured");
