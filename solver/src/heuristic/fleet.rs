@@ -5,6 +5,7 @@
 //! `fragmentation.rs`).
 
 use super::*;
+use std::cell::RefCell;
 
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default)]
@@ -87,7 +88,13 @@ pub(crate) struct Fleet {
     /// Per pool, the nodes of each of its NVLink domains (as `PoolInfo::domains` lists
     /// them), in pool order; shared by every clone.
     domains: Rc<Vec<Vec<Vec<usize>>>>,
+    /// [`relayout_into`] by (layout, busy instances), computed once: a replica's search
+    /// asks it for every GPU of every node of the pool, and busy sets repeat. Shared by every
+    /// clone (the answers are the same for all).
+    relayouts: Rc<RefCell<HashMap<RelayoutKey, Option<Vec<Placement>>>>>,
 }
+
+type RelayoutKey = (Vec<Placement>, Vec<Placement>);
 
 /// Why one replica does not fit on one node.
 #[derive(Debug, Clone, Default)]
@@ -142,7 +149,19 @@ impl Fleet {
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
+            relayouts: Rc::default(),
         }
+    }
+
+    /// [`relayout_into`] of `busy` and `layout`, remembered.
+    fn relayout(&self, layout: &[Placement], busy: &[Placement]) -> Option<Vec<Placement>> {
+        let key = (layout.to_vec(), busy.to_vec());
+        if let Some(known) = self.relayouts.borrow().get(&key) {
+            return known.clone();
+        }
+        let geometry = relayout_into(busy, layout);
+        self.relayouts.borrow_mut().insert(key, geometry.clone());
+        geometry
     }
 
     fn healthy_gpus(p: &Problem, n: usize) -> impl Iterator<Item = usize> + '_ {
@@ -409,7 +428,10 @@ impl Fleet {
                 // A free existing instance, on the GPU that fragments the node least, then the
                 // tightest.
                 let scored = self.mix.scores(pool);
-                let before = scored.then(|| self.measure(p, pool, n, None));
+                // Measured when a GPU first offers a place: most nodes of a busy pool offer none.
+                let before = std::cell::OnceCell::new();
+                let before =
+                    || scored.then(|| *before.get_or_init(|| self.measure(p, pool, n, None)));
                 let mut best: Option<((u32, u64, i64), usize, Placement)> = None;
                 for &g in &gpus {
                     let s = &self.gpu[g];
@@ -422,7 +444,7 @@ impl Fleet {
                         .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
                     {
                         let free = Gpus::whole(1).units() - s.allocated().units();
-                        let (tier, loss) = match before {
+                        let (tier, loss) = match before() {
                             Some(before) => {
                                 let plan = Plan::Instance {
                                     gpu: g,
@@ -456,7 +478,7 @@ impl Fleet {
                     }
                     let busy = s.busy();
                     for (li, layout) in info.layouts.iter().enumerate() {
-                        let Some(geometry) = relayout_into(&busy, layout) else {
+                        let Some(geometry) = self.relayout(layout, &busy) else {
                             continue;
                         };
                         let free_of_profile = geometry
@@ -494,7 +516,10 @@ impl Fleet {
             Demand::Share { fraction } => {
                 let td = &p.tenants[wl.tenant].trust_domain;
                 let scored = self.mix.scores(pool);
-                let before = scored.then(|| self.measure(p, pool, n, None));
+                // Measured when a GPU first offers a place: most nodes of a busy pool offer none.
+                let before = std::cell::OnceCell::new();
+                let before =
+                    || scored.then(|| *before.get_or_init(|| self.measure(p, pool, n, None)));
                 let mut best: Option<((u32, u64, i64), usize)> = None;
                 for &g in &gpus {
                     let s = &self.gpu[g];
@@ -512,7 +537,7 @@ impl Fleet {
                         continue;
                     }
                     // The GPU that fragments the node least, then the most loaded that fits.
-                    let (tier, loss) = match before {
+                    let (tier, loss) = match before() {
                         Some(before) => {
                             self.plan_cost(p, w, pool, n, before, &Plan::Share { gpu: g })
                         }
