@@ -20,6 +20,7 @@
 
 mod bound;
 pub mod carry;
+mod cow;
 pub mod decision;
 pub mod fairshare;
 pub mod heuristic;

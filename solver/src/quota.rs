@@ -22,24 +22,28 @@
 //!   admissions within a guarantee come first whatever the history (the queue key puts them
 //!   ahead), and the history counts borrowed usage only.
 
-use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use tessera_compiler::compiled::{Amounts, PoolQuota};
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 
+use crate::cow::CowVec;
 use crate::decision::{Reason, Resource};
 use crate::problem::Problem;
 
-/// Usage per tenant and pool.
+/// Usage per tenant and pool. Cloned for every what-if of the preemption search, which
+/// changes a few tenants' usage: a clone copies a pointer per chunk of tenants (see `cow.rs`)
+/// and shares what never changes.
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    /// `usage[tenant][pool]`, descendants included.
-    usage: Vec<BTreeMap<usize, Amounts>>,
+    /// `usage[tenant × pools + pool]`, descendants included.
+    usage: CowVec<Amounts>,
+    pools: usize,
     /// Direct children of each tenant.
-    children: Vec<Vec<usize>>,
+    children: Rc<Vec<Vec<usize>>>,
     /// Per pool: GPUs, CPU and memory of its nodes in the snapshot.
-    capacity: Vec<Amounts>,
-    roots: Vec<usize>,
+    capacity: Rc<Vec<Amounts>>,
+    roots: Rc<Vec<usize>>,
     /// Levels of the deepest tenant (a root is at level 1).
     depth: usize,
 }
@@ -84,7 +88,7 @@ impl Ledger {
                 None => roots.push(i),
             }
         }
-        let capacity = problem
+        let capacity: Vec<Amounts> = problem
             .pools
             .iter()
             .map(|p| {
@@ -104,10 +108,11 @@ impl Ledger {
             })
             .collect();
         Ledger {
-            usage: vec![BTreeMap::new(); problem.tenants.len()],
-            children,
-            capacity,
-            roots,
+            usage: vec![Amounts::default(); problem.tenants.len() * problem.pools.len()].into(),
+            pools: problem.pools.len(),
+            children: Rc::new(children),
+            capacity: Rc::new(capacity),
+            roots: Rc::new(roots),
             depth: problem
                 .tenants
                 .iter()
@@ -119,7 +124,8 @@ impl Ledger {
 
     /// Usage of `tenant` (with descendants) in `pool`.
     pub fn usage(&self, tenant: usize, pool: usize) -> Amounts {
-        self.usage[tenant].get(&pool).copied().unwrap_or_default()
+        debug_assert!(pool < self.pools, "pool {pool} of {}", self.pools);
+        self.usage[tenant * self.pools + pool]
     }
 
     /// GPUs, CPU and memory of the pool's nodes.
@@ -134,14 +140,14 @@ impl Ledger {
 
     pub fn add(&mut self, problem: &Problem, tenant: usize, pool: usize, amount: Amounts) {
         for &t in &problem.tenants[tenant].lineage {
-            let e = self.usage[t].entry(pool).or_default();
+            let e = &mut self.usage[t * self.pools + pool];
             *e = add(*e, amount);
         }
     }
 
     pub fn remove(&mut self, problem: &Problem, tenant: usize, pool: usize, amount: Amounts) {
         for &t in &problem.tenants[tenant].lineage {
-            let e = self.usage[t].entry(pool).or_default();
+            let e = &mut self.usage[t * self.pools + pool];
             *e = sub(*e, amount);
         }
     }
@@ -294,7 +300,7 @@ impl Ledger {
                 }
             }
         }
-        for &r in &self.roots {
+        for &r in self.roots.iter() {
             if !lineage.contains(&r) {
                 total += self.reserved(problem, r, pool);
             }

@@ -5,6 +5,7 @@
 //! `fragmentation.rs`).
 
 use super::*;
+use std::cell::RefCell;
 
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default)]
@@ -67,19 +68,33 @@ pub(crate) struct Placed {
 /// The fleet's occupancy, cloned for each tentative placement.
 #[derive(Debug, Clone)]
 pub(crate) struct Fleet {
-    /// Shared until written: the preemption search tries many what-ifs, each a clone of the
-    /// fleet that touches a few GPUs, so a clone copies pointers, not 4,000 GPU states.
-    pub(super) gpu: Vec<Rc<GpuState>>,
-    pub(super) cpu: Vec<u64>,
-    pub(super) memory: Vec<u64>,
-    /// By workload index; a clone copies pointers (see `gpu`).
-    pub(crate) placed: Vec<Option<Rc<Vec<Placed>>>>,
+    /// Shared until written, twice over: the preemption search tries many what-ifs, each a
+    /// clone of the fleet that touches a few GPUs, so a clone copies one pointer per chunk of
+    /// GPU states (see `cow.rs`), and a write copies a chunk of pointers and the one state.
+    pub(super) gpu: CowVec<Rc<GpuState>>,
+    pub(super) cpu: CowVec<u64>,
+    pub(super) memory: CowVec<u64>,
+    /// By workload index; cloned as `gpu` is.
+    pub(crate) placed: CowVec<Option<Rc<Vec<Placed>>>>,
+    /// Of each node's healthy GPUs: the free units ([`Fleet::node_free`]) and how many are
+    /// free whole, kept as GPU states change: best fit and the preemption search's bounds ask
+    /// for them for every node of a pool per gang.
+    free: CowVec<(i64, u32)>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
     /// The decision's workload mix, which placements are scored against; shared by every clone.
     pub(super) mix: Rc<Mix>,
+    /// Per pool, the nodes of each of its NVLink domains (as `PoolInfo::domains` lists
+    /// them), in pool order; shared by every clone.
+    domains: Rc<Vec<Vec<Vec<usize>>>>,
+    /// [`relayout_into`] by (layout, busy instances), computed once: a replica's search
+    /// asks it for every GPU of every node of the pool, and busy sets repeat. Shared by every
+    /// clone (the answers are the same for all).
+    relayouts: Rc<RefCell<HashMap<RelayoutKey, Option<Vec<Placement>>>>>,
 }
+
+type RelayoutKey = (Vec<Placement>, Vec<Placement>);
 
 /// Why one replica does not fit on one node.
 #[derive(Debug, Clone, Default)]
@@ -119,13 +134,60 @@ impl Fleet {
                         ..GpuState::default()
                     })
                 })
-                .collect(),
-            cpu: vec![0; p.nodes.len()],
-            memory: vec![0; p.nodes.len()],
-            placed: vec![None; p.workloads.len()],
+                .collect::<Vec<_>>()
+                .into(),
+            cpu: vec![0; p.nodes.len()].into(),
+            memory: vec![0; p.nodes.len()].into(),
+            placed: vec![None; p.workloads.len()].into(),
+            free: (0..p.nodes.len())
+                .map(|n| {
+                    let healthy = Fleet::healthy_gpus(p, n).count();
+                    (healthy as i64 * Gpus::whole(1).units(), healthy as u32)
+                })
+                .collect::<Vec<_>>()
+                .into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
+            domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
+            relayouts: Rc::default(),
         }
+    }
+
+    /// [`relayout_into`] of `busy` and `layout`, remembered.
+    fn relayout(&self, layout: &[Placement], busy: &[Placement]) -> Option<Vec<Placement>> {
+        let key = (layout.to_vec(), busy.to_vec());
+        if let Some(known) = self.relayouts.borrow().get(&key) {
+            return known.clone();
+        }
+        let geometry = relayout_into(busy, layout);
+        self.relayouts.borrow_mut().insert(key, geometry.clone());
+        geometry
+    }
+
+    fn healthy_gpus(p: &Problem, n: usize) -> impl Iterator<Item = usize> + '_ {
+        p.nodes[n]
+            .gpus
+            .iter()
+            .copied()
+            .filter(|&g| p.gpus[g].healthy)
+    }
+
+    /// Measures node `n`'s free units again after its GPU states changed.
+    fn recount(&mut self, p: &Problem, n: usize) {
+        let free = self.count_free(p, n);
+        if self.free[n] != free {
+            self.free[n] = free;
+        }
+    }
+
+    fn count_free(&self, p: &Problem, n: usize) -> (i64, u32) {
+        Fleet::healthy_gpus(p, n).fold((0, 0), |(units, whole), g| {
+            let s = &self.gpu[g];
+            (
+                units + Gpus::whole(1).units() - s.allocated().units(),
+                whole + u32::from(s.is_free()),
+            )
+        })
     }
 
     /// Measures the workload mix again without the running workloads for which `gone` holds
@@ -156,7 +218,9 @@ impl Fleet {
                 }
             }
         }
+        let node = slot.node;
         Rc::make_mut(self.placed[w].get_or_insert_with(Rc::default)).push(slot);
+        self.recount(p, node);
     }
 
     /// Frees everything `w` holds; `preempted` marks it for drains.
@@ -189,6 +253,7 @@ impl Fleet {
                     }
                 }
             }
+            self.recount(p, slot.node);
         }
     }
 
@@ -198,12 +263,12 @@ impl Fleet {
 
     /// Free GPU units on a node (healthy GPUs).
     pub(super) fn node_free(&self, p: &Problem, n: usize) -> i64 {
-        p.nodes[n]
-            .gpus
-            .iter()
-            .filter(|&&g| self.usable(p, g))
-            .map(|&g| Gpus::whole(1).units() - self.gpu[g].allocated().units())
-            .sum()
+        debug_assert_eq!(
+            self.free[n],
+            self.count_free(p, n),
+            "the free units kept for node {n} are stale"
+        );
+        self.free[n].0
     }
 
     /// `F` and `H` of node `n` (see `fragmentation.rs`) as it is, or, with `after`, once a
@@ -315,6 +380,10 @@ impl Fleet {
             miss.node_resources.get_or_insert(Resource::Memory);
             return None;
         }
+        // No GPU free whole: a whole-GPU replica finds nothing below and records no miss.
+        if matches!(wl.demand, Demand::Whole { count } if count > 0) && self.free[n].1 == 0 {
+            return None;
+        }
         let info = &p.pools[pool];
         let gpus: Vec<usize> = node
             .gpus
@@ -359,7 +428,10 @@ impl Fleet {
                 // A free existing instance, on the GPU that fragments the node least, then the
                 // tightest.
                 let scored = self.mix.scores(pool);
-                let before = scored.then(|| self.measure(p, pool, n, None));
+                // Measured when a GPU first offers a place: most nodes of a busy pool offer none.
+                let before = std::cell::OnceCell::new();
+                let before =
+                    || scored.then(|| *before.get_or_init(|| self.measure(p, pool, n, None)));
                 let mut best: Option<((u32, u64, i64), usize, Placement)> = None;
                 for &g in &gpus {
                     let s = &self.gpu[g];
@@ -372,7 +444,7 @@ impl Fleet {
                         .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
                     {
                         let free = Gpus::whole(1).units() - s.allocated().units();
-                        let (tier, loss) = match before {
+                        let (tier, loss) = match before() {
                             Some(before) => {
                                 let plan = Plan::Instance {
                                     gpu: g,
@@ -406,7 +478,7 @@ impl Fleet {
                     }
                     let busy = s.busy();
                     for (li, layout) in info.layouts.iter().enumerate() {
-                        let Some(geometry) = relayout_into(&busy, layout) else {
+                        let Some(geometry) = self.relayout(layout, &busy) else {
                             continue;
                         };
                         let free_of_profile = geometry
@@ -444,7 +516,10 @@ impl Fleet {
             Demand::Share { fraction } => {
                 let td = &p.tenants[wl.tenant].trust_domain;
                 let scored = self.mix.scores(pool);
-                let before = scored.then(|| self.measure(p, pool, n, None));
+                // Measured when a GPU first offers a place: most nodes of a busy pool offer none.
+                let before = std::cell::OnceCell::new();
+                let before =
+                    || scored.then(|| *before.get_or_init(|| self.measure(p, pool, n, None)));
                 let mut best: Option<((u32, u64, i64), usize)> = None;
                 for &g in &gpus {
                     let s = &self.gpu[g];
@@ -462,7 +537,7 @@ impl Fleet {
                         continue;
                     }
                     // The GPU that fragments the node least, then the most loaded that fits.
-                    let (tier, loss) = match before {
+                    let (tier, loss) = match before() {
                         Some(before) => {
                             self.plan_cost(p, w, pool, n, before, &Plan::Share { gpu: g })
                         }
@@ -590,23 +665,22 @@ impl Fleet {
         let info = &p.pools[pool];
         let mut miss = Misses::default();
         let all: Vec<usize> = info.nodes.clone();
-        // Each domain's nodes, in pool order, gathered once: the sorts below ask for them
-        // O(domains × log domains) times per gang.
-        let mut members: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for &n in &all {
-            members
-                .entry(p.nodes[n].domain.as_str())
-                .or_default()
-                .push(n);
-        }
-        let by_domain = |d: &str| -> Vec<usize> { members.get(d).cloned().unwrap_or_default() };
-        let domain_free = |f: &Fleet, d: &str| -> i64 {
-            members
-                .get(d)
-                .map_or(0, |ns| ns.iter().map(|&n| f.node_free(p, n)).sum())
-        };
+        // Each domain's nodes, in pool order, gathered once a cycle (see `Fleet::new`).
+        let members = &self.domains[pool];
+        let by_domain = |d: usize| -> Vec<usize> { members[d].clone() };
+        let domain_free =
+            |f: &Fleet, d: usize| -> i64 { members[d].iter().map(|&n| f.node_free(p, n)).sum() };
         let try_sets = |sets: Vec<Vec<usize>>, at_least: u32, miss: &mut Misses| -> Option<Fleet> {
             for set in sets {
+                // `fill` asks each node of the set for a place first, as this does, and stops
+                // when none has one: skip the clone then (the misses recorded are the same).
+                if at_least > 0
+                    && !set
+                        .iter()
+                        .any(|&n| self.option(p, w, pool, n, miss).is_some())
+                {
+                    continue;
+                }
                 let mut f = self.clone();
                 if f.fill(p, w, pool, &set, want, miss) >= at_least {
                     return Some(f);
@@ -615,12 +689,9 @@ impl Fleet {
             None
         };
         // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
-        let mut domains: Vec<&String> = info.domains.iter().collect();
-        domains.sort_by_cached_key(|d| {
-            let d: &String = d;
-            (domain_free(self, d), d.as_str())
-        });
-        let domain_sets: Vec<Vec<usize>> = domains.iter().map(|d| by_domain(d)).collect();
+        let mut domains: Vec<usize> = (0..info.domains.len()).collect();
+        domains.sort_by_cached_key(|&d| (domain_free(self, d), info.domains[d].as_str()));
+        let domain_sets: Vec<Vec<usize>> = domains.iter().map(|&d| by_domain(d)).collect();
         match wl.topology {
             TopologyMode::Required => {
                 // A domain that takes every replica, else one that takes at least `min`.
@@ -635,9 +706,7 @@ impl Fleet {
                 let mut f = self.clone();
                 let mut m2 = Misses::default();
                 if f.fill(p, w, pool, &all, want, &mut m2) >= min {
-                    let best = info
-                        .domains
-                        .iter()
+                    let best = (0..info.domains.len())
                         .map(|d| domain_free(self, d))
                         .max()
                         .unwrap_or(0);
@@ -656,6 +725,17 @@ impl Fleet {
                 // A one-node, then one-domain placement, if it takes the whole gang.
                 for sets in [node_sets, domain_sets] {
                     for set in sets {
+                        // A set where not even one replica has a place cannot take it: skip
+                        // the clone (most nodes of a busy pool).
+                        if want > 0 {
+                            let mut m = Misses::default();
+                            if !set
+                                .iter()
+                                .any(|&n| self.option(p, w, pool, n, &mut m).is_some())
+                            {
+                                continue;
+                            }
+                        }
                         let mut f = self.clone();
                         let mut m = Misses::default();
                         if f.fill(p, w, pool, &set, want, &mut m) >= want {
@@ -727,6 +807,21 @@ impl Fleet {
             free: Gpus::from_units(free),
         }
     }
+}
+
+/// The nodes of each of `info`'s domains, in pool order.
+fn domain_members(p: &Problem, info: &crate::problem::PoolInfo) -> Vec<Vec<usize>> {
+    let mut by_name: HashMap<&str, Vec<usize>> = HashMap::new();
+    for &n in &info.nodes {
+        by_name
+            .entry(p.nodes[n].domain.as_str())
+            .or_default()
+            .push(n);
+    }
+    info.domains
+        .iter()
+        .map(|d| by_name.get(d.as_str()).cloned().unwrap_or_default())
+        .collect()
 }
 
 /// Whether GPU `g` may change from its geometry so far to `target`: this decision's changes

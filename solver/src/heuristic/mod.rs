@@ -65,6 +65,7 @@ mod fleet;
 mod fragmentation;
 mod protected;
 mod queue;
+use crate::cow::CowVec;
 pub use assemble::solve;
 pub(crate) use assemble::*;
 pub(crate) use fleet::*;
@@ -305,15 +306,15 @@ impl<'p> Solver<'p> {
             } else {
                 (Vec::new(), Vec::new())
             };
+            if admitted {
+                rekey(p, &self.ledger, &queue, &mut keys, &deltas);
+            }
             self.trace.push(Step {
                 w,
                 key: (priority, borrows, share, submitted),
                 deltas,
                 victims,
             });
-            if admitted {
-                keys = queue_keys(p, &self.ledger, &queue);
-            }
         }
     }
 
@@ -580,7 +581,7 @@ impl<'p> Solver<'p> {
                 vl.amount(vl.replicas).gpus,
                 lost_units_seconds(p, v),
                 p.classes[vl.class].priority,
-                vl.key.clone(),
+                &vl.key,
             )
         };
         // Preempting within-guarantee work is only for work that stays within guarantee: a
@@ -598,9 +599,9 @@ impl<'p> Solver<'p> {
         } else {
             wl.replicas
         };
-        let attempt = |victims: &[usize]| {
-            let (fleet, ledger) = self.without(pool, victims);
-            let admitted = try_pool(p, &fleet, &ledger, w, pool, cap).map_err(|_| ())?;
+        // A what-if on the fleet and ledger with `victims` released.
+        let attempt_on = |fleet: &Fleet, ledger: &Ledger, victims: &[usize]| {
+            let admitted = try_pool(p, fleet, ledger, w, pool, cap).map_err(|_| ())?;
             // Taken together, each side that gives up work by fair share still holds at least
             // what the requester's side holds with the gang admitted.
             let fair_ok = victims
@@ -620,6 +621,10 @@ impl<'p> Solver<'p> {
                 });
             if fair_ok { Ok(admitted) } else { Err(()) }
         };
+        let attempt = |victims: &[usize]| {
+            let (fleet, ledger) = self.without(pool, victims);
+            attempt_on(&fleet, &ledger, victims)
+        };
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
         // its GPUs) is not needed.
         if eligible.is_empty() {
@@ -634,12 +639,16 @@ impl<'p> Solver<'p> {
         // replica's units free: skip those that cannot (units freed are over-counted for
         // partial gangs and unhealthy GPUs, and a node's free units bound what one replica
         // finds there, so nothing is skipped that could succeed).
-        let node_free: BTreeMap<usize, i64> = p.pools[pool]
-            .nodes
-            .iter()
-            .map(|&n| (n, self.fleet.node_free(p, n)))
-            .collect();
-        let pool_free: i64 = node_free.values().sum();
+        // (The fleet keeps each node's free units: no map of the pool's nodes per search.)
+        let pool_nodes = &p.pools[pool].nodes;
+        let node_free = |n: usize| {
+            if p.nodes[n].pool == Some(pool) {
+                self.fleet.node_free(p, n)
+            } else {
+                0
+            }
+        };
+        let pool_free: i64 = pool_nodes.iter().map(|&n| node_free(n)).sum();
         let needed = amount.units();
         let holds = |v: usize| {
             let vl = &p.workloads[v];
@@ -647,14 +656,14 @@ impl<'p> Solver<'p> {
         };
         let per_replica = wl.demand.gpus().units();
         let replicas_on = |n: usize, freed: i64| {
-            let free = node_free.get(&n).copied().unwrap_or(0);
+            let free = node_free(n);
             if per_replica > 0 {
                 (free + freed) / per_replica
             } else {
                 i64::MAX / 4
             }
         };
-        let base_fit: i64 = node_free.keys().map(|&n| replicas_on(n, 0)).sum();
+        let base_fit: i64 = pool_nodes.iter().map(|&n| replicas_on(n, 0)).sum();
         // What each victim frees, by node.
         let frees = |v: usize, freed: &mut BTreeMap<usize, i64>| {
             let units = p.workloads[v].demand.gpus().units();
@@ -715,10 +724,18 @@ impl<'p> Solver<'p> {
             let mut set = Vec::new();
             let mut freed = 0;
             let mut freed_by_node = BTreeMap::new();
+            // The fleet and ledger with `set` released, grown a victim at a time as `without`
+            // would release them (the same releases in the same order): a what-if per victim
+            // added released the whole set again, (set²) releases per search.
+            let (mut released_fleet, mut released_ledger) =
+                (self.fleet.clone(), self.ledger.clone());
             for v in order {
                 set.push(v);
                 freed += holds(v);
                 frees(v, &mut freed_by_node);
+                let vl = &p.workloads[v];
+                released_fleet.release(p, v, true);
+                released_ledger.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
                 if pool_free + freed < needed {
                     continue;
                 }
@@ -726,7 +743,7 @@ impl<'p> Solver<'p> {
                     debug_assert!(attempt(&set).is_err(), "a what-if skipped would succeed");
                     continue;
                 }
-                if let Ok(mut admitted) = attempt(&set) {
+                if let Ok(mut admitted) = attempt_on(&released_fleet, &released_ledger, &set) {
                     let mut i = set.len();
                     while i > 0 {
                         i -= 1;
@@ -796,6 +813,43 @@ impl<'p> Solver<'p> {
             borrowed,
         })
     }
+}
+
+/// Recomputes the keys of `queue` that an admission's ledger changes (`deltas`) may have moved.
+/// A key reads the usage of its tenant and the tenant's ancestors in its pools (the guarantee
+/// split and the fair-share path), and a change of a tenant's usage is recorded at the tenant
+/// and each of its ancestors: a key whose lineage and pools meet no changed (tenant, pool) is
+/// the one it was. Recomputing every key after every admission cost (queue × admissions).
+fn rekey<'p>(
+    p: &'p Problem,
+    ledger: &Ledger,
+    queue: &[usize],
+    keys: &mut [FullKey<'p>],
+    deltas: &[Delta],
+) {
+    let changed: BTreeSet<(usize, usize)> = deltas
+        .iter()
+        .flat_map(|&(t, pool, _, _)| p.tenants[t].lineage.iter().map(move |&a| (a, pool)))
+        .collect();
+    let stale: Vec<usize> = (0..queue.len())
+        .filter(|&i| {
+            let wl = &p.workloads[queue[i]];
+            wl.pools.iter().any(|&pool| {
+                p.tenants[wl.tenant]
+                    .lineage
+                    .iter()
+                    .any(|&t| changed.contains(&(t, pool)))
+            })
+        })
+        .collect();
+    let workloads: Vec<usize> = stale.iter().map(|&i| queue[i]).collect();
+    for (i, key) in stale.into_iter().zip(queue_keys(p, ledger, &workloads)) {
+        keys[i] = key;
+    }
+    debug_assert!(
+        keys.iter().eq(queue_keys(p, ledger, queue).iter()),
+        "a key the admission moved was not recomputed"
+    );
 }
 
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
