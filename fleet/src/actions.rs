@@ -9,6 +9,13 @@
 //! when the agent died; it is handed out marked [`PendingAction::interrupted`], for the
 //! caller to settle from what its driver observes, as the reconciler's recovery settles open
 //! intents.
+//!
+//! The leader deletes settled actions and their journal entries once it has consumed their
+//! outcomes ([`crate::dispatch`]); a deleted action is simply no longer there to take. It keeps
+//! the journal entry of each node's largest settled id, and a feed starts with that id as its
+//! floor: an unsettled action at or below the largest id settled, within one feed or across
+//! restarts, is not applied (applying it late could undo what later actions did) but settled
+//! as failed with [`FleetError::ActionOutOfOrder`]'s message, so the leader learns of it.
 
 use std::collections::BTreeMap;
 
@@ -82,7 +89,7 @@ impl ActionFeed {
                 }
                 Some(NodeKey::Journal { id, .. }) => {
                     let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    let record = serde_json::from_slice(kv.value())
+                    let record: JournalRecord = serde_json::from_slice(kv.value())
                         .map_err(|source| FleetError::Decode { key, source })?;
                     journal.insert(id, record);
                 }
@@ -100,6 +107,14 @@ impl ActionFeed {
             )
             .await
             .map_err(|e| etcd("watch", &actions, e))?;
+        // The largest settled id is the floor: the leader prunes settled actions and their
+        // journal entries but keeps the largest one's (see `crate::dispatch`), so a restarted
+        // agent still knows which ids are behind it.
+        let last = journal
+            .iter()
+            .rev()
+            .find(|(_, record)| record.is_settled())
+            .map(|(id, _)| *id);
         Ok(ActionFeed {
             client,
             keys: keys.clone(),
@@ -107,7 +122,7 @@ impl ActionFeed {
             stream,
             queue,
             journal,
-            last: None,
+            last,
         })
     }
 
@@ -135,11 +150,16 @@ impl ActionFeed {
                 if let Some(last) = self.last
                     && id <= last
                 {
-                    return Err(FleetError::ActionOutOfOrder {
+                    // Applying it now could undo what later actions did. It is settled as
+                    // failed, so the leader learns of it and this feed goes on.
+                    let refused = FleetError::ActionOutOfOrder {
                         node: self.node.clone(),
                         id,
                         after: last,
-                    });
+                    };
+                    tracing::warn!("{refused}");
+                    self.finish(id, Err(refused.to_string())).await?;
+                    continue;
                 }
                 self.last = Some(id);
                 return Ok(Some(PendingAction {

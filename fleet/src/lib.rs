@@ -12,6 +12,7 @@
 pub mod access;
 pub mod actions;
 pub mod agent;
+pub mod dispatch;
 pub mod election;
 pub mod error;
 pub mod keys;

@@ -119,7 +119,7 @@ async fn an_action_begun_and_not_finished_is_handed_out_again_as_interrupted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_action_older_than_one_handed_out_is_refused() {
+async fn an_action_older_than_one_handed_out_is_settled_as_failed_not_applied() {
     let etcd = etcd();
     let client = connect(&etcd).await;
     let leader = leader(&client).await;
@@ -127,10 +127,21 @@ async fn an_action_older_than_one_handed_out_is_refused() {
     let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
     assert_eq!(apply_next(&mut feed).await, 5);
     post(&leader, &[4]).await;
-    match within(two_lease_periods(), "the late action", feed.next()).await {
-        Err(FleetError::ActionOutOfOrder { node, id, after }) => {
-            assert_eq!((node.as_str(), id, after), (NODE, 4, 5));
-        }
-        other => panic!("an id below one applied must be refused, got {other:?}"),
-    }
+    post(&leader, &[6]).await;
+    next_is(&mut feed, 6).await;
+    let refused = FleetError::ActionOutOfOrder {
+        node: NODE.to_string(),
+        id: 4,
+        after: 5,
+    };
+    let failed = JournalRecord::Failed {
+        error: refused.to_string(),
+    };
+    assert_eq!(feed.journal(4), Some(&failed));
+    drop(feed);
+
+    // A restarted feed knows it too, from etcd: 4 is settled, and the first action is 6.
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    assert_eq!(feed.journal(4), Some(&failed));
+    next_is(&mut feed, 6).await;
 }
