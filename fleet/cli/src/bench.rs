@@ -121,9 +121,10 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
         }
     };
     loop {
-        let registered = count(keys.nodes_prefix()).await?;
         // Each node has a registration and an observation once it has joined.
-        if registered >= 2 * args.nodes {
+        let registered = count(keys.registrations_prefix()).await?;
+        let observed = count(keys.nodes_prefix()).await?;
+        if registered + observed >= 2 * args.nodes {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -563,7 +563,7 @@ async fn an_agent_with_one_nodes_credentials_cannot_act_for_another() {
     assert_eq!(other.exit_code(), 3, "{}", other.log());
     let log = other.log();
     assert!(
-        log.contains("permission denied") && log.contains("/nodes/train-1/registration"),
+        log.contains("permission denied") && log.contains("/registrations/train-1"),
         "{log}"
     );
     let answer = root
