@@ -17,6 +17,7 @@ pub mod election;
 pub mod error;
 pub mod keys;
 mod lease;
+pub mod liveness;
 pub mod protocol;
 pub mod registration;
 #[cfg(feature = "testing")]
