@@ -145,3 +145,53 @@ async fn an_action_older_than_one_handed_out_is_settled_as_failed_not_applied() 
     assert_eq!(feed.journal(4), Some(&failed));
     next_is(&mut feed, 6).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_journaled_in_two_writes_and_one_cut_short_is_handed_out_as_interrupted() {
+    let etcd = etcd();
+    let client = connect(&etcd).await;
+    let leader = leader(&client).await;
+    post(&leader, &[1, 2, 3, 4]).await;
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    let batch = within(two_lease_periods(), "a batch", feed.next_batch(3))
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<u64> = batch.iter().map(|p| p.id).collect();
+    assert_eq!(ids, [1, 2, 3], "at most the batch's size, in id order");
+    feed.begin_all(&ids).await.unwrap();
+    drop(feed); // the agent dies while applying the batch
+
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    let batch = within(two_lease_periods(), "a batch", feed.next_batch(128))
+        .await
+        .unwrap()
+        .unwrap();
+    let handed: Vec<(u64, bool)> = batch.iter().map(|p| (p.id, p.interrupted)).collect();
+    assert_eq!(handed, [(1, true), (2, true), (3, true), (4, false)]);
+    feed.begin_all(&[4]).await.unwrap();
+    let outcomes = vec![
+        (1, Ok(())),
+        (2, Err(support_failure())),
+        (3, Ok(())),
+        (4, Ok(())),
+    ];
+    feed.finish_all(outcomes).await.unwrap();
+    drop(feed);
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    assert_eq!(feed.journal(1), Some(&JournalRecord::Done));
+    assert_eq!(
+        feed.journal(2),
+        Some(&JournalRecord::Failed {
+            error: support_failure()
+        })
+    );
+    assert_eq!(feed.journal(4), Some(&JournalRecord::Done));
+    // Every one of them is settled: the first action handed out is the next new one.
+    post(&leader, &[5]).await;
+    next_is(&mut feed, 5).await;
+}
+
+fn support_failure() -> String {
+    "interrupted: the node does not show it".to_string()
+}
