@@ -80,7 +80,8 @@ pub async fn enable_auth(admin: &Client, root_password: &str) -> Result<(), Flee
 
 /// Creates (or updates) the user of `node`'s agent. It may read everything under
 /// `nodes/<node>/` (its actions, the workloads bound to it, its own keys) and write only what
-/// the agent writes: its registration, its observation and its journal. The actions and the
+/// the agent writes: its registration (`registrations/<node>`, the one key it holds outside
+/// that prefix), its observation and its journal. The actions and the
 /// bound set are the leader's to write, so an agent cannot give itself work.
 pub async fn provision_node(
     admin: &Client,

@@ -9,10 +9,17 @@
 //! when the agent died; it is handed out marked [`PendingAction::interrupted`], for the
 //! caller to settle from what its driver observes, as the reconciler's recovery settles open
 //! intents.
+//!
+//! The leader deletes settled actions and their journal entries once it has consumed their
+//! outcomes ([`crate::dispatch`]); a deleted action is simply no longer there to take. It keeps
+//! the journal entry of each node's largest settled id, and a feed starts with that id as its
+//! floor: an unsettled action at or below the largest id settled, within one feed or across
+//! restarts, is not applied (applying it late could undo what later actions did) but settled
+//! as failed with [`FleetError::ActionOutOfOrder`]'s message, so the leader learns of it.
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchStream};
+use etcd_client::{Client, EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchStream};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{FleetError, etcd};
@@ -82,7 +89,7 @@ impl ActionFeed {
                 }
                 Some(NodeKey::Journal { id, .. }) => {
                     let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    let record = serde_json::from_slice(kv.value())
+                    let record: JournalRecord = serde_json::from_slice(kv.value())
                         .map_err(|source| FleetError::Decode { key, source })?;
                     journal.insert(id, record);
                 }
@@ -100,6 +107,14 @@ impl ActionFeed {
             )
             .await
             .map_err(|e| etcd("watch", &actions, e))?;
+        // The largest settled id is the floor: the leader prunes settled actions and their
+        // journal entries but keeps the largest one's (see `crate::dispatch`), so a restarted
+        // agent still knows which ids are behind it.
+        let last = journal
+            .iter()
+            .rev()
+            .find(|(_, record)| record.is_settled())
+            .map(|(id, _)| *id);
         Ok(ActionFeed {
             client,
             keys: keys.clone(),
@@ -107,7 +122,7 @@ impl ActionFeed {
             stream,
             queue,
             journal,
-            last: None,
+            last,
         })
     }
 
@@ -127,6 +142,38 @@ impl ActionFeed {
     /// when etcd ended the watch (start a new feed: it resumes from the journal).
     pub async fn next(&mut self) -> Result<Option<PendingAction>, FleetError> {
         loop {
+            if let Some(pending) = self.pop_queued().await? {
+                return Ok(Some(pending));
+            }
+            if !self.receive().await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The next action, and after it those already arrived, up to `max` in all (at least
+    /// one): what one journal transaction of intents, and one of outcomes, covers. `None`
+    /// when etcd ended the watch.
+    pub async fn next_batch(
+        &mut self,
+        max: usize,
+    ) -> Result<Option<Vec<PendingAction>>, FleetError> {
+        let Some(first) = self.next().await? else {
+            return Ok(None);
+        };
+        let mut batch = vec![first];
+        while batch.len() < max.max(1) {
+            match self.pop_queued().await? {
+                Some(pending) => batch.push(pending),
+                None => break,
+            }
+        }
+        Ok(Some(batch))
+    }
+
+    /// The next queued action to hand out, without waiting.
+    async fn pop_queued(&mut self) -> Result<Option<PendingAction>, FleetError> {
+        {
             while let Some((id, body)) = self.queue.pop_first() {
                 let record = self.journal.get(&id);
                 if record.is_some_and(JournalRecord::is_settled) {
@@ -135,11 +182,16 @@ impl ActionFeed {
                 if let Some(last) = self.last
                     && id <= last
                 {
-                    return Err(FleetError::ActionOutOfOrder {
+                    // Applying it now could undo what later actions did. It is settled as
+                    // failed, so the leader learns of it and this feed goes on.
+                    let refused = FleetError::ActionOutOfOrder {
                         node: self.node.clone(),
                         id,
                         after: last,
-                    });
+                    };
+                    tracing::warn!("{refused}");
+                    self.finish(id, Err(refused.to_string())).await?;
+                    continue;
                 }
                 self.last = Some(id);
                 return Ok(Some(PendingAction {
@@ -148,6 +200,13 @@ impl ActionFeed {
                     interrupted: record.is_some(),
                 }));
             }
+        }
+        Ok(None)
+    }
+
+    /// Takes the watch's next answer into the queue; `false` when etcd ended the watch.
+    async fn receive(&mut self) -> Result<bool, FleetError> {
+        {
             let actions = self.keys.actions_prefix(&self.node)?;
             let Some(answer) = self
                 .stream
@@ -155,10 +214,10 @@ impl ActionFeed {
                 .await
                 .map_err(|e| etcd("watch", &actions, e))?
             else {
-                return Ok(None);
+                return Ok(false);
             };
             if answer.canceled() {
-                return Ok(None);
+                return Ok(false);
             }
             for event in answer.events() {
                 let Some(kv) = event.kv() else { continue };
@@ -176,30 +235,64 @@ impl ActionFeed {
                 }
             }
         }
+        Ok(true)
     }
 
     /// Records that `id` is about to be applied. Call before touching anything.
     pub async fn begin(&mut self, id: u64) -> Result<(), FleetError> {
-        self.record(id, JournalRecord::Intent).await
+        self.record(vec![(id, JournalRecord::Intent)]).await
+    }
+
+    /// Records, in one transaction, that each of `ids` is about to be applied. Call before
+    /// touching anything: an agent that dies part-way through the batch leaves the rest at
+    /// intent, settled afterwards from what the node shows (failed as interrupted where it
+    /// shows no effect), never applied blind.
+    pub async fn begin_all(&mut self, ids: &[u64]) -> Result<(), FleetError> {
+        self.record(ids.iter().map(|id| (*id, JournalRecord::Intent)).collect())
+            .await
     }
 
     /// Records how applying `id` ended; the id is settled for good.
     pub async fn finish(&mut self, id: u64, outcome: Result<(), String>) -> Result<(), FleetError> {
-        let record = match outcome {
-            Ok(()) => JournalRecord::Done,
-            Err(error) => JournalRecord::Failed { error },
-        };
-        self.record(id, record).await
+        self.finish_all(vec![(id, outcome)]).await
     }
 
-    async fn record(&mut self, id: u64, record: JournalRecord) -> Result<(), FleetError> {
-        let key = self.keys.journal(&self.node, id)?;
-        let value = serde_json::to_vec(&record).expect("a journal record serialises");
+    /// Records how applying each id ended, in one transaction; they are settled for good.
+    pub async fn finish_all(
+        &mut self,
+        outcomes: Vec<(u64, Result<(), String>)>,
+    ) -> Result<(), FleetError> {
+        let records = outcomes
+            .into_iter()
+            .map(|(id, outcome)| {
+                let record = match outcome {
+                    Ok(()) => JournalRecord::Done,
+                    Err(error) => JournalRecord::Failed { error },
+                };
+                (id, record)
+            })
+            .collect();
+        self.record(records).await
+    }
+
+    /// Writes `records` in one transaction (a batch is at most etcd's `--max-txn-ops`: see
+    /// [`ActionFeed::next_batch`]).
+    async fn record(&mut self, records: Vec<(u64, JournalRecord)>) -> Result<(), FleetError> {
+        let Some((first, _)) = records.first() else {
+            return Ok(());
+        };
+        let first = self.keys.journal(&self.node, *first)?;
+        let mut ops = Vec::with_capacity(records.len());
+        for (id, record) in &records {
+            let key = self.keys.journal(&self.node, *id)?;
+            let value = serde_json::to_vec(record).expect("a journal record serialises");
+            ops.push(TxnOp::put(key.as_str(), value, None));
+        }
         self.client
-            .put(key.as_str(), value, None)
+            .txn(Txn::new().and_then(ops))
             .await
-            .map_err(|e| etcd("put", &key, e))?;
-        self.journal.insert(id, record);
+            .map_err(|e| etcd("put", &first, e))?;
+        self.journal.extend(records);
         Ok(())
     }
 }

@@ -58,6 +58,14 @@ pub enum FleetError {
         source: serde_json::Error,
     },
 
+    /// A protocol payload (see [`crate::protocol`]) of another version or shape.
+    #[error("{key} holds a value tessera cannot read: {source}")]
+    Protocol {
+        key: String,
+        #[source]
+        source: crate::protocol::ProtocolError,
+    },
+
     #[error("the driver does not observe node {node} (it observes {observed})")]
     NodeNotObserved { node: String, observed: String },
 

@@ -3,15 +3,18 @@
 //! ```text
 //! /tessera/<cluster>/leader                          the control plane's leader (its lease)
 //! /tessera/<cluster>/state/<name>                    control-plane state, written by the leader
-//! /tessera/<cluster>/nodes/<node>/registration       the agent's registration (its lease)
+//! /tessera/<cluster>/registrations/<node>           the agent's registration (its lease)
 //! /tessera/<cluster>/nodes/<node>/observed           what the agent last observed
 //! /tessera/<cluster>/nodes/<node>/bound              the workloads bound to the node (leader)
 //! /tessera/<cluster>/nodes/<node>/actions/<id>       actions addressed to the node, in id order
 //! /tessera/<cluster>/nodes/<node>/journal/<id>       the agent's intent, then outcome, per action
 //! ```
 //!
-//! Everything a node's agent may touch is under `nodes/<node>/`, so that one etcd permission on
-//! that prefix is its whole access (see [`crate::access`]). Action ids are written as twenty
+//! Everything a node's agent may touch is under `nodes/<node>/`, but for its registration: one
+//! etcd permission on that prefix and one on that key are its whole access (see
+//! [`crate::access`]). Registrations have a prefix of their own so that the control plane's
+//! view of which nodes are alive is a read and a watch of registrations alone; under `nodes/`
+//! it would carry every action, journal entry and observation of the fleet as well. Action ids are written as twenty
 //! decimal digits so that etcd's byte order of keys is the numeric order of ids: a range read or
 //! a watch of `actions/` delivers them in the order they must be applied.
 //!
@@ -136,8 +139,14 @@ impl Keys {
         Ok(format!("{}{node}/", self.nodes_prefix()))
     }
 
+    /// `registrations/`: every node's registration, and nothing else.
+    pub fn registrations_prefix(&self) -> String {
+        format!("{}registrations/", self.root)
+    }
+
     pub fn registration(&self, node: &str) -> Result<String, NameError> {
-        Ok(format!("{}registration", self.node_prefix(node)?))
+        check_name("node", node)?;
+        Ok(format!("{}{node}", self.registrations_prefix()))
     }
 
     pub fn observed(&self, node: &str) -> Result<String, NameError> {
@@ -166,16 +175,21 @@ impl Keys {
         Ok(format!("{}{id:020}", self.journal_prefix(node)?))
     }
 
-    /// Reads a key under `nodes/` back; `None` for any other key (or a malformed one, which
-    /// tessera never writes).
+    /// Reads a key of one node (under `nodes/` or `registrations/`) back; `None` for any
+    /// other key (or a malformed one, which tessera never writes).
     pub fn parse_node_key(&self, key: &[u8]) -> Option<NodeKey> {
         let key = std::str::from_utf8(key).ok()?;
+        if let Some(node) = key.strip_prefix(&self.registrations_prefix()) {
+            check_name("node", node).ok()?;
+            return Some(NodeKey::Registration {
+                node: node.to_string(),
+            });
+        }
         let rest = key.strip_prefix(&self.nodes_prefix())?;
         let (node, rest) = rest.split_once('/')?;
         check_name("node", node).ok()?;
         let node = node.to_string();
         match rest {
-            "registration" => Some(NodeKey::Registration { node }),
             "observed" => Some(NodeKey::Observed { node }),
             "bound" => Some(NodeKey::Bound { node }),
             _ => {
@@ -219,7 +233,7 @@ mod tests {
         assert_eq!(keys.state("workloads/a"), "/tessera/prod/state/workloads/a");
         assert_eq!(
             keys.registration("gpu-1").unwrap(),
-            "/tessera/prod/nodes/gpu-1/registration"
+            "/tessera/prod/registrations/gpu-1"
         );
         assert_eq!(
             keys.observed("gpu-1").unwrap(),
@@ -248,12 +262,13 @@ mod tests {
         let keys = Keys::new("prod").unwrap();
         for key in [
             "/tessera/prod/leader",
-            "/tessera/other/nodes/a/registration",
+            "/tessera/other/registrations/a",
+            "/tessera/prod/nodes/a/registration",
+            "/tessera/prod/registrations/a/x",
             "/tessera/prod/nodes/a/actions/12",
             "/tessera/prod/nodes/a/actions/0000000000000000001x",
-            "/tessera/prod/nodes/a/registration/x",
             "/tessera/prod/nodes/a/other/00000000000000000001",
-            "/tessera/prod/nodes/A/registration",
+            "/tessera/prod/registrations/A",
         ] {
             assert_eq!(keys.parse_node_key(key.as_bytes()), None, "{key}");
         }

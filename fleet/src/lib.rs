@@ -12,10 +12,12 @@
 pub mod access;
 pub mod actions;
 pub mod agent;
+pub mod dispatch;
 pub mod election;
 pub mod error;
 pub mod keys;
 mod lease;
+pub mod liveness;
 pub mod protocol;
 pub mod registration;
 #[cfg(feature = "testing")]

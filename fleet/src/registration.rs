@@ -1,5 +1,5 @@
 //! A node's registration: the agent writes what its driver observes of the node under
-//! `nodes/<node>/registration`, attached to a lease it keeps alive. When the agent dies, hangs
+//! `registrations/<node>`, attached to a lease it keeps alive. When the agent dies, hangs
 //! or loses etcd for longer than the lease's TTL, etcd deletes the key by itself, and the
 //! control plane's watch ([`NodeWatch`]) reports the node NotReady: liveness is etcd's lease
 //! expiry, not a timer of the control plane's that a failover would reset.
@@ -228,7 +228,9 @@ pub enum NodeEvent {
 }
 
 /// The control plane's view of the registrations: a consistent read of them all, then every
-/// change after that read, in etcd's order.
+/// change after that read, in etcd's order. It reads and watches `registrations/` only, so
+/// its cost grows with the number of nodes and their comings and goings, not with the
+/// actions and observations under `nodes/`.
 pub struct NodeWatch {
     keys: Keys,
     stream: WatchStream,
@@ -244,7 +246,7 @@ impl NodeWatch {
         client: &Client,
         keys: &Keys,
     ) -> Result<(BTreeMap<String, Registration>, NodeWatch), FleetError> {
-        let prefix = keys.nodes_prefix();
+        let prefix = keys.registrations_prefix();
         let mut client = client.clone();
         let answer = client
             .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
@@ -285,7 +287,7 @@ impl NodeWatch {
             if let Some(event) = self.pending.pop_front() {
                 return event.map(Some);
             }
-            let prefix = self.keys.nodes_prefix();
+            let prefix = self.keys.registrations_prefix();
             let Some(answer) = self
                 .stream
                 .message()

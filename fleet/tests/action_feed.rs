@@ -119,7 +119,7 @@ async fn an_action_begun_and_not_finished_is_handed_out_again_as_interrupted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_action_older_than_one_handed_out_is_refused() {
+async fn an_action_older_than_one_handed_out_is_settled_as_failed_not_applied() {
     let etcd = etcd();
     let client = connect(&etcd).await;
     let leader = leader(&client).await;
@@ -127,10 +127,71 @@ async fn an_action_older_than_one_handed_out_is_refused() {
     let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
     assert_eq!(apply_next(&mut feed).await, 5);
     post(&leader, &[4]).await;
-    match within(two_lease_periods(), "the late action", feed.next()).await {
-        Err(FleetError::ActionOutOfOrder { node, id, after }) => {
-            assert_eq!((node.as_str(), id, after), (NODE, 4, 5));
-        }
-        other => panic!("an id below one applied must be refused, got {other:?}"),
-    }
+    post(&leader, &[6]).await;
+    next_is(&mut feed, 6).await;
+    let refused = FleetError::ActionOutOfOrder {
+        node: NODE.to_string(),
+        id: 4,
+        after: 5,
+    };
+    let failed = JournalRecord::Failed {
+        error: refused.to_string(),
+    };
+    assert_eq!(feed.journal(4), Some(&failed));
+    drop(feed);
+
+    // A restarted feed knows it too, from etcd: 4 is settled, and the first action is 6.
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    assert_eq!(feed.journal(4), Some(&failed));
+    next_is(&mut feed, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_journaled_in_two_writes_and_one_cut_short_is_handed_out_as_interrupted() {
+    let etcd = etcd();
+    let client = connect(&etcd).await;
+    let leader = leader(&client).await;
+    post(&leader, &[1, 2, 3, 4]).await;
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    let batch = within(two_lease_periods(), "a batch", feed.next_batch(3))
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<u64> = batch.iter().map(|p| p.id).collect();
+    assert_eq!(ids, [1, 2, 3], "at most the batch's size, in id order");
+    feed.begin_all(&ids).await.unwrap();
+    drop(feed); // the agent dies while applying the batch
+
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    let batch = within(two_lease_periods(), "a batch", feed.next_batch(128))
+        .await
+        .unwrap()
+        .unwrap();
+    let handed: Vec<(u64, bool)> = batch.iter().map(|p| (p.id, p.interrupted)).collect();
+    assert_eq!(handed, [(1, true), (2, true), (3, true), (4, false)]);
+    feed.begin_all(&[4]).await.unwrap();
+    let outcomes = vec![
+        (1, Ok(())),
+        (2, Err(support_failure())),
+        (3, Ok(())),
+        (4, Ok(())),
+    ];
+    feed.finish_all(outcomes).await.unwrap();
+    drop(feed);
+    let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
+    assert_eq!(feed.journal(1), Some(&JournalRecord::Done));
+    assert_eq!(
+        feed.journal(2),
+        Some(&JournalRecord::Failed {
+            error: support_failure()
+        })
+    );
+    assert_eq!(feed.journal(4), Some(&JournalRecord::Done));
+    // Every one of them is settled: the first action handed out is the next new one.
+    post(&leader, &[5]).await;
+    next_is(&mut feed, 5).await;
+}
+
+fn support_failure() -> String {
+    "interrupted: the node does not show it".to_string()
 }

@@ -3,7 +3,8 @@
 //! `observed`; a SIGKILLed agent restarts without applying anything twice and settles what it
 //! left open; what is no longer bound to the node is stopped before it rejoins; unreadable
 //! actions fail with a clear journal error; an agent's credentials cannot act for another
-//! node.
+//! node; a paused agent's node is NotReady and comes back Ready with nothing lost, a killed
+//! one's is Lost after the grace.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,13 +12,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
+use nix::sys::signal::Signal;
 use serde_json::json;
 use tessera_fleet::access::{self, Credentials};
 use tessera_fleet::actions::JournalRecord;
 use tessera_fleet::agent::INTERRUPTED;
 use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, Write};
 use tessera_fleet::keys::Keys;
+use tessera_fleet::liveness::{Liveness, LivenessTracker};
 use tessera_fleet::protocol::{self, Bound, Observed, RunState, VERSION};
+use tessera_fleet::registration::{NodeEvent, NodeWatch};
 use tessera_fleet::testing::TestEtcd;
 
 const NODE: &str = "train-0";
@@ -408,11 +412,12 @@ async fn a_killed_agent_applies_nothing_twice_and_stops_what_is_no_longer_bound(
     let pid = observed.workloads[0].pid.unwrap();
     assert!(pid_alive(pid));
 
-    // Geometry on six GPUs (24 steps); SIGKILL the agent as soon as the first is done.
+    // Geometry on six GPUs (24 steps, one journal batch); SIGKILL the agent as soon as the
+    // batch's intents are written, while it applies them.
     let steps: Vec<Vec<u8>> = (0..6).flat_map(make_instance).map(message).collect();
     post(&leader, 2, steps).await;
     let deadline = Instant::now() + PATIENCE;
-    while !journal_has_done_after(&client, 1).await {
+    while !journal_has_entry_after(&client, 1).await {
         assert!(Instant::now() < deadline, "{}", agent.log());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -500,11 +505,8 @@ async fn a_killed_agent_applies_nothing_twice_and_stops_what_is_no_longer_bound(
     );
 }
 
-async fn journal_has_done_after(client: &Client, id: u64) -> bool {
-    journal(client)
-        .await
-        .iter()
-        .any(|(i, r)| *i > id && *r == JournalRecord::Done)
+async fn journal_has_entry_after(client: &Client, id: u64) -> bool {
+    journal(client).await.keys().any(|i| *i > id)
 }
 
 /// A killed process of an agent that is gone itself lingers as a zombie until reaped.
@@ -563,7 +565,7 @@ async fn an_agent_with_one_nodes_credentials_cannot_act_for_another() {
     assert_eq!(other.exit_code(), 3, "{}", other.log());
     let log = other.log();
     assert!(
-        log.contains("permission denied") && log.contains("/nodes/train-1/registration"),
+        log.contains("permission denied") && log.contains("/registrations/train-1"),
         "{log}"
     );
     let answer = root
@@ -650,4 +652,137 @@ async fn workloads_keep_running_while_etcd_is_away_and_the_agent_catches_up() {
         assert!(Instant::now() < deadline, "the stopped workload still runs");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits for the next registration event of `node` and feeds it to `liveness`; the node's
+/// liveness after it.
+async fn next_liveness(
+    watch: &mut NodeWatch,
+    liveness: &mut LivenessTracker,
+    agent: &Agent,
+) -> Liveness {
+    loop {
+        let event = tokio::time::timeout(PATIENCE, watch.next())
+            .await
+            .unwrap_or_else(|_| panic!("no registration event; agent log:\n{}", agent.log()))
+            .unwrap()
+            .expect("the watch goes on");
+        let node = match &event {
+            NodeEvent::Ready(registration) => registration.node.name.clone(),
+            NodeEvent::NotReady { node } => node.clone(),
+        };
+        let state = liveness.observe(&event, tokio::time::Instant::now());
+        if node == NODE {
+            return state;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_agent_is_not_ready_then_ready_with_nothing_lost_and_a_killed_one_is_lost() {
+    let etcd = etcd();
+    let client = connect(&etcd, None).await;
+    let leader = lead(&client).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let run = ["--runtime", "process", "--insecure-runtime"];
+    let (registered, mut watch) = NodeWatch::start(&client, &keys()).await.unwrap();
+    let expected = [NODE.to_string()];
+    let grace = Duration::from_secs(1);
+    let mut liveness = LivenessTracker::new(
+        grace,
+        registered.keys(),
+        &expected,
+        tokio::time::Instant::now(),
+    );
+    assert!(matches!(
+        liveness.get(NODE),
+        Some(Liveness::NotReady { .. })
+    ));
+
+    let mut agent = Agent::start(&etcd, &state, NODE, &run);
+    assert_eq!(
+        next_liveness(&mut watch, &mut liveness, &agent).await,
+        Liveness::Ready
+    );
+    bind(&leader, &[("research/sleep", 0)]).await;
+    post(
+        &leader,
+        1,
+        vec![start(
+            "research/sleep",
+            json!({"node": NODE, "gpus": [7]}),
+            0,
+            &["sleep", "300"],
+        )],
+    )
+    .await;
+    settled(&client, &agent, 1..=1).await;
+    let observed = observed_until(&client, &agent, |o| {
+        o.workloads.iter().any(|w| w.pid.is_some())
+    })
+    .await;
+    let pid = observed.workloads[0].pid.unwrap();
+
+    // Paused past its lease (2 s): its registration expires and the node is NotReady.
+    let agent_pid = nix::unistd::Pid::from_raw(agent.child.id() as i32);
+    nix::sys::signal::kill(agent_pid, Signal::SIGSTOP).unwrap();
+    let away = next_liveness(&mut watch, &mut liveness, &agent).await;
+    assert!(matches!(away, Liveness::NotReady { .. }), "{away:?}");
+    assert!(
+        pid_alive(pid),
+        "the workload runs on while its agent is paused"
+    );
+
+    // Resumed, it registers again by itself, with its workload as it was.
+    nix::sys::signal::kill(agent_pid, Signal::SIGCONT).unwrap();
+    loop {
+        if next_liveness(&mut watch, &mut liveness, &agent).await == Liveness::Ready {
+            break;
+        }
+    }
+    assert!(pid_alive(pid));
+    post(
+        &leader,
+        2,
+        vec![message(
+            json!({"action": "set_mig_mode", "gpu": gpu(0), "enabled": true}),
+        )],
+    )
+    .await;
+    let journal = settled(&client, &agent, 1..=2).await;
+    assert_eq!(
+        journal,
+        BTreeMap::from([(1, JournalRecord::Done), (2, JournalRecord::Done)]),
+        "one entry per action, each applied once"
+    );
+    let observed = observed_until(&client, &agent, |o| {
+        let mig = &o.node.gpus[0].mig;
+        mig.enabled || mig.pending == Some(true)
+    })
+    .await;
+    assert_eq!(observed.workloads.len(), 1, "{observed:?}");
+    assert_eq!(observed.workloads[0].pid, Some(pid));
+    assert_eq!(observed.workloads[0].state, RunState::Running);
+    assert_eq!(liveness.lost().count(), 0);
+
+    // Killed, it is NotReady once its lease expires, and Lost after the grace.
+    agent.sigkill();
+    let away = next_liveness(&mut watch, &mut liveness, &agent).await;
+    let Liveness::NotReady { since } = away else {
+        panic!("{away:?}")
+    };
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let now = tokio::time::Instant::now();
+        if liveness.tick(now) == [NODE] {
+            assert!(now >= since + grace);
+            break;
+        }
+        assert_eq!(liveness.get(NODE), Some(Liveness::NotReady { since }));
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(liveness.get(NODE), Some(Liveness::Lost { since }));
+    assert_eq!(liveness.lost().collect::<Vec<_>>(), [NODE]);
 }

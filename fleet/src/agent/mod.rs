@@ -22,7 +22,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::Client;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{error, info, info_span, warn};
 
 pub use node::{INTERRUPTED, NodeState};
 pub use record::{LocalReplica, LocalWorkload, Record, RecordError};
@@ -120,7 +120,7 @@ pub async fn run(
         };
         let next = tokio::select! {
             () = &mut shutdown => return Ok(()),
-            next = current.next() => Some(next),
+            next = current.next_batch(BATCH) => Some(next),
             _ = tick.tick() => None,
         };
         let failed = match next {
@@ -128,17 +128,20 @@ pub async fn run(
                 blocking(|| node.poll_exits())?;
                 publisher.publish(&client, node).await.err()
             }
-            Some(Ok(Some(pending))) => {
-                let id = pending.id;
-                let span = info_span!("action", id, interrupted = pending.interrupted);
-                match take(current, node, pending).instrument(span).await {
+            Some(Ok(Some(batch))) => {
+                let ids = format!(
+                    "{}..={}",
+                    batch.first().map_or(0, |p| p.id),
+                    batch.last().map_or(0, |p| p.id)
+                );
+                match take(current, node, batch).await {
                     // Reported once the actions that arrived together are through.
                     Ok(()) if current.has_queued() => None,
                     Ok(()) => publisher.publish(&client, node).await.err(),
                     Err(e) => {
                         warn!(
-                            id,
-                            "the journal could not be written; the action is settled once etcd answers"
+                            ids,
+                            "the journal could not be written; the actions are settled once etcd answers"
                         );
                         Some(e)
                     }
@@ -209,31 +212,46 @@ enum Joined {
     Bound { key: String, reason: String },
 }
 
-/// Applies one action under the journal: intent, apply, outcome; or, for an interrupted one,
-/// its settlement.
+/// The most actions journaled in one transaction: etcd's default `--max-txn-ops`.
+const BATCH: usize = 128;
+
+/// Applies a batch of actions under the journal: the intents of the new ones in one
+/// transaction, then each applied (or, for an interrupted one, settled) in id order, then
+/// every outcome in one transaction. Two journal writes per batch rather than per action; an
+/// agent killed part-way leaves the batch at intent, settled from what the node shows.
 async fn take(
     feed: &mut ActionFeed,
     node: &mut NodeState,
-    pending: PendingAction,
+    batch: Vec<PendingAction>,
 ) -> Result<(), FleetError> {
-    let id = pending.id;
-    let outcome = if pending.interrupted {
-        let outcome = blocking(|| node.settle(&pending.body));
-        match &outcome {
-            Ok(()) => info!("settled: the previous agent's interrupted action is done"),
-            Err(e) => warn!("settled as failed: {e}"),
-        }
-        outcome
-    } else {
-        feed.begin(id).await?;
-        let outcome = blocking(|| node.apply(&pending.body));
-        match &outcome {
-            Ok(()) => info!("applied"),
-            Err(e) => warn!("failed: {e}"),
-        }
-        outcome
-    };
-    feed.finish(id, outcome).await
+    let fresh: Vec<u64> = batch
+        .iter()
+        .filter(|p| !p.interrupted)
+        .map(|p| p.id)
+        .collect();
+    feed.begin_all(&fresh).await?;
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for pending in batch {
+        let span = info_span!("action", id = pending.id, interrupted = pending.interrupted);
+        let _entered = span.enter();
+        let outcome = if pending.interrupted {
+            let outcome = blocking(|| node.settle(&pending.body));
+            match &outcome {
+                Ok(()) => info!("settled: the previous agent's interrupted action is done"),
+                Err(e) => warn!("settled as failed: {e}"),
+            }
+            outcome
+        } else {
+            let outcome = blocking(|| node.apply(&pending.body));
+            match &outcome {
+                Ok(()) => info!("applied"),
+                Err(e) => warn!("failed: {e}"),
+            }
+            outcome
+        };
+        outcomes.push((pending.id, outcome));
+    }
+    feed.finish_all(outcomes).await
 }
 
 /// Sorts an etcd failure into one to retry (returned) and one that ends the agent: a

@@ -1,0 +1,485 @@
+//! The leader's side of the node protocol: writing a cycle's planned actions and bindings to
+//! the nodes ([`Dispatcher::dispatch`]), collecting how the agents settled them
+//! ([`Dispatcher::collect`]), and deleting what is settled once its outcome was consumed
+//! ([`Dispatcher::prune`]), so that a node's prefix holds only what is still in flight.
+//!
+//! **Ids.** Action ids come from one counter, `state/action-ids`, written in the same fenced
+//! transaction as the actions that use them and guarded on its own revision. A new leader reads
+//! it when it starts, so ids only grow across failover whatever the previous leader pruned; the
+//! guard makes a dispatcher whose view is stale (another one of the same term wrote, or a
+//! transaction's answer was lost) fail with [`FleetError::Conflict`] instead of reusing ids.
+//!
+//! **Transactions.** A plan is written in as few transactions as etcd allows: each holds at
+//! most `max_txn_ops` operations (etcd's `--max-txn-ops`, 128 by default), the counter's
+//! included, and each is fenced. A node's `bound` is written before its actions and only where
+//! it differs from what the node holds.
+//!
+//! **A partly written plan is safe.** The chunks are written in plan order and ids are handed
+//! out in plan order, so when a chunk fails (the leader was deposed, etcd went away) what was
+//! written is a prefix of the plan, and of each node's actions. An agent applies its actions in
+//! id order and never sees a gap it must fill; the unwritten rest is not lost but re-planned:
+//! the next cycle (of this leader or the next) plans from what the nodes report in `observed`,
+//! and its actions get larger ids than anything written before.
+//!
+//! **Pruning.** Once the caller has consumed an outcome (recorded it in its own state), it
+//! hands it to [`Dispatcher::prune`], which deletes the action and its journal entry, fenced.
+//! Of each node's settled ids the largest keeps its journal entry (its action is deleted): it
+//! is the agent's floor, so that an agent restarted after the pruning still refuses an
+//! unsettled id below one it settled (see [`crate::actions`]). The previous floor is deleted
+//! with it, so a node keeps at most one settled entry.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
+use serde::{Deserialize, Serialize};
+
+use crate::actions::JournalRecord;
+use crate::election::{Fence, Guard, Write};
+use crate::error::{FleetError, etcd};
+use crate::keys::{Keys, NodeKey};
+use crate::protocol::{self, ActionMessage, Bound, VERSION};
+
+/// etcd's default `--max-txn-ops`: the most operations (and the most compares) one
+/// transaction may hold.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
+/// The counter of action ids, under `state/`.
+const COUNTER: &str = "action-ids";
+
+/// `state/action-ids`: the next action id to hand out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Counter {
+    version: u32,
+    next: u64,
+}
+
+/// One planned action and the node it is for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeAction {
+    pub node: String,
+    pub message: ActionMessage,
+}
+
+/// What one cycle sends to the nodes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// In the order they are to be applied (per node; nodes apply independently).
+    pub actions: Vec<NodeAction>,
+    /// The workloads bound to each node after the plan; a node left out keeps what it has.
+    pub bound: BTreeMap<String, Bound>,
+}
+
+/// What [`Dispatcher::dispatch`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dispatched {
+    /// The ids given to the plan's actions, in the plan's order.
+    pub ids: Vec<u64>,
+    /// The nodes whose `bound` was written (it changed).
+    pub bound_written: Vec<String>,
+    /// How many fenced transactions it took.
+    pub transactions: usize,
+}
+
+/// How an agent settled one action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub node: String,
+    pub id: u64,
+    /// `Err` holds the agent's message.
+    pub result: Result<(), String>,
+}
+
+/// The leader's writer of actions and bindings, and reader of outcomes, for one term.
+pub struct Dispatcher {
+    client: Client,
+    keys: Keys,
+    fence: Fence,
+    max_txn_ops: usize,
+    /// The next id to hand out, and the counter's revision as last read or written; `None`
+    /// when it must be read again (a write failed, so its effect is unknown).
+    counter: Option<(u64, i64)>,
+    /// `bound` as last read or written per node (`None`: the node has none).
+    bound: BTreeMap<String, Option<Vec<u8>>>,
+    /// Ids written and not yet reported settled, per node.
+    outstanding: BTreeMap<String, BTreeSet<u64>>,
+    /// The settled id whose journal entry each node keeps (see the module's docs).
+    floors: BTreeMap<String, u64>,
+    /// Journal entries below a node's floor whose action is gone (a pruning cut short): the
+    /// next pruning deletes them.
+    strays: BTreeMap<String, BTreeSet<u64>>,
+    /// A write failed, so its effect is unknown: read the counter, the bindings and what is
+    /// in flight again before the next call.
+    stale: bool,
+}
+
+impl Dispatcher {
+    /// Starts the dispatcher of the term `fence` names: reads the id counter and, with a
+    /// keys-only read of `nodes/`, the actions still in flight (a new leader collects the
+    /// outcomes of its predecessor's actions) and each node's floor.
+    pub async fn start(
+        client: &Client,
+        keys: &Keys,
+        fence: Fence,
+        max_txn_ops: usize,
+    ) -> Result<Dispatcher, FleetError> {
+        let mut dispatcher = Dispatcher {
+            client: client.clone(),
+            keys: keys.clone(),
+            fence,
+            // The counter and one write at least.
+            max_txn_ops: max_txn_ops.max(2),
+            counter: None,
+            bound: BTreeMap::new(),
+            outstanding: BTreeMap::new(),
+            floors: BTreeMap::new(),
+            strays: BTreeMap::new(),
+            stale: true,
+        };
+        dispatcher.resync_if_needed().await?;
+        Ok(dispatcher)
+    }
+
+    async fn resync_if_needed(&mut self) -> Result<(), FleetError> {
+        if self.stale {
+            self.bound.clear();
+            self.read_counter().await?;
+            self.read_in_flight().await?;
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// The ids written and not yet reported settled, per node.
+    pub fn outstanding(&self) -> &BTreeMap<String, BTreeSet<u64>> {
+        &self.outstanding
+    }
+
+    async fn read_counter(&mut self) -> Result<(u64, i64), FleetError> {
+        let key = self.keys.state(COUNTER);
+        let answer = self
+            .client
+            .clone()
+            .get(key.as_str(), None)
+            .await
+            .map_err(|e| etcd("get", &key, e))?;
+        let counter = match answer.kvs().first() {
+            Some(kv) => {
+                let counter: Counter =
+                    protocol::decode(kv.value()).map_err(|source| FleetError::Protocol {
+                        key: key.clone(),
+                        source,
+                    })?;
+                (counter.next, kv.mod_revision())
+            }
+            // Ids start at 1; revision 0 stands for "absent" in the guard.
+            None => (1, 0),
+        };
+        self.counter = Some(counter);
+        Ok(counter)
+    }
+
+    async fn read_in_flight(&mut self) -> Result<(), FleetError> {
+        let prefix = self.keys.nodes_prefix();
+        let answer = self
+            .client
+            .clone()
+            .get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(|e| etcd("get", &prefix, e))?;
+        let mut actions: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+        let mut journals: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+        for kv in answer.kvs() {
+            match self.keys.parse_node_key(kv.key()) {
+                Some(NodeKey::Action { node, id }) => {
+                    actions.entry(node).or_default().insert(id);
+                }
+                Some(NodeKey::Journal { node, id }) => {
+                    journals.entry(node).or_default().insert(id);
+                }
+                _ => {}
+            }
+        }
+        // A journal entry without its action is a floor a leader kept, or the remains of a
+        // pruning cut short: the largest is the floor, the others are deleted later.
+        self.floors.clear();
+        self.strays.clear();
+        for (node, ids) in journals {
+            let with_action = actions.get(&node);
+            let mut without: Vec<u64> = ids
+                .into_iter()
+                .filter(|id| with_action.is_none_or(|a| !a.contains(id)))
+                .collect();
+            if let Some(floor) = without.pop() {
+                self.floors.insert(node.clone(), floor);
+            }
+            if !without.is_empty() {
+                self.strays.insert(node, without.into_iter().collect());
+            }
+        }
+        self.outstanding = actions;
+        Ok(())
+    }
+
+    /// Writes `plan`: each node's changed `bound`, then the actions with fresh ids, in fenced
+    /// transactions of at most `max_txn_ops` operations. On an error, what was written is a
+    /// prefix of the plan (see the module's docs) and the next call reads the counter again.
+    pub async fn dispatch(&mut self, plan: &Plan) -> Result<Dispatched, FleetError> {
+        self.resync_if_needed().await?;
+        let (start, _) = self.counter.expect("the counter was read");
+        let mut next = start;
+        let mut writes = Vec::new();
+        let mut bound_written = Vec::new();
+        self.read_unknown_bound(plan.bound.keys()).await?;
+        let mut bound_after = Vec::new();
+        for (node, bound) in &plan.bound {
+            let bytes = protocol::encode(bound);
+            if self.bound.get(node).cloned().flatten().as_deref() == Some(bytes.as_slice()) {
+                continue;
+            }
+            let write = Write::Put {
+                key: self.keys.bound(node)?,
+                value: bytes.clone(),
+            };
+            writes.push((write, None));
+            bound_written.push(node.clone());
+            bound_after.push((node.clone(), bytes));
+        }
+        let mut ids = Vec::with_capacity(plan.actions.len());
+        for action in &plan.actions {
+            let write = Write::Put {
+                key: self.keys.action(&action.node, next)?,
+                value: protocol::encode(&action.message),
+            };
+            writes.push((write, Some(next)));
+            ids.push(next);
+            next += 1;
+        }
+
+        // Each chunk sets the counter past the largest id it writes, so that whatever prefix
+        // of the plan is written, the counter covers it.
+        let mut transactions = 0;
+        let mut counter = start;
+        for chunk in writes.chunks(self.max_txn_ops - 1) {
+            if let Some(id) = chunk.iter().filter_map(|(_, id)| *id).max() {
+                counter = id + 1;
+            }
+            let chunk: Vec<Write> = chunk.iter().map(|(w, _)| w.clone()).collect();
+            self.write_chunk(&chunk, counter).await?;
+            transactions += 1;
+        }
+        for (node, bytes) in bound_after {
+            self.bound.insert(node, Some(bytes));
+        }
+        for (action, id) in plan.actions.iter().zip(&ids) {
+            self.outstanding
+                .entry(action.node.clone())
+                .or_default()
+                .insert(*id);
+        }
+        Ok(Dispatched {
+            ids,
+            bound_written,
+            transactions,
+        })
+    }
+
+    /// One fenced transaction: `chunk` and the counter set to `next`.
+    async fn write_chunk(&mut self, chunk: &[Write], next: u64) -> Result<(), FleetError> {
+        let key = self.keys.state(COUNTER);
+        let (_, revision) = self.counter.expect("read before any write");
+        let guard = if revision == 0 {
+            Guard::Absent { key: key.clone() }
+        } else {
+            Guard::Unchanged {
+                key: key.clone(),
+                mod_revision: revision,
+            }
+        };
+        let mut writes = chunk.to_vec();
+        writes.push(Write::Put {
+            key,
+            value: protocol::encode(&Counter {
+                version: VERSION,
+                next,
+            }),
+        });
+        match self.fence.write(&self.client, &[guard], &writes).await {
+            Ok(revision) => {
+                self.counter = Some((next, revision));
+                Ok(())
+            }
+            Err(e) => {
+                // Whether it was applied is unknown (a lost answer): read everything again.
+                self.stale = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads `bound` of the nodes this dispatcher has not read or written yet.
+    async fn read_unknown_bound<'a>(
+        &mut self,
+        nodes: impl Iterator<Item = &'a String>,
+    ) -> Result<(), FleetError> {
+        let unknown: Vec<String> = nodes
+            .filter(|n| !self.bound.contains_key(*n))
+            .cloned()
+            .collect();
+        for chunk in unknown.chunks(self.max_txn_ops) {
+            let keys: Vec<String> = chunk
+                .iter()
+                .map(|n| self.keys.bound(n))
+                .collect::<Result<_, _>>()?;
+            let reads = self
+                .read(keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect())
+                .await?;
+            for (node, read) in chunk.iter().zip(reads) {
+                let value = read.into_iter().next().map(|(_, v)| v);
+                self.bound.insert(node.clone(), value);
+            }
+        }
+        Ok(())
+    }
+
+    /// The outcomes of the actions in flight that the agents settled since the last call:
+    /// one read of each node's journal (range reads, `max_txn_ops` to a transaction). An
+    /// outcome is reported again until it is pruned.
+    pub async fn collect(&mut self) -> Result<Vec<Outcome>, FleetError> {
+        self.resync_if_needed().await?;
+        let nodes: Vec<String> = self
+            .outstanding
+            .iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut outcomes = Vec::new();
+        for chunk in nodes.chunks(self.max_txn_ops) {
+            let prefixes: Vec<String> = chunk
+                .iter()
+                .map(|n| self.keys.journal_prefix(n))
+                .collect::<Result<_, _>>()?;
+            let reads = self
+                .read(
+                    prefixes
+                        .iter()
+                        .map(|p| TxnOp::get(p.as_str(), Some(GetOptions::new().with_prefix())))
+                        .collect(),
+                )
+                .await?;
+            for (node, read) in chunk.iter().zip(reads) {
+                let outstanding = &self.outstanding[node];
+                for (key, value) in read {
+                    let Some(NodeKey::Journal { id, .. }) = self.keys.parse_node_key(&key) else {
+                        continue;
+                    };
+                    if !outstanding.contains(&id) {
+                        continue;
+                    }
+                    let record: JournalRecord =
+                        serde_json::from_slice(&value).map_err(|source| FleetError::Decode {
+                            key: String::from_utf8_lossy(&key).into_owned(),
+                            source,
+                        })?;
+                    let result = match record {
+                        JournalRecord::Intent => continue,
+                        JournalRecord::Done => Ok(()),
+                        JournalRecord::Failed { error } => Err(error),
+                    };
+                    outcomes.push(Outcome {
+                        node: node.clone(),
+                        id,
+                        result,
+                    });
+                }
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Deletes the actions of `consumed` outcomes and their journal entries, fenced, keeping
+    /// each node's largest settled id's journal entry as its floor (and deleting the floor it
+    /// replaces). Returns how many transactions it took.
+    ///
+    /// Every action is deleted before any journal entry: a pruning cut short leaves journal
+    /// entries without actions (deleted by a later pruning), never an action without the
+    /// journal entry that says it is settled, which an agent would take for a new action.
+    pub async fn prune(&mut self, consumed: &[Outcome]) -> Result<usize, FleetError> {
+        self.resync_if_needed().await?;
+        let mut settled: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
+        for outcome in consumed {
+            settled
+                .entry(outcome.node.as_str())
+                .or_default()
+                .insert(outcome.id);
+        }
+        let mut actions = Vec::new();
+        let mut journals = Vec::new();
+        let mut floors = Vec::new();
+        for (node, ids) in &settled {
+            let newest = *ids.last().expect("a node here has an id");
+            let old = self.floors.get(*node).copied();
+            let floor = old.map_or(newest, |old| old.max(newest));
+            for id in ids {
+                actions.push(Write::Delete {
+                    key: self.keys.action(node, *id)?,
+                });
+            }
+            let strays = self.strays.get(*node).into_iter().flatten();
+            for id in ids.iter().chain(old.iter()).chain(strays) {
+                if *id != floor {
+                    journals.push(Write::Delete {
+                        key: self.keys.journal(node, *id)?,
+                    });
+                }
+            }
+            floors.push((node.to_string(), floor, ids.clone()));
+        }
+        actions.extend(journals);
+        let mut transactions = 0;
+        for chunk in actions.chunks(self.max_txn_ops) {
+            if let Err(e) = self.fence.write(&self.client, &[], chunk).await {
+                self.stale = true;
+                return Err(e);
+            }
+            transactions += 1;
+        }
+        for (node, floor, ids) in floors {
+            self.floors.insert(node.clone(), floor);
+            self.strays.remove(&node);
+            if let Some(outstanding) = self.outstanding.get_mut(&node) {
+                outstanding.retain(|id| !ids.contains(id));
+                if outstanding.is_empty() {
+                    self.outstanding.remove(&node);
+                }
+            }
+        }
+        Ok(transactions)
+    }
+
+    /// One unfenced read transaction: the keys and values each of `ops` (gets) found.
+    async fn read(&self, ops: Vec<TxnOp>) -> Result<Vec<Vec<(Vec<u8>, Vec<u8>)>>, FleetError> {
+        let nodes = self.keys.nodes_prefix();
+        let answer = self
+            .client
+            .clone()
+            .txn(Txn::new().and_then(ops))
+            .await
+            .map_err(|e| etcd("read", &nodes, e))?;
+        Ok(answer
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                TxnOpResponse::Get(get) => get
+                    .kvs()
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+                    .collect(),
+                _ => Vec::new(),
+            })
+            .collect())
+    }
+}
