@@ -588,6 +588,10 @@ pub struct SimulateArgs {
     /// Offered load of generated arrivals, over the fleet's GPUs.
     #[arg(long, default_value_t = 0.8, requires = "generate")]
     pub load: f64,
+    /// Compress the trace's time: arrival instants are divided by this factor, run times are
+    /// kept, so the offered load is this many times the trace's (the report gives it).
+    #[arg(long, default_value_t = 1.0, requires = "trace", value_parser = speed)]
+    pub speed: f64,
     /// The fleet: an openb node list (`.csv`) or a ClusterState snapshot (its nodes, empty).
     /// Default: the policy's own ClusterState snapshot.
     #[arg(long)]
@@ -655,4 +659,13 @@ fn duration(value: &str) -> Result<Duration, String> {
     tessera_compiler::units::Duration::parse(value)
         .map(|d| Duration::from_secs(d.seconds()))
         .ok_or_else(|| "not a duration: write e.g. 0s, 30s, 5m or 1h".to_string())
+}
+
+fn speed(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!(
+            "not a speed: a factor greater than 0, e.g. 1, 100 or 0.5 (got `{value}`)"
+        )),
+    }
 }

@@ -81,3 +81,45 @@ fn a_bad_trace_line_is_an_input_error_at_its_place() {
         "file:line:col and the field: {stderr}"
     );
 }
+
+#[test]
+fn speed_compresses_arrivals_and_the_report_says_so() {
+    let run = |speed: &str| {
+        let (code, stdout, stderr) = tessera(&[
+            "simulate",
+            "--policy",
+            "sim/tests/replay/policy",
+            "--trace",
+            "sim/tests/replay/trace.yaml",
+            "--speed",
+            speed,
+            "--output",
+            "json",
+            "--time-limit",
+            "60s",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+    };
+    let (real, fast) = (run("1"), run("4"));
+    assert_eq!(fast["speed"], 4.0);
+    let load = |v: &serde_json::Value| v["offered_load"].as_f64().unwrap();
+    // The last arrival comes 4 times sooner (to the second), run times are the same.
+    let ratio = load(&fast) / load(&real);
+    assert!((3.9..=4.1).contains(&ratio), "{ratio}");
+    assert!(
+        fast["runs"][0]["duration_seconds"].as_i64() < real["runs"][0]["duration_seconds"].as_i64()
+    );
+
+    let (code, _, stderr) = tessera(&[
+        "simulate",
+        "--policy",
+        "sim/tests/replay/policy",
+        "--trace",
+        "sim/tests/replay/trace.yaml",
+        "--speed",
+        "0",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("not a speed"), "{stderr}");
+}

@@ -6,6 +6,7 @@
 //!   documents with `arrival` and `duration`).
 //! - [`openb`]: the openb CSV traces and node lists as replay input.
 //! - [`generate`]: a day of arrivals drawn from a policy's tenants.
+//! - [`speed`]: time compression of a trace, and the load it offers.
 //! - [`engine`]: the discrete-event loop ([`replay`]).
 //! - [`baseline`]: baseline placers under the solver's admission decisions.
 //! - [`metrics`]: what a run measures ([`RunReport`]).
@@ -21,6 +22,7 @@ pub mod html;
 pub mod metrics;
 pub mod openb;
 pub mod report;
+pub mod speed;
 pub mod trace;
 
 pub use baseline::{BaselinePlacer, OpenbBaseline};

@@ -23,7 +23,18 @@ pub struct Summary {
     pub cycle_seconds: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub horizon_seconds: Option<i64>,
+    /// The factor the trace's arrival instants were divided by (see [`super::speed`]).
+    #[serde(default = "one")]
+    pub speed: f64,
+    /// The load the trace (as replayed, after compression) offers the fleet's GPUs: see
+    /// [`super::speed::offered_load`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offered_load: Option<f64>,
     pub runs: Vec<RunReport>,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl Summary {
@@ -40,6 +51,11 @@ impl Summary {
             gpus: nodes.iter().map(|n| n.gpus.len()).sum(),
             cycle_seconds: config.cycle,
             horizon_seconds: config.horizon,
+            speed: 1.0,
+            offered_load: super::speed::offered_load(
+                trace,
+                nodes.iter().map(|n| n.gpus.len()).sum(),
+            ),
             runs,
         }
     }
@@ -68,6 +84,16 @@ pub fn human(s: &Summary) -> String {
         s.cycle_seconds,
         span as f64 / 3600.0
     );
+    if s.speed != 1.0 || s.offered_load.is_some() {
+        let load = s
+            .offered_load
+            .map_or_else(|| "unknown".to_owned(), |l| format!("{:.1} %", l * 100.0));
+        let _ = writeln!(
+            out,
+            "Arrivals {}× faster than the trace; offered load {load} of the GPUs\n",
+            s.speed
+        );
+    }
     let width = 12;
     let _ = write!(out, "{:<28}", "");
     for r in &s.runs {

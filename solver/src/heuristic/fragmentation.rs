@@ -44,9 +44,22 @@
 //!
 //! Everything is integer but the sigmoid, which is evaluated the same way on the same inputs:
 //! the scoring is deterministic.
+//!
+//! A node's measure is remembered per decision's mix, keyed by everything it reads (the pool,
+//! the CPU and memory left, and each GPU's occupancy, in sorted order since the measure sums
+//! over GPUs): placing one replica measures every candidate node before and after, and most
+//! nodes are unchanged since the last replica or look exactly like another node, so a fleet of
+//! thousands of GPUs would otherwise recompute every shape's offer on every GPU each time.
+//! A remembered measure is the measure: decisions are the same with or without it.
+
+use std::cell::RefCell;
 
 use super::*;
 use crate::problem::{NodeInfo, PoolInfo};
+
+/// Measures remembered per mix before the memo is emptied: bounds its memory on a long
+/// decision (an entry is a few hundred bytes).
+const REMEMBERED: usize = 1 << 16;
 
 /// One shape of a pool's mix.
 #[derive(Debug, Clone)]
@@ -74,6 +87,50 @@ struct PoolMix {
 #[derive(Debug, Default)]
 pub(super) struct Mix {
     pools: Vec<PoolMix>,
+    /// Node measures against this mix, by what they read (see the module documentation).
+    remembered: RefCell<HashMap<NodeKey, Measure, foldhash::fast::FixedState>>,
+}
+
+/// Everything [`Mix::measure`] reads of a node, packed into words: the pool, the CPU and
+/// memory left, then each GPU's [`gpu_words`], GPUs in sorted order.
+type NodeKey = Vec<u64>;
+
+/// What [`Mix::measure`] reads of one GPU's state: one word (held whole, instance count,
+/// share count, share total), then one word per MIG instance (profile, start, held), in the
+/// geometry's order.
+fn gpu_words(s: &GpuState) -> (u64, Vec<u64>) {
+    let head = (u64::from(s.whole.is_some()) << 63)
+        | ((s.geometry.len().min(0xff) as u64) << 55)
+        | ((s.shares.len().min(0x7fff) as u64) << 40)
+        | (s.share_total().units().clamp(0, (1 << 40) - 1) as u64);
+    let instances = s
+        .geometry
+        .iter()
+        .map(|pl| {
+            (u64::from(pl.profile_id) << 16)
+                | (u64::from(pl.start) << 8)
+                | u64::from(s.held.contains_key(&pl.start))
+        })
+        .collect();
+    (head, instances)
+}
+
+/// The key of a node of `pool` with `cpu_left`, `memory_left` and these GPUs.
+fn node_key<'a>(
+    pool: usize,
+    cpu_left: u64,
+    memory_left: u64,
+    gpus: impl Iterator<Item = &'a GpuState>,
+) -> NodeKey {
+    let mut words: Vec<(u64, Vec<u64>)> = gpus.map(gpu_words).collect();
+    words.sort_unstable();
+    let mut key = Vec::with_capacity(3 + words.len());
+    key.extend([pool as u64, cpu_left, memory_left]);
+    for (head, instances) in words {
+        key.push(head);
+        key.extend(instances);
+    }
+    key
 }
 
 /// How one node measures, before or after a placement.
@@ -172,7 +229,10 @@ impl Mix {
                 mix
             })
             .collect();
-        Mix { pools }
+        Mix {
+            pools,
+            remembered: RefCell::default(),
+        }
     }
 
     /// Whether the pool has a mix to score against.
@@ -191,7 +251,8 @@ impl Mix {
         }
     }
 
-    /// `F` and `H` of a node with `cpu_left` and `memory_left` and these (healthy) GPUs.
+    /// `F` and `H` of a node with `cpu_left` and `memory_left` and these (healthy) GPUs,
+    /// remembered.
     pub(super) fn measure<'a>(
         &self,
         p: &Problem,
@@ -206,6 +267,28 @@ impl Mix {
                 hosting: 0,
             };
         };
+        let key = node_key(pool, cpu_left, memory_left, gpus.clone());
+        if let Some(&m) = self.remembered.borrow().get(&key) {
+            return m;
+        }
+        let m = Self::compute(p, pool, mix, cpu_left, memory_left, gpus);
+        let mut remembered = self.remembered.borrow_mut();
+        if remembered.len() >= REMEMBERED {
+            remembered.clear();
+        }
+        remembered.insert(key, m);
+        m
+    }
+
+    /// `F` and `H` of a node of `pool`, computed.
+    fn compute<'a>(
+        p: &Problem,
+        pool: usize,
+        mix: &PoolMix,
+        cpu_left: u64,
+        memory_left: u64,
+        gpus: impl Iterator<Item = &'a GpuState> + Clone,
+    ) -> Measure {
         let idle: i64 = gpus
             .clone()
             .map(|s| Gpus::whole(1).units() - s.allocated().units())
