@@ -42,6 +42,15 @@ use tessera_solver::Solver as _;
 
 /// The full heuristic cycle: what a session stands for (the integer program's refinement
 /// runs on top of a full cycle, not of a session).
+/// Whether a pool's refinement in `d` stopped at the cycle's time limit.
+fn stopped_by_clock(d: &Decision) -> bool {
+    d.pools.iter().any(|p| {
+        p.refinement
+            .as_ref()
+            .is_some_and(|r| r.status == tessera_solver::decision::RefineStatus::TimeLimit)
+    })
+}
+
 fn full(policy: &CompiledPolicy, state: &ClusterStateSpec) -> Decision {
     let problem = tessera_solver::Problem::new(policy, state, None).expect("the snapshot solves");
     tessera_solver::Heuristic.solve(&problem, std::time::Duration::ZERO)
@@ -161,11 +170,16 @@ fn case(seed: u64, tally: &mut Tally) {
     let options = SolveOptions::default();
     // The service's cycle: `solve`'s decision, with a session when it is the heuristic's.
     let (refined, kept) = Session::refined(&policy, &state, &options).unwrap();
-    assert_eq!(
-        refined,
-        tessera_solver::solve(&policy, &state, &options).unwrap(),
-        "seed {seed}: a refined session's decision is solve's"
-    );
+    let solved = tessera_solver::solve(&policy, &state, &options).unwrap();
+    // A refinement stopped by the clock is the one outcome that may differ between two runs
+    // (`ilp` module doc); on a loaded machine either run may reach it, so only decisions that
+    // both ended by the search's own limits must be the same bytes.
+    if !stopped_by_clock(&refined) && !stopped_by_clock(&solved) {
+        assert_eq!(
+            refined, solved,
+            "seed {seed}: a refined session's decision is solve's"
+        );
+    }
     assert_eq!(
         kept.is_some(),
         refined.method == Method::Heuristic,
