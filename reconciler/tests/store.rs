@@ -766,3 +766,32 @@ fn a_workloads_recent_events_are_the_last_ones_oldest_first() {
     assert_eq!(kinds(10), ["submitted", "cancelled", "submitted"]);
     assert_eq!(kinds(2), ["cancelled", "submitted"]);
 }
+
+/// A cycle checks only the started workloads that declare a `maxDuration` against it.
+#[test]
+fn only_started_workloads_with_a_max_duration_are_checked_against_it() {
+    let store = Store::open_in_memory().unwrap();
+    let mut unlimited = spec("a");
+    unlimited.max_duration = None;
+    store
+        .submit("limited", &spec("a"), Origin::Submitted, 100)
+        .unwrap();
+    store
+        .submit("unlimited", &unlimited, Origin::Submitted, 100)
+        .unwrap();
+    store
+        .submit("waiting", &spec("a"), Origin::Submitted, 100)
+        .unwrap();
+    assert!(store.live_with_max_duration().unwrap().is_empty());
+    for name in ["limited", "unlimited"] {
+        store.mark_starting(&a(name), &bindings(), 110).unwrap();
+        store.mark_running(&a(name), &replicas([7, 8]), 110).unwrap();
+    }
+    let names: Vec<String> = store
+        .live_with_max_duration()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["limited"]);
+}

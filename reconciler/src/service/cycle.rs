@@ -763,7 +763,7 @@ impl Reconciler {
         now: i64,
         report: &mut CycleReport,
     ) -> Result<(), crate::store::StoreError> {
-        for record in self.store.live()? {
+        for record in self.store.live_with_max_duration()? {
             let (Some(started), Some(limit)) = (record.started_at, record.spec.max_duration) else {
                 continue;
             };
