@@ -564,6 +564,9 @@ impl Reconciler {
         // need it) wait for the next cycle, which re-plans from what the GPU then shows.
         let mut failed_keys: BTreeSet<String> = BTreeSet::new();
         let mut reconfigured: BTreeSet<GpuRef> = BTreeSet::new();
+        // How the last applied action ended, recorded with the next one's intent (one commit
+        // for both) or after the loop.
+        let mut unrecorded: Option<(crate::store::ActionId, Result<(), String>)> = None;
         for action in &plan.actions {
             if depends_on_failed(action, &failed_keys) {
                 report.skipped.push(action.clone());
@@ -576,7 +579,13 @@ impl Reconciler {
                 }
                 observed_after_geometry = true;
             }
-            let id = self.store.begin_action(self.cycle, action, now)?;
+            let id = match unrecorded.take() {
+                Some((last, how)) => {
+                    self.store
+                        .close_and_begin((last, ended(&how)), self.cycle, action, now)?
+                }
+                None => self.store.begin_action(self.cycle, action, now)?,
+            };
             let span = action_span(id, action);
             let _entered = span.enter();
             let why = preempted_because(report.decision.as_ref(), action);
@@ -594,7 +603,7 @@ impl Reconciler {
             let name = action_name(action);
             match outcome {
                 Ok(()) => {
-                    self.store.complete_action(id, now)?;
+                    unrecorded = Some((id, Ok(())));
                     match &why {
                         Some(why) => info!("applied: {action}: {why}"),
                         None => info!("applied: {action}"),
@@ -617,7 +626,7 @@ impl Reconciler {
                 }
                 Err(e) => {
                     let message = e.to_string();
-                    self.store.fail_action(id, &message, now)?;
+                    unrecorded = Some((id, Err(message.clone())));
                     let tenant = workload_of(action)
                         .and_then(|w| records.iter().find(|r| r.key().to_string() == w))
                         .map(|r| r.tenant.clone());
@@ -630,6 +639,9 @@ impl Reconciler {
                     report.failed.push((action.clone(), message));
                 }
             }
+        }
+        if let Some((last, how)) = unrecorded.take() {
+            self.store.close(last, ended(&how), now)?;
         }
         if let Some(decision) = report.decision.as_ref() {
             let done: Vec<&Action> = plan
@@ -1048,6 +1060,14 @@ fn log_outcome(report: &CycleReport) {
             waiting = report.plan.waits.len(),
             "cycle done, nothing to do"
         );
+    }
+}
+
+/// The journal's record of how an action ended.
+fn ended(how: &Result<(), String>) -> crate::store::Ended<'_> {
+    match how {
+        Ok(()) => crate::store::Ended::Done,
+        Err(message) => crate::store::Ended::Failed(message),
     }
 }
 
