@@ -4,16 +4,29 @@
 //! A full cycle observes, solves and applies. When everything it decided was carried out (no
 //! action failed or was skipped, nothing waits, nobody was preempted) the fleet is what its
 //! decision says, and the session the solve kept stands for it. The next cycle may then use
-//! the session, but only when the snapshot it builds is the one the full cycle left with
+//! the session, but only when the snapshot it builds is the one the last cycle left with
 //! new submissions added: the same revision, nodes, running work, waiting work, usage record
 //! and reservations. Anything else (an exit, a cancellation, a node that changed, a commit)
 //! and the standing decision is dropped for a full cycle. So is one older than the cycle
 //! period: time alone moves `minRuntime`, fair-share history and the integer program's
 //! chances, and the periodic full cycle is where those are weighed.
 //!
-//! What a session decides is what the heuristic cycle would decide on the full cycle's
-//! snapshot with the arrivals in its queue (see `tessera_solver::session`): the arrival is
-//! decided as if it had come one cycle earlier, and never by the integer program.
+//! What a cycle carried out moves the session on (`Session::carried_out`): the workloads it
+//! admitted run in the session as in the next snapshot, so that the next arrival is decided
+//! as a full cycle on that snapshot would decide it, and not ordered against admissions
+//! already made. The session declines when its decision leaves work waiting, changes a
+//! geometry or moves fair-share history; it then keeps standing for the snapshot it opened on
+//! with the arrivals since, as decided (still the heuristic cycle's decision there, the
+//! arrivals decided as if they had come then), until an arrival would be ordered before one
+//! of its admissions and a full cycle decides.
+//!
+//! What was submitted while a cycle ran is not part of what its decision stands for: the
+//! snapshot it leaves holds only the waiting work the decision saw, and the next cycle finds
+//! the rest as arrivals. Within one cycle, an arrival the session would order before another
+//! arrival of that cycle, already admitted, is left to the next cycle (which runs at once),
+//! where it is decided after the admissions of this one, as a full cycle would.
+//!
+//! Arrivals are never decided by the integer program.
 
 use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
