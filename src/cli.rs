@@ -220,11 +220,11 @@ pub enum ReportCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// The first instant counted: a date (2026-11-01, midnight UTC) or an RFC 3339 instant.
-        #[arg(long)]
-        since: String,
-        /// The first instant not counted.
-        #[arg(long)]
-        until: String,
+        #[arg(long, value_parser = instant)]
+        since: jiff::Timestamp,
+        /// The first instant not counted, in the same forms.
+        #[arg(long, value_parser = instant)]
+        until: jiff::Timestamp,
         #[arg(long, value_enum, default_value_t = UsageBy::Tenant)]
         by: UsageBy,
         /// With `--by team`: the depth of the tenant tree whose tenants are the teams (the root
@@ -655,6 +655,19 @@ pub enum PlanFormat {
 
 /// The value parser of every duration flag: the policy language's spelling (`90s`, `10m`,
 /// `2h`), so that a flag and a document read the same way.
+/// A date (midnight UTC) or an RFC 3339 instant.
+fn instant(value: &str) -> Result<jiff::Timestamp, String> {
+    let text = if value.len() == 10 {
+        format!("{value}T00:00:00Z")
+    } else {
+        value.to_string()
+    };
+    tessera_compiler::units::parse_rfc3339(&text).ok_or_else(|| {
+        "give a date (2026-11-01, midnight UTC) or an RFC 3339 instant (2026-11-01T08:00:00Z)"
+            .to_string()
+    })
+}
+
 fn duration(value: &str) -> Result<Duration, String> {
     tessera_compiler::units::Duration::parse(value)
         .map(|d| Duration::from_secs(d.seconds()))
@@ -667,5 +680,58 @@ fn speed(value: &str) -> Result<f64, String> {
         _ => Err(format!(
             "not a speed: a factor greater than 0, e.g. 1, 100 or 0.5 (got `{value}`)"
         )),
+    }
+}
+
+#[cfg(test)]
+mod instant_tests {
+    use clap::Parser;
+
+    use super::{Cli, Command, ReportCommand, instant};
+
+    #[test]
+    fn a_date_is_midnight_utc_and_an_instant_keeps_its_offset() {
+        assert_eq!(
+            instant("2026-11-01").unwrap().to_string(),
+            "2026-11-01T00:00:00Z"
+        );
+        assert_eq!(
+            instant("2026-11-01T08:00:00+01:00").unwrap().to_string(),
+            "2026-11-01T07:00:00Z"
+        );
+        for bad in ["2026-02-30", "yesterday", "2026-11-01 08:00", ""] {
+            assert!(instant(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_bad_instant_is_refused_naming_its_flag() {
+        let e = Cli::try_parse_from([
+            "tessera",
+            "report",
+            "usage",
+            "--since",
+            "2026-11-01",
+            "--until",
+            "2026-02-30",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--until"), "{e}");
+        assert!(e.contains("RFC 3339"), "{e}");
+        let ok = Cli::try_parse_from([
+            "tessera",
+            "report",
+            "usage",
+            "--since",
+            "2026-11-01",
+            "--until",
+            "2026-12-01",
+        ])
+        .unwrap();
+        let Command::Report(ReportCommand::Usage { since, until, .. }) = ok.command else {
+            panic!("not `report usage`");
+        };
+        assert!(since < until);
     }
 }

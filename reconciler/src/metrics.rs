@@ -95,6 +95,7 @@ pub struct Metrics {
     cycle_seconds: Histogram,
     solve_seconds: Histogram,
     session_decisions: Counter,
+    full_solves: Family<ReasonLabels, Counter>,
     sync: Family<StatusLabels, Gauge>,
     health: Family<StatusLabels, Gauge>,
     utilization: utilization::UtilizationMetrics,
@@ -151,6 +152,7 @@ impl Metrics {
             cycle_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             solve_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             session_decisions: Counter::default(),
+            full_solves: Family::default(),
             sync: Family::default(),
             health: Family::default(),
             utilization: utilization::UtilizationMetrics::default(),
@@ -269,6 +271,11 @@ impl Metrics {
             "session_decisions",
             "Cycles that decided new submissions against the standing decision instead of solving the whole queue",
             m.session_decisions.clone(),
+        );
+        registry.register(
+            "full_solves",
+            "Cycles that solved the whole queue, by why the standing decision was not used (`none`: there was none)",
+            m.full_solves.clone(),
         );
         registry.register(
             "sync_status",
@@ -487,12 +494,22 @@ impl Metrics {
         self.cycle_seconds.observe(seconds);
     }
 
-    /// The solver ran for `seconds` within a cycle (not every cycle gets that far), on the
-    /// standing decision's session or on the whole snapshot.
-    pub fn record_solve(&self, seconds: f64, by_session: bool) {
+    /// The solver ran for `seconds` within a cycle (not every cycle gets that far): on the
+    /// standing decision's session (`full_because` is `None`), or on the whole snapshot
+    /// because of the reason's kind (`none`: no decision stood).
+    pub fn record_solve(&self, seconds: f64, full_because: Option<&str>) {
         self.solve_seconds.observe(seconds);
-        if by_session {
-            self.session_decisions.inc();
+        match full_because {
+            None => {
+                self.session_decisions.inc();
+            }
+            Some(why) => {
+                self.full_solves
+                    .get_or_create(&ReasonLabels {
+                        reason: why.to_string(),
+                    })
+                    .inc();
+            }
         }
     }
 
@@ -620,7 +637,7 @@ mod tests {
     #[test]
     fn a_cycle_counts_once_and_its_solve_apart() {
         let m = Metrics::new();
-        m.record_solve(0.25, false);
+        m.record_solve(0.25, Some("none"));
         m.record_cycle(0.5);
         let text = m.encode();
         assert!(text.contains("tessera_cycles_total 1\n"), "{text}");

@@ -5,8 +5,8 @@ use serde_json::json;
 use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_reconciler::store::{
-    ActionState, Durability, EndReason, Origin, Phase, ReplicaProcess, RevisionStatus, Store,
-    StoreError, WorkloadRecord,
+    ActionState, Durability, EndReason, Ended, Origin, Phase, ReplicaProcess, RevisionStatus,
+    Store, StoreError, WorkloadRecord,
 };
 
 /// Tenant `a`'s workload `name`.
@@ -765,4 +765,67 @@ fn a_workloads_recent_events_are_the_last_ones_oldest_first() {
     };
     assert_eq!(kinds(10), ["submitted", "cancelled", "submitted"]);
     assert_eq!(kinds(2), ["cancelled", "submitted"]);
+}
+
+/// A cycle checks only the started workloads that declare a `maxDuration` against it.
+#[test]
+fn only_started_workloads_with_a_max_duration_are_checked_against_it() {
+    let store = Store::open_in_memory().unwrap();
+    let mut unlimited = spec("a");
+    unlimited.max_duration = None;
+    store
+        .submit("limited", &spec("a"), Origin::Submitted, 100)
+        .unwrap();
+    store
+        .submit("unlimited", &unlimited, Origin::Submitted, 100)
+        .unwrap();
+    store
+        .submit("waiting", &spec("a"), Origin::Submitted, 100)
+        .unwrap();
+    assert!(store.live_with_max_duration().unwrap().is_empty());
+    for name in ["limited", "unlimited"] {
+        store.mark_starting(&a(name), &bindings(), 110).unwrap();
+        store
+            .mark_running(&a(name), &replicas([7, 8]), 110)
+            .unwrap();
+    }
+    let names: Vec<String> = store
+        .live_with_max_duration()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["limited"]);
+}
+
+/// One commit closes an action and opens the next; a close that is refused opens nothing.
+#[test]
+fn an_action_is_closed_with_the_next_ones_intent_or_not_at_all() {
+    let store = Store::open_in_memory().unwrap();
+    let first = store.begin_action(1, &json!({"start": "a"}), 10).unwrap();
+    let second = store
+        .close_and_begin((first, Ended::Done), 1, &json!({"start": "b"}), 11)
+        .unwrap();
+    let third = store
+        .close_and_begin(
+            (second, Ended::Failed("no such device")),
+            1,
+            &json!({"start": "c"}),
+            12,
+        )
+        .unwrap();
+    let open: Vec<i64> = store.open_actions().unwrap().iter().map(|e| e.id).collect();
+    assert_eq!(open, [third]);
+    // `first` is closed already: nothing is recorded, `third` stays the only open action.
+    let e = store
+        .close_and_begin((first, Ended::Done), 1, &json!({"start": "d"}), 13)
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::ActionClosed { id, state: ActionState::Done } if id == first),
+        "{e}"
+    );
+    let open: Vec<i64> = store.open_actions().unwrap().iter().map(|e| e.id).collect();
+    assert_eq!(open, [third]);
+    store.close(third, Ended::Done, 14).unwrap();
+    assert!(store.open_actions().unwrap().is_empty());
 }

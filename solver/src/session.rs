@@ -63,6 +63,12 @@ pub enum FullCycle {
     /// tenants above that weigh history changes, and with it the order of the whole queue
     /// below them.
     History { tenant: String },
+    /// The standing decision leaves `name` waiting: its reason was given against part of the
+    /// admissions, where the next cycle gives it against all of them.
+    Waiting { name: String },
+    /// The standing decision changes the geometry of GPU `gpu` of node `node`: the next cycle
+    /// observes the new one.
+    Geometry { node: String, gpu: u32 },
 }
 
 impl std::fmt::Display for FullCycle {
@@ -96,6 +102,12 @@ impl std::fmt::Display for FullCycle {
                 f,
                 "its run counts in the fair-share history of tenant `{tenant}`"
             ),
+            FullCycle::Waiting { name } => {
+                write!(f, "`{name}` waits, and would be decided again")
+            }
+            FullCycle::Geometry { node, gpu } => {
+                write!(f, "GPU {gpu} of node `{node}` changes its geometry")
+            }
         }
     }
 }
@@ -694,6 +706,145 @@ impl Session {
         self.names.remove(key);
         self.refresh_guarantees(pool);
         Ok(Removal::Removed)
+    }
+
+    /// The standing decision carried out whole: every workload it admits now runs on its
+    /// bindings, as `after` (the next snapshot) shows it, started when `after` says. The session then
+    /// stands for that snapshot (its arrivals decided as a full cycle on it would decide them)
+    /// rather than for the one it opened on, so that an arrival is no longer ordered against
+    /// admissions already carried out.
+    ///
+    /// Only when the decision leaves nothing waiting, preempts nothing, holds no reservation,
+    /// changes no geometry and admits no work of a tenant that weighs fair-share history: a
+    /// waiting workload's reason, a preemption, a new geometry and a history that counts the
+    /// new runs read differently on the next snapshot, and the full cycle decides those.
+    /// Otherwise nothing is changed and the answer says why. Like the arrivals, the session
+    /// keeps the instant it opened at.
+    pub fn carried_out(&mut self, after: &ClusterStateSpec) -> Result<(), FullCycle> {
+        let p = &self.problem;
+        let parts = self.parts();
+        if let Some(pool) = parts.holds.first().map(|h| h.pool) {
+            return Err(FullCycle::Reservations {
+                pool: p.pools[pool].name.clone(),
+            });
+        }
+        let mut admitted = Vec::new();
+        for (key, &w) in &self.names {
+            match parts.status[w] {
+                Some(Status::Admit { .. }) => admitted.push(w),
+                Some(Status::Keep) | None => {}
+                Some(Status::Pending(_)) if p.workloads[w].pools.is_empty() => {}
+                Some(Status::Pending(_)) => {
+                    return Err(FullCycle::Waiting {
+                        name: key.to_string(),
+                    });
+                }
+                Some(Status::Preempt(_)) => {
+                    return Err(FullCycle::Decided {
+                        name: key.to_string(),
+                    });
+                }
+            }
+        }
+        let runs: BTreeMap<(&str, &str), &tessera_compiler::model::RunningWorkload> =
+            if admitted.is_empty() {
+                BTreeMap::new()
+            } else {
+                after
+                    .running
+                    .iter()
+                    .map(|r| ((r.spec.tenant.as_str(), r.name.as_str()), r))
+                    .collect()
+            };
+        let mut slots = Vec::with_capacity(admitted.len());
+        for &w in &admitted {
+            let wl = &p.workloads[w];
+            if p.usage.is_some()
+                && p.tenants[wl.tenant]
+                    .lineage
+                    .iter()
+                    .any(|&t| p.tenants[t].fair_share.is_some())
+            {
+                // Running, it counts in the history the next cycle reads from `after`'s
+                // record; admitted, it did not.
+                return Err(FullCycle::History {
+                    tenant: p.tenants[wl.tenant].name.clone(),
+                });
+            }
+            let placed = parts.fleet.placed[w]
+                .as_ref()
+                .expect("an admitted workload is placed");
+            if matches!(p.workloads[w].demand, crate::problem::Demand::Mig { .. }) {
+                for g in placed.iter().flat_map(|x| heuristic::slot_of(x).gpus) {
+                    if heuristic::geometry_changes_on(p, &parts.fleet, g) {
+                        let gpu = &p.gpus[g];
+                        return Err(FullCycle::Geometry {
+                            node: p.nodes[gpu.node].name.clone(),
+                            gpu: gpu.index,
+                        });
+                    }
+                }
+            }
+            let key = &p.workloads[w].key;
+            let Some(run) = runs.get(&key.as_pair()) else {
+                return Err(FullCycle::Decided {
+                    name: key.to_string(),
+                });
+            };
+            slots.push((
+                placed.iter().map(heuristic::slot_of).collect::<Vec<_>>(),
+                run.started_at.as_second(),
+                run.last_checkpoint_at.map(|t| t.as_second()),
+            ));
+        }
+        let mut pools = BTreeSet::new();
+        let parts = self
+            .parts
+            .as_mut()
+            .expect("parts are put back after each call");
+        for (w, (slots, started_at, last_checkpoint_at)) in admitted.into_iter().zip(slots) {
+            let wl = &mut self.problem.workloads[w];
+            let pool = self.problem.nodes[slots[0].node]
+                .pool
+                .expect("a placement is on a node of a pool");
+            // As the snapshot reads a running workload: the replicas it holds, in the pool it
+            // runs in.
+            let replicas = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+            wl.replicas = replicas;
+            wl.min_member = wl.min_member.min(replicas);
+            wl.pools = vec![pool];
+            wl.excluded.clear();
+            wl.phase = Phase::Running {
+                slots,
+                started_at,
+                last_checkpoint_at,
+            };
+            parts.status[w] = Some(Status::Keep);
+            parts.running_by_pool[pool].push(heuristic::Running {
+                workload: w,
+                tenant: wl.tenant,
+            });
+            pools.insert(pool);
+        }
+        let p = &self.problem;
+        for &pool in &pools {
+            // By tenant and name, as a snapshot's running workloads are indexed.
+            parts.running_by_pool[pool].sort_by(|a, b| {
+                p.workloads[a.workload]
+                    .key
+                    .cmp(&p.workloads[b.workload].key)
+            });
+        }
+        // Every pick was an admission now carried out: the next cycle's queue starts empty.
+        parts.trace.clear();
+        // Placements are scored against the running set (`heuristic/fragmentation.rs`), which
+        // now holds them.
+        let status = &parts.status;
+        parts.fleet.forget(p, |v| status[v].is_none());
+        for pool in pools {
+            self.refresh_guarantees(pool);
+        }
+        Ok(())
     }
 
     /// Recomputes which running workloads of `pool` are within their tenant's guarantee, as

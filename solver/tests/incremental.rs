@@ -33,6 +33,7 @@ use tessera_compiler::model::{
 };
 use tessera_compiler::units::{Bytes, Millicores};
 use tessera_solver::SolveOptions;
+use tessera_solver::carry::carry_out;
 use tessera_solver::decision::{Decision, Method, Outcome, WorkloadDecision};
 use tessera_solver::problem::{ProblemError, parse_rfc3339, unix};
 use tessera_solver::session::{Admission, Removal, Session, SessionError};
@@ -349,6 +350,125 @@ fn fixed_seeds_agree_and_exercise_every_path() {
     assert!(tally.removed > 0, "{tally:?}");
     assert!(tally.removed_running > 0, "{tally:?}");
     assert!(tally.removal_deferred > 0, "{tally:?}");
+}
+
+/// How often each path of [`carried_case`] was taken.
+#[derive(Debug, Default)]
+struct CarriedTally {
+    rebased: u32,
+    refused: u32,
+    /// Arrivals decided by a session that stands for a carried-out decision.
+    decided_after_rebase: u32,
+    admitted_after_rebase: u32,
+}
+
+/// The service's steady state: between arrivals, the standing decision is carried out (what
+/// it admits starts running) and the session moves on to the snapshot that shows it
+/// ([`Session::carried_out`]). Whenever it does, the session's decisions are the full cycle's
+/// on that snapshot, and so is every arrival's decision after it. The snapshot keeps the
+/// usage record the session opened with (the service's carries the decision's, the same
+/// record brought to the session's instant).
+fn carried_case(seed: u64, tally: &mut CarriedTally) {
+    let mut rng = Seeded(seed ^ 0xca77_1ed0);
+    let now = parse_rfc3339(NOW).unwrap().as_second();
+    let mut f = fleet(&mut rng);
+    if rng.chance(25) {
+        f.with_fair_preemption();
+    }
+    let first_queue = rng.range(3, 10);
+    let state0 = ClusterStateSpec {
+        observed_at: unix(now - 4 * 3600),
+        nodes: nodes(&mut rng, &f),
+        running: Vec::new(),
+        pending: pending(&mut rng, "w", first_queue, now - 4 * 3600),
+        usage: None,
+        reservations: Vec::new(),
+        reconfigurations: Vec::new(),
+    };
+    let (policy, state0) = checked(&f.policy_yaml, &state0, "initial snapshot");
+    let d1 = full(&policy, &state0);
+    let mut state = apply(&state0, &d1, &mut rng, now);
+    let queue = rng.range(0, 3);
+    state.pending = pending(&mut rng, "p", queue, now);
+    let (policy, mut state) = checked(&f.policy_yaml, &state, "state after the first decision");
+    let policy = with_history(seed, policy, &mut state, now);
+    let options = SolveOptions::default();
+    let (mut session, _) = Session::new(&policy, &state, &options).unwrap();
+    for k in 0..4 {
+        let mut rebased = false;
+        let mut after = carry_out(&state, &session.decision());
+        after.usage = state.usage.clone();
+        match session.carried_out(&after) {
+            Ok(()) => {
+                state = after;
+                let d = full(&policy, &state);
+                assert_eq!(
+                    session.decisions(),
+                    d.workloads,
+                    "seed {seed}: carried out before arrival {k}"
+                );
+                rebased = true;
+                tally.rebased += 1;
+            }
+            Err(_) => {
+                // Nothing changed; the service would go on with the session as it stands.
+                // Here a full cycle on the carried-out snapshot opens the next session.
+                state = after;
+                session = Session::new(&policy, &state, &options).unwrap().0;
+                tally.refused += 1;
+            }
+        }
+        let arrival = PendingWorkload {
+            name: format!("x-{k}"),
+            spec: workload(&mut rng),
+            submitted_at: unix(now - i64::from(rng.range(0, 40)) * 60),
+        };
+        let key = WorkloadKey::new(&arrival.spec.tenant, &arrival.name);
+        state.pending.push(arrival.clone());
+        match session.admit(&arrival).unwrap() {
+            Admission::Decided { decision, .. } => {
+                let d = full(&policy, &state);
+                assert_eq!(
+                    *decision,
+                    by_key(&d.workloads)[&key],
+                    "seed {seed}: arrival {k}"
+                );
+                assert_eq!(session.decisions(), d.workloads, "seed {seed}: arrival {k}");
+                if rebased {
+                    tally.decided_after_rebase += 1;
+                    if matches!(decision.outcome, Outcome::Admit { .. }) {
+                        tally.admitted_after_rebase += 1;
+                    }
+                }
+            }
+            Admission::NeedsFullCycle(_) => {
+                session = Session::new(&policy, &state, &options).unwrap().0;
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(common::proptest_config(32))]
+
+    #[test]
+    fn a_carried_out_session_agrees_with_the_full_cycle_on_the_fleet_it_left(seed in any::<u64>()) {
+        carried_case(seed, &mut CarriedTally::default());
+    }
+}
+
+/// Fixed seeds, and proof that sessions move on to carried-out decisions, refuse some, and
+/// admit arrivals after moving on.
+#[test]
+fn fixed_seeds_carry_out_and_agree() {
+    let mut tally = CarriedTally::default();
+    for seed in 0..100 {
+        carried_case(seed, &mut tally);
+    }
+    assert!(tally.rebased > 40, "{tally:?}");
+    assert!(tally.refused > 0, "{tally:?}");
+    assert!(tally.decided_after_rebase > 40, "{tally:?}");
+    assert!(tally.admitted_after_rebase > 20, "{tally:?}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use tracing::{Span, info, info_span, warn};
 
 use super::backoff::Backoff;
 use super::error::{CycleError, FetchError, RecoveryError};
-use super::standing::Standing;
+use super::standing::{Stale, Standing};
 use super::status::{Condition, Health, Status, Sync};
 use super::{Config, Shared, TenantView, apply};
 use crate::actions::{self, Action, ActionPlan, LivePhase, Throttle, Wait, WorkloadView};
@@ -59,6 +59,8 @@ pub struct CycleReport {
     pub decision: Option<Decision>,
     /// How the decision was reached.
     pub decided: Decided,
+    /// Submissions (tenant and name) the session left for the next cycle, which runs at once.
+    pub deferred: Vec<(String, String)>,
     pub error: Option<String>,
 }
 
@@ -109,6 +111,8 @@ pub struct Reconciler {
     restarts: BTreeMap<String, (i64, String, String)>,
     /// The last full cycle's decision, while it stands (`standing.rs`).
     standing: Option<Standing>,
+    /// Why the last cycle's decision could not stand, for the next cycle's report.
+    dropped: Option<Stale>,
     /// The last fetch's error: held (the service Degraded) until a fetch succeeds, so that the
     /// condition does not come and go with the cycles in between.
     fetch_error: Option<String>,
@@ -154,6 +158,7 @@ impl Reconciler {
             exits: Vec::new(),
             restarts: BTreeMap::new(),
             standing: None,
+            dropped: None,
             fetch_error: None,
             notes: Vec::new(),
             lost: Vec::new(),
@@ -472,18 +477,31 @@ impl Reconciler {
 
         let solve_started = Instant::now();
         let period = i64::try_from(self.config.cycle_period.as_secs()).unwrap_or(i64::MAX);
+        let dropped = self.dropped.take();
         let standing = match self.standing.take() {
             Some(s) if self.config.incremental => {
                 Some(s.admit(&state, &applied.commit, now, period))
             }
-            _ => None,
+            _ => dropped.map(Err),
         };
+        let mut full_because = None;
         let (decision, next) = match standing {
-            Some(Ok((standing, decision, arrivals))) => {
-                report.decided = Decided::Session { arrivals };
-                (decision, Next::Standing(Box::new(standing)))
+            Some(Ok((standing, admitted))) => {
+                report.decided = Decided::Session {
+                    arrivals: admitted.arrivals,
+                };
+                report.deferred = admitted
+                    .deferred
+                    .iter()
+                    .map(|p| (p.spec.tenant.clone(), p.name.clone()))
+                    .collect();
+                (admitted.decision, Next::Standing(Box::new(standing)))
             }
             stale => {
+                full_because = Some(match &stale {
+                    Some(Err(why)) => why.kind(),
+                    _ => "none",
+                });
                 let (decision, session) = Session::refined(
                     &applied.policy,
                     &state,
@@ -505,7 +523,7 @@ impl Reconciler {
         self.shared.metrics.record_decision(&decision, now);
         self.shared
             .metrics
-            .record_solve(solve_seconds, matches!(next, Next::Standing(_)));
+            .record_solve(solve_seconds, full_because);
         // Usage accrues and reservations hold whether or not the service is suspended.
         let mut carried_next = Carried {
             usage: decision.fair_share.as_ref().map(|f| f.record.clone()),
@@ -546,6 +564,9 @@ impl Reconciler {
         // need it) wait for the next cycle, which re-plans from what the GPU then shows.
         let mut failed_keys: BTreeSet<String> = BTreeSet::new();
         let mut reconfigured: BTreeSet<GpuRef> = BTreeSet::new();
+        // How the last applied action ended, recorded with the next one's intent (one commit
+        // for both) or after the loop.
+        let mut unrecorded: Option<(crate::store::ActionId, Result<(), String>)> = None;
         for action in &plan.actions {
             if depends_on_failed(action, &failed_keys) {
                 report.skipped.push(action.clone());
@@ -558,7 +579,13 @@ impl Reconciler {
                 }
                 observed_after_geometry = true;
             }
-            let id = self.store.begin_action(self.cycle, action, now)?;
+            let id = match unrecorded.take() {
+                Some((last, how)) => {
+                    self.store
+                        .close_and_begin((last, ended(&how)), self.cycle, action, now)?
+                }
+                None => self.store.begin_action(self.cycle, action, now)?,
+            };
             let span = action_span(id, action);
             let _entered = span.enter();
             let why = preempted_because(report.decision.as_ref(), action);
@@ -576,7 +603,7 @@ impl Reconciler {
             let name = action_name(action);
             match outcome {
                 Ok(()) => {
-                    self.store.complete_action(id, now)?;
+                    unrecorded = Some((id, Ok(())));
                     match &why {
                         Some(why) => info!("applied: {action}: {why}"),
                         None => info!("applied: {action}"),
@@ -599,7 +626,7 @@ impl Reconciler {
                 }
                 Err(e) => {
                     let message = e.to_string();
-                    self.store.fail_action(id, &message, now)?;
+                    unrecorded = Some((id, Err(message.clone())));
                     let tenant = workload_of(action)
                         .and_then(|w| records.iter().find(|r| r.key().to_string() == w))
                         .map(|r| r.tenant.clone());
@@ -612,6 +639,9 @@ impl Reconciler {
                     report.failed.push((action.clone(), message));
                 }
             }
+        }
+        if let Some((last, how)) = unrecorded.take() {
+            self.store.close(last, ended(&how), now)?;
         }
         if let Some(decision) = report.decision.as_ref() {
             let done: Vec<&Action> = plan
@@ -630,6 +660,9 @@ impl Reconciler {
         // The decision stands for the fleet only if all of it was carried out.
         let whole = report.failed.is_empty() && report.skipped.is_empty() && plan.waits.is_empty();
         let keep = self.config.incremental && whole && !matches!(next, Next::None);
+        if self.config.incremental && !whole {
+            self.dropped = Some(Stale::Unfinished);
+        }
         if !plan.actions.is_empty() || keep {
             // `/state` shows the fleet as this cycle left it, not as it found it.
             let observation = self.driver.observe().map_err(CycleError::Observe)?;
@@ -638,13 +671,34 @@ impl Reconciler {
             let after = snapshot::cluster_state(&observation, &tracked, &carried_next, now);
             *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(after.clone());
             if keep && let Some(decision) = report.decision.as_ref() {
-                self.standing = match next {
-                    Next::Fresh(session) => {
-                        Standing::keep(*session, decision, &applied.commit, after, now)
-                    }
-                    Next::Standing(standing) => (*standing).carried_out(decision, after),
+                // Submitted while this cycle ran, or deferred by it: not decided yet, so not
+                // part of what the decision stands for; the next cycle finds them as arrivals.
+                let decided: BTreeSet<(&str, &str)> = state
+                    .pending
+                    .iter()
+                    .map(|p| (p.spec.tenant.as_str(), p.name.as_str()))
+                    .filter(|&(t, n)| !report.deferred.iter().any(|(dt, dn)| dt == t && dn == n))
+                    .collect();
+                let mut after = after;
+                after
+                    .pending
+                    .retain(|p| decided.contains(&(p.spec.tenant.as_str(), p.name.as_str())));
+                let kept = match next {
+                    Next::Fresh(session) => Some(Standing::keep(
+                        *session,
+                        decision,
+                        &applied.commit,
+                        after,
+                        now,
+                    )),
+                    Next::Standing(standing) => Some((*standing).carried_out(decision, after)),
                     Next::None => None,
                 };
+                match kept {
+                    Some(Ok(standing)) => self.standing = Some(standing),
+                    Some(Err(why)) => self.dropped = Some(why),
+                    None => {}
+                }
             }
         }
         report.plan = plan;
@@ -721,7 +775,7 @@ impl Reconciler {
         now: i64,
         report: &mut CycleReport,
     ) -> Result<(), crate::store::StoreError> {
-        for record in self.store.live()? {
+        for record in self.store.live_with_max_duration()? {
             let (Some(started), Some(limit)) = (record.started_at, record.spec.max_duration) else {
                 continue;
             };
@@ -1006,6 +1060,14 @@ fn log_outcome(report: &CycleReport) {
             waiting = report.plan.waits.len(),
             "cycle done, nothing to do"
         );
+    }
+}
+
+/// The journal's record of how an action ended.
+fn ended(how: &Result<(), String>) -> crate::store::Ended<'_> {
+    match how {
+        Ok(()) => crate::store::Ended::Done,
+        Err(message) => crate::store::Ended::Failed(message),
     }
 }
 

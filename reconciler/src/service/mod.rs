@@ -9,6 +9,8 @@
 pub mod apply;
 pub mod backoff;
 pub mod cycle;
+#[cfg(test)]
+mod cycle_tests;
 pub mod error;
 pub mod restart;
 pub mod run;

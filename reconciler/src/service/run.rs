@@ -213,9 +213,10 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
             cycle_due = true;
         }
         if cycle_due || reconciler.has_exits() {
-            reconciler.cycle(snapshot::now());
+            let report = reconciler.cycle(snapshot::now());
             last_cycle = Instant::now();
-            cycle_due = false;
+            // Submissions the cycle left undecided are the next one's, now.
+            cycle_due = !report.deferred.is_empty();
         }
         match rx.recv_timeout(TICK) {
             Ok(Wake::Shutdown) | Err(RecvTimeoutError::Disconnected) => return,
@@ -279,7 +280,8 @@ pub fn run_once(
     let mut reports = Vec::new();
     for _ in 0..max_cycles.max(1) {
         let report = reconciler.cycle(snapshot::now());
-        let done = report.plan.actions.is_empty() || report.error.is_some();
+        let done = (report.plan.actions.is_empty() && report.deferred.is_empty())
+            || report.error.is_some();
         reports.push(report);
         if done {
             break;

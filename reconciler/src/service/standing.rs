@@ -4,21 +4,35 @@
 //! A full cycle observes, solves and applies. When everything it decided was carried out (no
 //! action failed or was skipped, nothing waits, nobody was preempted) the fleet is what its
 //! decision says, and the session the solve kept stands for it. The next cycle may then use
-//! the session, but only when the snapshot it builds is the one the full cycle left with
+//! the session, but only when the snapshot it builds is the one the last cycle left with
 //! new submissions added: the same revision, nodes, running work, waiting work, usage record
 //! and reservations. Anything else (an exit, a cancellation, a node that changed, a commit)
 //! and the standing decision is dropped for a full cycle. So is one older than the cycle
 //! period: time alone moves `minRuntime`, fair-share history and the integer program's
 //! chances, and the periodic full cycle is where those are weighed.
 //!
-//! What a session decides is what the heuristic cycle would decide on the full cycle's
-//! snapshot with the arrivals in its queue (see `tessera_solver::session`): the arrival is
-//! decided as if it had come one cycle earlier, and never by the integer program.
+//! What a cycle carried out moves the session on (`Session::carried_out`): the workloads it
+//! admitted run in the session as in the next snapshot, so that the next arrival is decided
+//! as a full cycle on that snapshot would decide it, and not ordered against admissions
+//! already made. The session declines when its decision leaves work waiting, changes a
+//! geometry or moves fair-share history; it then keeps standing for the snapshot it opened on
+//! with the arrivals since, as decided (still the heuristic cycle's decision there, the
+//! arrivals decided as if they had come then), until an arrival would be ordered before one
+//! of its admissions and a full cycle decides.
+//!
+//! What was submitted while a cycle ran is not part of what its decision stands for: the
+//! snapshot it leaves holds only the waiting work the decision saw, and the next cycle finds
+//! the rest as arrivals. Within one cycle, an arrival the session would order before another
+//! arrival of that cycle, already admitted, is left to the next cycle (which runs at once),
+//! where it is decided after the admissions of this one, as a full cycle would.
+//!
+//! Arrivals are never decided by the integer program.
 
+use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
 use tessera_solver::Decision;
 use tessera_solver::decision::Outcome;
-use tessera_solver::session::{Admission, Session};
+use tessera_solver::session::{Admission, FullCycle, Session};
 
 /// At most this many submissions are decided by the session in one cycle; a burst goes to a
 /// full cycle. An arrival the session places ahead of waiting work decides that work again
@@ -37,16 +51,31 @@ pub struct Standing {
     since: i64,
 }
 
+/// What the session decided for one cycle.
+pub struct Admitted {
+    /// The standing decision whole, arrivals included, for the planner.
+    pub decision: Decision,
+    /// Arrivals decided.
+    pub arrivals: usize,
+    /// Arrivals left for the next cycle: each would be decided before another arrival of this
+    /// cycle that was admitted (see [`Standing::admit`]). The decision does not name them.
+    pub deferred: Vec<PendingWorkload>,
+}
+
 /// Why a cycle could not use the standing decision; for the cycle's report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stale {
     Revision,
     Expired,
-    /// The snapshot differs from the one the standing decision left, beyond new submissions.
-    Changed,
+    /// The snapshot differs from the one the standing decision left, beyond new submissions:
+    /// which part of it (`nodes`, `running`, `pending`, `usage`, `reservations`).
+    Changed(&'static str),
     NoArrival,
     /// More than [`MAX_ARRIVALS`] submissions at once.
     Burst(usize),
+    /// The last decision was not carried out whole: an action failed or was skipped, or
+    /// something waits (a drain, a back-off).
+    Unfinished,
     /// The session could not decide an arrival alone (see `FullCycle`), or refused it.
     Session(String),
 }
@@ -56,31 +85,44 @@ impl std::fmt::Display for Stale {
         match self {
             Stale::Revision => f.write_str("a new revision"),
             Stale::Expired => f.write_str("the cycle period passed"),
-            Stale::Changed => f.write_str("the fleet or the queue changed"),
+            Stale::Changed(what) => write!(f, "the snapshot's {what} changed"),
             Stale::NoArrival => f.write_str("nothing was submitted"),
             Stale::Burst(n) => write!(f, "{n} submissions at once"),
+            Stale::Unfinished => f.write_str("the last decision was not carried out whole"),
             Stale::Session(why) => write!(f, "the session asks for a full cycle: {why}"),
+        }
+    }
+}
+
+impl Stale {
+    /// The kind of reason, as a metric's label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Stale::Revision => "revision",
+            Stale::Expired => "expired",
+            Stale::Changed(_) => "changed",
+            Stale::NoArrival => "no_arrival",
+            Stale::Burst(_) => "burst",
+            Stale::Unfinished => "unfinished",
+            Stale::Session(_) => "session",
         }
     }
 }
 
 impl Standing {
     /// Keeps `session` when `decision` was carried out whole; `after` is the snapshot the
-    /// cycle left (its `observedAt` is not compared).
+    /// cycle left (its `observedAt` is not compared), without what was submitted while the
+    /// cycle ran. `Err` says why the decision cannot stand.
     pub fn keep(
-        session: Session,
+        mut session: Session,
         decision: &Decision,
         revision: &str,
         after: ClusterStateSpec,
         since: i64,
-    ) -> Option<Standing> {
-        let preempts = decision
-            .workloads
-            .iter()
-            .any(|w| matches!(w.outcome, Outcome::Preempt { .. }));
-        // A preempted workload is queued again by the service, which the session (holding it
-        // as preempted) would not decide again until a full cycle.
-        (!preempts).then_some(Standing {
+    ) -> Result<Standing, Stale> {
+        no_preemption(decision)?;
+        rebase(&mut session, &after);
+        Ok(Standing {
             session,
             revision: revision.to_owned(),
             after,
@@ -88,32 +130,42 @@ impl Standing {
         })
     }
 
-    /// Decides the workloads submitted since, against the standing decision: the decision
-    /// whole, for the planner, and how many arrivals it decided. `Err` when a full cycle must decide instead; the standing
-    /// decision is then spent.
+    /// Decides the workloads submitted since, against the standing decision. `Err` when a
+    /// full cycle must decide instead; the standing decision is then spent.
     pub fn admit(
         mut self,
         state: &ClusterStateSpec,
         revision: &str,
         now: i64,
         period_seconds: i64,
-    ) -> Result<(Standing, Decision, usize), Stale> {
+    ) -> Result<(Standing, Admitted), Stale> {
         if revision != self.revision {
             return Err(Stale::Revision);
         }
         if now < self.since || now - self.since >= period_seconds {
             return Err(Stale::Expired);
         }
-        let arrivals = arrivals(&self.after, state).ok_or(Stale::Changed)?;
+        let arrivals = arrivals(&self.after, state)?;
         if arrivals.is_empty() {
             return Err(Stale::NoArrival);
         }
         if arrivals.len() > MAX_ARRIVALS {
             return Err(Stale::Burst(arrivals.len()));
         }
-        for arrival in &arrivals {
-            match self.session.admit(arrival) {
-                Ok(Admission::Decided { .. }) => {}
+        let mut decided: Vec<String> = Vec::with_capacity(arrivals.len());
+        let mut deferred = Vec::new();
+        for arrival in arrivals {
+            let key = WorkloadKey::new(&arrival.spec.tenant, &arrival.name).to_string();
+            match self.session.admit(&arrival) {
+                Ok(Admission::Decided { .. }) => decided.push(key),
+                // The full cycle would pick it before another arrival of this cycle: once that
+                // one runs, the next cycle decides it after all admissions, as a full cycle
+                // on that fleet would.
+                Ok(Admission::NeedsFullCycle(FullCycle::Reorders { before }))
+                    if decided.contains(&before) =>
+                {
+                    deferred.push(arrival);
+                }
                 Ok(Admission::NeedsFullCycle(why)) => {
                     return Err(Stale::Session(why.to_string()));
                 }
@@ -121,33 +173,74 @@ impl Standing {
             }
         }
         let decision = self.session.decision();
-        Ok((self, decision, arrivals.len()))
+        Ok((
+            self,
+            Admitted {
+                decision,
+                arrivals: decided.len(),
+                deferred,
+            },
+        ))
     }
 
     /// The snapshot the cycle that used the standing decision left, when it too was carried
-    /// out whole (`None` drops the standing decision).
-    pub fn carried_out(mut self, decision: &Decision, after: ClusterStateSpec) -> Option<Self> {
-        let preempts = decision
-            .workloads
-            .iter()
-            .any(|w| matches!(w.outcome, Outcome::Preempt { .. }));
-        if preempts {
-            return None;
-        }
+    /// out whole; `Err` drops the standing decision.
+    pub fn carried_out(
+        mut self,
+        decision: &Decision,
+        after: ClusterStateSpec,
+    ) -> Result<Self, Stale> {
+        no_preemption(decision)?;
+        rebase(&mut self.session, &after);
         self.after = after;
-        Some(self)
+        Ok(self)
+    }
+}
+
+/// What the cycle admitted now runs: the session stands for `after` from here on, so that a
+/// later arrival is not ordered against admissions already carried out (which would send it
+/// to a full cycle). When the session cannot (something waits, a geometry changed), it keeps
+/// standing for the snapshot it opened on with the arrivals since, as decided: still the
+/// decision the heuristic cycle would make there.
+fn rebase(session: &mut Session, after: &ClusterStateSpec) {
+    let _ = session.carried_out(after);
+}
+
+/// A preempted workload is queued again by the service, which the session (holding it as
+/// preempted) would not decide again until a full cycle.
+fn no_preemption(decision: &Decision) -> Result<(), Stale> {
+    match decision
+        .workloads
+        .iter()
+        .find(|w| matches!(w.outcome, Outcome::Preempt { .. }))
+    {
+        Some(w) => Err(Stale::Session(format!(
+            "`{}/{}` was preempted",
+            w.tenant, w.name
+        ))),
+        None => Ok(()),
     }
 }
 
 /// The workloads `now` waits for that `after` did not, in submission order, when that is all
-/// that differs (`observedAt` aside); `None` otherwise.
-fn arrivals(after: &ClusterStateSpec, now: &ClusterStateSpec) -> Option<Vec<PendingWorkload>> {
-    if after.nodes != now.nodes
-        || after.running != now.running
-        || after.usage != now.usage
-        || after.reservations != now.reservations
-    {
-        return None;
+/// that differs (`observedAt` aside); otherwise which part changed.
+fn arrivals(
+    after: &ClusterStateSpec,
+    now: &ClusterStateSpec,
+) -> Result<Vec<PendingWorkload>, Stale> {
+    let changed = if after.nodes != now.nodes {
+        Some("nodes")
+    } else if after.running != now.running {
+        Some("running")
+    } else if after.usage != now.usage {
+        Some("usage")
+    } else if after.reservations != now.reservations {
+        Some("reservations")
+    } else {
+        None
+    };
+    if let Some(what) = changed {
+        return Err(Stale::Changed(what));
     }
     let mut known = after.pending.iter().peekable();
     let mut new = Vec::new();
@@ -161,12 +254,15 @@ fn arrivals(after: &ClusterStateSpec, now: &ClusterStateSpec) -> Option<Vec<Pend
             .iter()
             .any(|k| k.name == p.name && k.spec.tenant == p.spec.tenant)
         {
-            return None;
+            return Err(Stale::Changed("pending"));
         } else {
             new.push(p.clone());
         }
     }
-    known.peek().is_none().then_some(new)
+    match known.peek() {
+        None => Ok(new),
+        Some(_) => Err(Stale::Changed("pending")),
+    }
 }
 
 #[cfg(test)]
@@ -204,17 +300,20 @@ mod tests {
         let after = snapshot(vec![a.clone(), b.clone()]);
         let mut now = snapshot(vec![a.clone(), b.clone(), c.clone()]);
         now.observed_at = "2026-11-24T10:00:05Z".parse().unwrap();
-        assert_eq!(arrivals(&after, &now), Some(vec![c.clone()]));
-        assert_eq!(arrivals(&after, &after), Some(Vec::new()));
+        assert_eq!(arrivals(&after, &now), Ok(vec![c.clone()]));
+        assert_eq!(arrivals(&after, &after), Ok(Vec::new()));
         // A waiting workload left (cancelled): not only arrivals.
         assert_eq!(
             arrivals(&after, &snapshot(vec![a.clone(), c.clone()])),
-            None
+            Err(Stale::Changed("pending"))
         );
         // A waiting workload changed.
         let mut b2 = b.clone();
         b2.submitted_at = "2026-11-24T10:00:02Z".parse().unwrap();
-        assert_eq!(arrivals(&after, &snapshot(vec![a.clone(), c, b2])), None);
+        assert_eq!(
+            arrivals(&after, &snapshot(vec![a.clone(), c, b2])),
+            Err(Stale::Changed("pending"))
+        );
         // Anything else moved.
         let mut moved = snapshot(vec![a, b]);
         moved.usage = Some(
@@ -223,6 +322,6 @@ mod tests {
             }))
             .unwrap(),
         );
-        assert_eq!(arrivals(&after, &moved), None);
+        assert_eq!(arrivals(&after, &moved), Err(Stale::Changed("usage")));
     }
 }

@@ -12,6 +12,51 @@ use super::{Store, StoreError, from_json, to_json, to_sql_int};
 /// A journal entry's id: increasing, never reused.
 pub type ActionId = i64;
 
+/// How an action ended, for the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended<'a> {
+    Done,
+    Failed(&'a str),
+}
+
+/// Closes action `id` within `tx`: it must be open (an intent).
+fn close_in(
+    tx: &rusqlite::Transaction<'_>,
+    id: ActionId,
+    how: Ended<'_>,
+    now: i64,
+) -> Result<(), StoreError> {
+    let found: Option<String> = tx
+        .query_row("SELECT state FROM journal WHERE id = ?1", [id], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(found) = found else {
+        return Err(StoreError::NotFound(format!("journal action {id}")));
+    };
+    match ActionState::parse(&found) {
+        Some(ActionState::Intent) => {}
+        Some(closed) => return Err(StoreError::ActionClosed { id, state: closed }),
+        None => {
+            return Err(StoreError::CorruptValue {
+                table: "journal",
+                column: "state",
+                row: id,
+                value: found,
+            });
+        }
+    }
+    let (state, error) = match how {
+        Ended::Done => (ActionState::Done, None),
+        Ended::Failed(error) => (ActionState::Failed, Some(error)),
+    };
+    tx.execute(
+        "UPDATE journal SET state = ?2, ended_at = ?3, error = ?4 WHERE id = ?1",
+        params![id, state.as_str(), now, error],
+    )?;
+    Ok(())
+}
+
 /// Where an action stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -77,6 +122,39 @@ impl Store {
     }
 
     /// Records that action `id` completed.
+    /// Records how action `ended` ended and the intent of the next action in one commit (one
+    /// fsync where there would be two): the ended action's effect came before this commit,
+    /// the next one's comes after it, as [`Store::begin_action`] and the closing calls would
+    /// order them.
+    pub fn close_and_begin<A: Serialize + ?Sized>(
+        &self,
+        ended: (ActionId, Ended<'_>),
+        cycle: u64,
+        action: &A,
+        now: i64,
+    ) -> Result<ActionId, StoreError> {
+        let cycle = to_sql_int("cycle", cycle)?;
+        let action = to_json("journal action", action)?;
+        let tx = self.write()?;
+        let (id, how) = ended;
+        close_in(&tx, id, how, now)?;
+        tx.prepare_cached(
+            "INSERT INTO journal (cycle, action, state, begun_at) VALUES (?1, ?2, 'intent', ?3)",
+        )?
+        .execute(params![cycle, action, now])?;
+        let next = tx.last_insert_rowid();
+        tx.commit()?;
+        Ok(next)
+    }
+
+    /// Records how action `id` ended.
+    pub fn close(&self, id: ActionId, how: Ended<'_>, now: i64) -> Result<(), StoreError> {
+        let tx = self.write()?;
+        close_in(&tx, id, how, now)?;
+        tx.commit()?;
+        Ok(())
+    }
+
     pub fn complete_action(&self, id: ActionId, now: i64) -> Result<(), StoreError> {
         self.close_action(id, ActionState::Done, None, now)
     }
@@ -163,32 +241,10 @@ impl Store {
         error: Option<&str>,
         now: i64,
     ) -> Result<(), StoreError> {
-        let tx = self.write()?;
-        let found: Option<String> = tx
-            .query_row("SELECT state FROM journal WHERE id = ?1", [id], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        let Some(found) = found else {
-            return Err(StoreError::NotFound(format!("journal action {id}")));
+        let how = match (state, error) {
+            (ActionState::Failed, error) => Ended::Failed(error.unwrap_or_default()),
+            _ => Ended::Done,
         };
-        match ActionState::parse(&found) {
-            Some(ActionState::Intent) => {}
-            Some(closed) => return Err(StoreError::ActionClosed { id, state: closed }),
-            None => {
-                return Err(StoreError::CorruptValue {
-                    table: "journal",
-                    column: "state",
-                    row: id,
-                    value: found,
-                });
-            }
-        }
-        tx.execute(
-            "UPDATE journal SET state = ?2, ended_at = ?3, error = ?4 WHERE id = ?1",
-            params![id, state.as_str(), now, error],
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.close(id, how, now)
     }
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 pub use events::Event;
-pub use journal::{ActionId, ActionState, JournalEntry};
+pub use journal::{ActionId, ActionState, Ended, JournalEntry};
 pub use revisions::{RevisionRecord, RevisionStatus};
 pub use workloads::{EndReason, Origin, Phase, ReplicaProcess, WorkloadRecord};
 

@@ -357,6 +357,18 @@ impl Store {
         self.select("WHERE ended_at IS NULL ORDER BY id", [])
     }
 
+    /// The workloads that have not ended, have started and declare a `maxDuration`, in
+    /// submission order: the ones a cycle checks against their limit. The filter is SQLite's,
+    /// so a cycle does not read every live record for the few that declare one.
+    pub fn live_with_max_duration(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
+        self.select(
+            "WHERE ended_at IS NULL AND started_at IS NOT NULL
+               AND json_extract(spec, '$.maxDuration') IS NOT NULL
+             ORDER BY id",
+            [],
+        )
+    }
+
     /// The current record of every key that was ever committed, ended ones included: a
     /// committed workload that has finished is not queued again while its file stays.
     pub fn committed(&self) -> Result<Vec<WorkloadRecord>, StoreError> {

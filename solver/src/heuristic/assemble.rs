@@ -16,6 +16,22 @@ pub(super) fn placed_of(p: &Problem, w: usize, s: &Slot) -> Placed {
     }
 }
 
+/// The snapshot's slot for a placement: what [`placed_of`] reads back.
+pub(crate) fn slot_of(placed: &Placed) -> Slot {
+    Slot {
+        node: placed.node,
+        gpus: placed.gpus.clone(),
+        mig_start: placed.mig.map(|m| m.start),
+        share: placed.share,
+    }
+}
+
+/// Whether GPU `g` is to change its geometry (MIG instances created or destroyed) in `fleet`.
+pub(crate) fn geometry_changes_on(p: &Problem, fleet: &Fleet, g: usize) -> bool {
+    gpu_plan(p, fleet, g)
+        .is_some_and(|plan| plan.enable_mig || !plan.create.is_empty() || !plan.destroy.is_empty())
+}
+
 /// GPU units × seconds of work since the last checkpoint (or the start).
 pub(crate) fn lost_units_seconds(p: &Problem, w: usize) -> i64 {
     let wl = &p.workloads[w];

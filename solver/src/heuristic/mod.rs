@@ -540,9 +540,13 @@ impl<'p> Solver<'p> {
             };
             let ran = (p.now - started_at).max(0) as u64;
             if !class.preemptible {
-                protected.push(name, Blocked::NonPreemptible);
+                protected.push(p, name, Blocked::NonPreemptible);
             } else if ran < class.min_runtime_seconds {
-                protected.push(name, Blocked::MinRuntime(class.min_runtime_seconds - ran));
+                protected.push(
+                    p,
+                    name,
+                    Blocked::MinRuntime(class.min_runtime_seconds - ran),
+                );
             } else if self.within_guarantee[v]
                 && !(class.priority < prio && (requester_guaranteed || vl.tenant == wl.tenant))
             {
@@ -551,7 +555,7 @@ impl<'p> Solver<'p> {
                 if class.priority < prio {
                     owners.insert(vl.tenant);
                 }
-                protected.push(name, Blocked::WithinGuarantee);
+                protected.push(p, name, Blocked::WithinGuarantee);
             } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
                 match (fair && class.priority == prio)
                     .then(|| self.fairly_yields(w, v, pool))
@@ -561,8 +565,8 @@ impl<'p> Solver<'p> {
                         fair_victims.insert(v, rank);
                         eligible.push(v);
                     }
-                    Some(Err(())) => protected.push(name, Blocked::FairShare),
-                    None => protected.push(name, Blocked::NotLowerPriority),
+                    Some(Err(())) => protected.push(p, name, Blocked::FairShare),
+                    None => protected.push(p, name, Blocked::NotLowerPriority),
                 }
             } else if !self.within_guarantee[v]
                 && requester_guaranteed
@@ -570,7 +574,7 @@ impl<'p> Solver<'p> {
                 && vl.tenant == wl.tenant
             {
                 // Reclaiming from oneself is no reclaim.
-                protected.push(name, Blocked::NotLowerPriority);
+                protected.push(p, name, Blocked::NotLowerPriority);
             } else {
                 eligible.push(v);
             }

@@ -20,23 +20,28 @@ pub(super) enum Blocked {
 /// has thousands, and a queue has thousands of borrowers).
 #[derive(Debug, Default)]
 pub(super) struct Blocking {
-    /// By index, which is by (tenant, name): candidates are running workloads, which the
-    /// problem numbers in that order.
+    /// By (tenant, name). A snapshot's running workloads are numbered in that order, but a
+    /// session's carried-out admissions run under the numbers they arrived with.
     pub(super) first: Vec<(usize, Blocked)>,
     pub(super) total: usize,
 }
 
 impl Blocking {
-    pub(super) fn push(&mut self, v: usize, why: Blocked) {
+    pub(super) fn push(&mut self, p: &Problem, v: usize, why: Blocked) {
         self.total += 1;
-        // The scan visits candidates by index: past the first few, this returns at once.
+        let key = |u: usize| &p.workloads[u].key;
+        // The scan visits candidates by key: past the first few, this returns at once.
         if self.first.len() == crate::decision::PROTECTED_LISTED {
-            if self.first.last().is_some_and(|&(last, _)| last < v) {
+            if self
+                .first
+                .last()
+                .is_some_and(|&(last, _)| key(last) < key(v))
+            {
                 return;
             }
             self.first.pop();
         }
-        let at = self.first.partition_point(|&(u, _)| u < v);
+        let at = self.first.partition_point(|&(u, _)| key(u) < key(v));
         self.first.insert(at, (v, why));
     }
 }

@@ -297,6 +297,27 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// The series of counter `name` by the value of its one label, e.g.
+/// `tessera_full_solves_total{reason="changed"} 3`.
+pub fn metric_by_label(text: &str, name: &str) -> BTreeMap<String, f64> {
+    let mut by = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(labels) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let Some((labels, value)) = labels.split_once("} ") else {
+            continue;
+        };
+        let Some(label) = labels.split_once('=').map(|(_, v)| v.trim_matches('"')) else {
+            continue;
+        };
+        if let Ok(value) = value.trim().parse::<f64>() {
+            *by.entry(label.to_owned()).or_default() += value;
+        }
+    }
+    by
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +333,17 @@ mod tests {
             quantile(&[Duration::from_millis(7)], 0.99),
             Some(Duration::from_millis(7))
         );
+    }
+
+    #[test]
+    fn labelled_series_by_their_label() {
+        let text = "# HELP x\ntessera_full_solves_total{reason=\"changed\"} 3\n\
+                    tessera_full_solves_total{reason=\"none\"} 1\n\
+                    tessera_full_solves_totally{reason=\"x\"} 9\n";
+        let by = metric_by_label(text, "tessera_full_solves_total");
+        assert_eq!(by.len(), 2);
+        assert_eq!(by["changed"], 3.0);
+        assert_eq!(by["none"], 1.0);
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub struct ServiceBenchArgs {
 const ADMIN: &str = "bench-admin-token-0123456789";
 
 pub fn run(args: ServiceBenchArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
     let shape = Shape::new(args.nodes, args.orgs);
     let steady_count = (f64::from(args.rate) * args.duration.as_secs_f64()).round() as usize;
     let capacity = shape.train_gpus() + shape.infer_slices();
@@ -133,6 +134,19 @@ pub fn run(args: ServiceBenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The service's log on stderr when `RUST_LOG` asks for it (e.g. `RUST_LOG=info` shows each
+/// cycle and how it decided); silent otherwise, so that the figures stand alone.
+fn init_logging() {
+    let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() else {
+        return;
+    };
+    // Fails only when a subscriber is already set, which leaves that one in force.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// A Git repository at `dir` whose branch `main` holds `policy` as `fleet.yaml`.
 fn commit_policy(dir: &Path, policy: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -158,6 +172,8 @@ struct Report {
     samples: Vec<Sample>,
     cycles: f64,
     session_decisions: f64,
+    /// Full solves during the steady run, by why the standing decision was not used.
+    full_solves: BTreeMap<String, f64>,
     solve_seconds: f64,
     solves: f64,
     cycle_seconds: f64,
@@ -187,6 +203,18 @@ fn measure(
         samples,
         cycles: delta("tessera_cycles_total"),
         session_decisions: delta("tessera_session_decisions_total"),
+        full_solves: {
+            let name = "tessera_full_solves_total";
+            let earlier = load::metric_by_label(&before, name);
+            load::metric_by_label(&after, name)
+                .into_iter()
+                .map(|(why, n)| {
+                    let n = n - earlier.get(&why).copied().unwrap_or(0.0);
+                    (why, n)
+                })
+                .filter(|(_, n)| *n > 0.0)
+                .collect()
+        },
         solve_seconds: delta("tessera_solve_duration_seconds_sum"),
         solves: delta("tessera_solve_duration_seconds_count"),
         cycle_seconds: delta("tessera_cycle_duration_seconds_sum"),
@@ -303,6 +331,7 @@ impl Report {
                 "pollMs": load::POLL.as_millis() as u64,
                 "cycles": self.cycles,
                 "sessionDecisions": self.session_decisions,
+                "fullSolves": self.full_solves,
                 "solverSecondsPerCycle": self.solve_seconds / self.solves.max(1.0),
                 "cycleSecondsPerCycle": self.cycle_seconds / self.cycles.max(1.0),
             },
@@ -353,6 +382,17 @@ impl Report {
             1e3 * self.solve_seconds / self.solves.max(1.0),
             1e3 * self.cycle_seconds / self.cycles.max(1.0)
         ));
+        if !self.full_solves.is_empty() {
+            let why: Vec<String> = self
+                .full_solves
+                .iter()
+                .map(|(why, n)| format!("{n:.0} {why}"))
+                .collect();
+            s.push_str(&format!(
+                "  full solves, by why the standing decision was not used: {}\n",
+                why.join(", ")
+            ));
+        }
         s
     }
 }
