@@ -15,6 +15,7 @@ use tessera_fleet::dispatch::{DEFAULT_MAX_TXN_OPS, Dispatcher, NodeAction, Outco
 use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, Write};
 use tessera_fleet::keys::{Keys, NodeKey};
 use tessera_fleet::protocol::{self, ActionMessage, Bound, VERSION};
+use tessera_fleet::testing::TestEtcd;
 use tessera_reconciler::actions::Action;
 use tessera_reconciler::driver::GpuRef;
 
@@ -31,6 +32,18 @@ async fn leader(client: &Client, id: &str) -> Leadership {
         .campaign()
         .await
         .unwrap()
+}
+
+/// A real etcd, a client, leader `a` and its dispatcher writing at most `max_txn_ops`
+/// operations a transaction: what most tests start from.
+async fn leading(max_txn_ops: usize) -> (TestEtcd, Client, Leadership, Dispatcher) {
+    let etcd = etcd();
+    let client = connect(&etcd).await;
+    let leader = leader(&client, "a").await;
+    let dispatcher = Dispatcher::start(&client, &keys(), leader.fence().clone(), max_txn_ops)
+        .await
+        .unwrap();
+    (etcd, client, leader, dispatcher)
 }
 
 /// A reset of GPU `index` on `node`: any action will do, the body is what is checked.
@@ -104,12 +117,7 @@ async fn agent_settles(client: &Client, node: &str, count: usize, fail: Option<u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_beyond_one_transaction_is_written_in_fenced_chunks_within_etcds_limit() {
-    let etcd = etcd();
-    let client = connect(&etcd).await;
-    let leader = leader(&client, "a").await;
-    let mut dispatcher = Dispatcher::start(&client, &keys(), leader.fence().clone(), 128)
-        .await
-        .unwrap();
+    let (_etcd, client, _leader, mut dispatcher) = leading(128).await;
     // 300 actions: more than etcd's default of 128 operations would accept in one.
     let plan = Plan {
         actions: (0..300).map(|i| reset(&format!("n{}", i % 3), i)).collect(),
@@ -131,12 +139,7 @@ async fn a_plan_beyond_one_transaction_is_written_in_fenced_chunks_within_etcds_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bound_is_written_only_where_it_changed() {
-    let etcd = etcd();
-    let client = connect(&etcd).await;
-    let leader = leader(&client, "a").await;
-    let mut dispatcher = Dispatcher::start(&client, &keys(), leader.fence().clone(), 8)
-        .await
-        .unwrap();
+    let (_etcd, client, leader, mut dispatcher) = leading(8).await;
     let mut plan = Plan {
         actions: Vec::new(),
         bound: BTreeMap::from([
@@ -166,12 +169,7 @@ async fn bound_is_written_only_where_it_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcomes_are_collected_and_pruning_leaves_one_journal_entry_per_node() {
-    let etcd = etcd();
-    let client = connect(&etcd).await;
-    let leader = leader(&client, "a").await;
-    let mut dispatcher = Dispatcher::start(&client, &keys(), leader.fence().clone(), 4)
-        .await
-        .unwrap();
+    let (_etcd, client, _leader, mut dispatcher) = leading(4).await;
     let plan = Plan {
         actions: (0..5).map(|i| reset("n0", i)).collect(),
         bound: BTreeMap::new(),
@@ -289,12 +287,7 @@ async fn a_dispatcher_whose_view_is_stale_conflicts_instead_of_reusing_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_pruning_a_restarted_agent_settles_an_old_id_as_failed_instead_of_applying_it() {
-    let etcd = etcd();
-    let client = connect(&etcd).await;
-    let leader = leader(&client, "a").await;
-    let mut dispatcher = Dispatcher::start(&client, &keys(), leader.fence().clone(), 128)
-        .await
-        .unwrap();
+    let (_etcd, client, leader, mut dispatcher) = leading(128).await;
     let plan = Plan {
         actions: (0..3).map(|i| reset("n0", i)).collect(),
         bound: BTreeMap::new(),
