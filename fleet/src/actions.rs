@@ -208,17 +208,9 @@ impl ActionFeed {
     async fn receive(&mut self) -> Result<bool, FleetError> {
         {
             let actions = self.keys.actions_prefix(&self.node)?;
-            let Some(answer) = self
-                .stream
-                .message()
-                .await
-                .map_err(|e| etcd("watch", &actions, e))?
-            else {
+            let Some(answer) = crate::watch::next_answer(&mut self.stream, &actions).await? else {
                 return Ok(false);
             };
-            if answer.canceled() {
-                return Ok(false);
-            }
             for event in answer.events() {
                 let Some(kv) = event.kv() else { continue };
                 let Some(NodeKey::Action { id, .. }) = self.keys.parse_node_key(kv.key()) else {

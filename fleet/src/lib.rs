@@ -22,5 +22,6 @@ pub mod protocol;
 pub mod registration;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod watch;
 
 pub use error::FleetError;

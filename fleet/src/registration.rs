@@ -288,17 +288,9 @@ impl NodeWatch {
                 return event.map(Some);
             }
             let prefix = self.keys.registrations_prefix();
-            let Some(answer) = self
-                .stream
-                .message()
-                .await
-                .map_err(|e| etcd("watch", &prefix, e))?
-            else {
+            let Some(answer) = crate::watch::next_answer(&mut self.stream, &prefix).await? else {
                 return Ok(None);
             };
-            if answer.canceled() {
-                return Ok(None);
-            }
             for event in answer.events() {
                 let Some(kv) = event.kv() else { continue };
                 let Some(NodeKey::Registration { node }) = self.keys.parse_node_key(kv.key())
