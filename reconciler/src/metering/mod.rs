@@ -25,14 +25,14 @@ use tracing::warn;
 
 use crate::actions::Action;
 use crate::store::usage::{NewRun, ReservedSpell, RunKey};
-use crate::store::{Store, StoreError, WorkloadRecord};
+use crate::store::{StateStore, StoreError, WorkloadRecord};
 
 /// Meters the placed runs among `records` up to `now`. Runs seen for the first time are
 /// described from the observed nodes, which `observe` is asked for only then. A run that cannot
 /// be described is logged and left for the next call (its interval is counted from its start
 /// whenever it is described).
 pub fn meter_placed<E: std::fmt::Display>(
-    store: &Store,
+    store: &dyn StateStore,
     records: &[WorkloadRecord],
     observe: impl FnOnce() -> Result<Vec<Node>, E>,
     now: i64,
@@ -50,7 +50,7 @@ pub fn meter_placed<E: std::fmt::Display>(
 /// workloads, but reads those workloads whole only when some run is new (it must be
 /// described): a steady cycle reads four columns of each placed workload instead.
 pub fn meter_store<E: std::fmt::Display>(
-    store: &Store,
+    store: &dyn StateStore,
     observe: impl FnOnce() -> Result<Vec<Node>, E>,
     now: i64,
 ) -> Result<(), StoreError> {
@@ -71,7 +71,7 @@ pub fn meter_store<E: std::fmt::Display>(
 /// Extends the runs of `keys` not `missing`, and creates those of `missing` that `placed`
 /// describes.
 fn meter<E: std::fmt::Display>(
-    store: &Store,
+    store: &dyn StateStore,
     keys: Vec<RunKey>,
     missing: Vec<RunKey>,
     placed: &BTreeMap<RunKey, &WorkloadRecord>,
@@ -107,7 +107,7 @@ fn meter<E: std::fmt::Display>(
 /// began (a checkpoint signal or a stop of a workload the decision preempts). `records` are the
 /// live workloads as they were before the actions.
 pub fn record_applied(
-    store: &Store,
+    store: &dyn StateStore,
     decision: &Decision,
     actions: &[&Action],
     records: &[WorkloadRecord],

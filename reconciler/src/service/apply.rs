@@ -18,7 +18,7 @@ use crate::actions::Action;
 use crate::driver::{GpuRef, NodeDriver, Observation};
 use crate::node::{self, GangSpec, NodeError};
 use crate::runtime::{Runtime, Signal};
-use crate::store::{ReplicaProcess, Store, WorkloadRecord};
+use crate::store::{ReplicaProcess, StateStore, WorkloadRecord};
 
 pub use crate::node::{checkpoint_dir, dir_has_entries, find_gi, work_dir};
 
@@ -43,7 +43,7 @@ impl From<crate::runtime::RuntimeError> for ApplyError {
 pub struct Context<'a> {
     pub driver: &'a mut dyn NodeDriver,
     pub runtime: &'a mut Runtime,
-    pub store: &'a Store,
+    pub store: &'a dyn StateStore,
     pub state_dir: &'a Path,
     pub now: i64,
     pub run_commands: bool,

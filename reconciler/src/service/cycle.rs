@@ -24,7 +24,9 @@ use crate::repo::Mirror;
 use crate::runtime::{ExitStatus, Exited, Runtime};
 use crate::snapshot::{self, RunningFacts, Tracked};
 use crate::store::carried::Carried;
-use crate::store::{EndReason, Origin, Phase, RevisionStatus, Store, WorkloadRecord};
+use crate::store::{
+    EndReason, Origin, Phase, RevisionStatus, StateStore, StateStoreExt, WorkloadRecord,
+};
 
 /// How recovery closes an action the service stopped during.
 const INTERRUPTED: &str = "interrupted: the service stopped before this action completed";
@@ -91,7 +93,7 @@ pub enum Decided {
 
 pub struct Reconciler {
     config: Config,
-    store: Store,
+    store: Box<dyn StateStore>,
     driver: Box<dyn NodeDriver>,
     runtime: Runtime,
     mirror: Mirror,
@@ -137,7 +139,7 @@ struct Failure {
 impl Reconciler {
     pub fn new(
         config: Config,
-        store: Store,
+        store: Box<dyn StateStore>,
         driver: Box<dyn NodeDriver>,
         runtime: Runtime,
         mirror: Mirror,
@@ -592,7 +594,7 @@ impl Reconciler {
             let mut cx = apply::Context {
                 driver: self.driver.as_mut(),
                 runtime: &mut self.runtime,
-                store: &self.store,
+                store: &*self.store,
                 state_dir: &self.config.state_dir,
                 now,
                 run_commands: self.config.run_commands,
@@ -651,7 +653,7 @@ impl Reconciler {
                     !report.skipped.contains(a) && !report.failed.iter().any(|(f, _)| f == *a)
                 })
                 .collect();
-            crate::metering::record_applied(&self.store, decision, &done, &records, now)?;
+            crate::metering::record_applied(&*self.store, decision, &done, &records, now)?;
         }
         if !plan.actions.is_empty() {
             // Runs started by this cycle's actions, with the split just recorded.
@@ -714,7 +716,7 @@ impl Reconciler {
     ) -> Result<(), crate::store::StoreError> {
         let driver = &mut self.driver;
         crate::metering::meter_store(
-            &self.store,
+            &*self.store,
             || match nodes {
                 Some(nodes) => Ok(nodes),
                 None => driver.observe().map(|o| o.nodes),

@@ -160,7 +160,7 @@ fn a_submission_made_while_a_cycle_runs_is_decided_by_the_next() {
     let shared = Arc::new(Shared::new("sim", tx));
     let mut reconciler = Reconciler::new(
         config,
-        Store::open(&db).unwrap(),
+        Box::new(Store::open(&db).unwrap()),
         Box::new(driver),
         runtime,
         mirror,

@@ -34,7 +34,7 @@ use crate::auth::Principal;
 use crate::metrics::Metrics;
 use crate::repo::Source;
 use crate::runtime::{Confinement, SandboxConfig};
-use crate::store::{Origin, Store, StoreError};
+use crate::store::{Origin, StateStore, StoreError};
 
 pub use cycle::{CycleReport, Reconciler};
 pub use run::{OnceOptions, ServeError, ServeOptions, run_once, serve};
@@ -247,12 +247,12 @@ impl Shared {
 #[derive(Clone)]
 pub struct Handle {
     shared: Arc<Shared>,
-    store: Arc<Mutex<Store>>,
+    store: Arc<Mutex<Box<dyn StateStore>>>,
     limits: Limits,
 }
 
 impl Handle {
-    pub fn new(shared: Arc<Shared>, store: Store, limits: Limits) -> Handle {
+    pub fn new(shared: Arc<Shared>, store: Box<dyn StateStore>, limits: Limits) -> Handle {
         Handle {
             shared,
             store: Arc::new(Mutex::new(store)),
@@ -260,7 +260,7 @@ impl Handle {
         }
     }
 
-    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+    fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn StateStore>> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -392,7 +392,7 @@ impl Handle {
     /// ever used.
     fn resolve(
         &self,
-        store: &Store,
+        store: &dyn StateStore,
         who: &Principal,
         name: &str,
         tenant: Option<&str>,
@@ -427,7 +427,7 @@ impl Handle {
     ) -> Result<WorkloadView, ServiceError> {
         let (record, events) = {
             let store = self.store();
-            let key = self.resolve(&store, who, name, tenant)?;
+            let key = self.resolve(&**store, who, name, tenant)?;
             let record = match store.get(&key)? {
                 Some(r) => r,
                 None => return Err(ServiceError::NotFound(format!("no workload {name:?}"))),
@@ -449,7 +449,7 @@ impl Handle {
     ) -> Result<WorkloadView, ServiceError> {
         let (key, current) = {
             let store = self.store();
-            let key = self.resolve(&store, who, name, tenant)?;
+            let key = self.resolve(&**store, who, name, tenant)?;
             let current = store.get(&key)?;
             (key, current)
         };

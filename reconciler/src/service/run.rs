@@ -82,7 +82,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let runtime = runtime(&config, &db)?;
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
-    let handle = Handle::new(shared.clone(), api_store, config.limits);
+    let handle = Handle::new(shared.clone(), Box::new(api_store), config.limits);
     let branch = config.source.branch.clone();
 
     // A commit to a repository on this machine is seen at once, not at the next fetch.
@@ -121,7 +121,14 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let loop_thread = std::thread::Builder::new()
         .name("reconcile".into())
         .spawn(move || {
-            let reconciler = Reconciler::new(config, store, driver, runtime, mirror, loop_shared);
+            let reconciler = Reconciler::new(
+                config,
+                Box::new(store),
+                driver,
+                runtime,
+                mirror,
+                loop_shared,
+            );
             run_loop(reconciler, rx)
         })?;
 
@@ -271,7 +278,14 @@ pub fn run_once(
     let runtime = runtime(&config, &db)?;
     let (tx, _rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
-    let mut reconciler = Reconciler::new(config, store, driver, runtime, mirror, shared.clone());
+    let mut reconciler = Reconciler::new(
+        config,
+        Box::new(store),
+        driver,
+        runtime,
+        mirror,
+        shared.clone(),
+    );
     if let Err(e) = reconciler.recover(snapshot::now()) {
         reconciler.note(Condition::service(e.to_string()));
     }

@@ -131,7 +131,7 @@ mod tests {
             tenant("a2", &["org", "a", "a2"]),
             tenant("b", &["org", "b"]),
         ]);
-        Handle::new(shared, store, Limits::default())
+        Handle::new(shared, Box::new(store), Limits::default())
     }
 
     fn tenants_of(report: &UsageReport) -> Vec<&str> {

@@ -3,6 +3,9 @@
 //! log ([`events`]), what one decision hands to the next ([`carried`]) and metered usage
 //! ([`usage`]).
 //!
+//! [`StateStore`] ([`state`]) is that state as one interface: the service, the API and metering
+//! use it, and fleet mode implements it on etcd. What follows is the SQLite [`Store`].
+//!
 //! Every write is one `IMMEDIATE` transaction that checks what it changes (a workload's phase,
 //! a journal entry's state) and appends its event before committing, so a service killed at
 //! any point finds either the whole change or none of it. Nothing here reads a clock: every
@@ -13,10 +16,13 @@
 //! share it across threads wrap it in a mutex, which already serialises the transactions.
 
 pub mod carried;
+#[cfg(any(test, feature = "contract"))]
+pub mod contract;
 pub mod events;
 pub mod journal;
 pub mod revisions;
 mod schema;
+pub mod state;
 pub mod usage;
 pub mod workloads;
 
@@ -28,6 +34,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 pub use events::Event;
 pub use journal::{ActionId, ActionState, Ended, JournalEntry};
 pub use revisions::{RevisionRecord, RevisionStatus};
+pub use state::{StateStore, StateStoreExt};
 pub use workloads::{EndReason, Origin, Phase, ReplicaProcess, WorkloadRecord};
 
 /// How long a write waits for another connection's transaction (a `sqlite3` shell, a second
@@ -92,6 +99,23 @@ pub enum StoreError {
     },
     #[error("SQLite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// This replica does not lead (fleet mode), so the write was refused and nothing of it was
+    /// applied: a deposed leader can never write.
+    #[error(
+        "this replica is not the leader: the write was refused{}",
+        match leader { Some(l) => format!("; {l} leads now"), None => "; no leader now".to_string() }
+    )]
+    NotLeader { leader: Option<String> },
+    /// A stored value (fleet mode: an etcd key) does not parse as what it should hold.
+    #[error("corrupt value at {location}: {message}")]
+    Corrupt { location: String, message: String },
+    /// The backend that holds the state failed (fleet mode: etcd unreachable or failing, or
+    /// writes that kept conflicting with another writer's).
+    #[error("{what}: {source}")]
+    Backend {
+        what: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// What a committed write survives. Both keep the file consistent whatever happens; they differ

@@ -170,7 +170,7 @@ impl EndReason {
 
     /// Phases a workload may end this way from: only a placed workload can exit or be lost,
     /// while a policy change or a tenant can end one that is still queued.
-    fn may_end_from(&self, phase: Phase) -> bool {
+    pub fn may_end_from(&self, phase: Phase) -> bool {
         match self {
             EndReason::Cancelled | EndReason::Rejected { .. } => !phase.is_ended(),
             _ => phase.holds_placement(),
