@@ -20,6 +20,7 @@ mod lease;
 pub mod liveness;
 pub mod protocol;
 pub mod registration;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
