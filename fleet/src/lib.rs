@@ -2,10 +2,10 @@
 //! replica leads and the fence that keeps a deposed one from writing ([`election`]), the
 //! agents' registrations kept alive by leases and watched by the control plane
 //! ([`registration`]), the actions addressed to a node and the agent's journal of applying
-//! them ([`actions`]), and the etcd users and roles that confine each agent to its own node's
-//! keys ([`access`]).
+//! them ([`actions`]), the etcd users and roles that confine each agent to its own node's
+//! keys ([`access`]), and the service's state in etcd ([`store`]).
 //!
-//! The service does not use this crate yet: `tessera reconcile` keeps its single-process
+//! The service does not run on this crate yet: `tessera reconcile` keeps its single-process
 //! SQLite store. See ARCHITECTURE.md ("Fleet mode on etcd") for the protocol and the fencing
 //! argument.
 

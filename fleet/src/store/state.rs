@@ -207,6 +207,10 @@ const SPELLS_PER_COMMIT: usize = 30;
 /// The most journal entries pruned in one commit.
 const PRUNED_PER_COMMIT: usize = 100;
 
+/// How many of its commits a prune lets conflict (entries deleted meanwhile by another
+/// prune) before it gives up; each conflict is read again, so this only bounds a livelock.
+const PRUNE_CONFLICTS: usize = 16;
+
 fn to_i64(what: &'static str, value: u64) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value })
 }
@@ -928,7 +932,7 @@ impl StateStore for EtcdStore {
             }
             match self.etcd.commit(&batch.guards, &batch.writes) {
                 Ok(()) => pruned += old.len(),
-                Err(Attempt::Conflict) if conflicts < MAX_TXN_OPS => conflicts += 1,
+                Err(Attempt::Conflict) if conflicts < PRUNE_CONFLICTS => conflicts += 1,
                 Err(Attempt::Conflict) => {
                     return Err(StoreError::Backend {
                         what: "etcd: journal prune".to_string(),
