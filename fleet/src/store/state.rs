@@ -19,7 +19,7 @@ use tessera_reconciler::store::{
 };
 
 use super::EtcdStore;
-use super::etcd::{Attempt, Found, MAX_TXN_OPS, delete, put, unchanged};
+use super::etcd::{Attempt, Found, delete, put, unchanged};
 use super::layout::{Layout, Sequence, id_of};
 use super::lifecycle::{self, Draft};
 use crate::election::{Guard, Write};
@@ -197,7 +197,7 @@ struct StoredSpell {
 }
 
 /// The most runs metered in one commit: a guard and a write each, within
-/// [`MAX_TXN_OPS`].
+/// [`MAX_TXN_OPS`](super::MAX_TXN_OPS).
 const RUNS_PER_COMMIT: usize = 60;
 
 /// The most reserved-idle spells charged in one commit: two guards and two writes each, and
