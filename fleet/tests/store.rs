@@ -181,7 +181,8 @@ fn writers_of_one_leader_racing_each_other_lose_nothing() {
     assert!(events.windows(2).all(|e| e[0].id < e[1].id));
 }
 
-/// Metering more runs, and pruning more entries, than one transaction may carry.
+/// Metering more runs, and pruning more entries, than one transaction may carry; reading more
+/// than one page.
 #[test]
 fn writes_larger_than_one_transaction_are_chunked_and_add_up() {
     let bench = Bench::start();
@@ -232,6 +233,19 @@ fn writes_larger_than_one_transaction_are_chunked_and_add_up() {
             .collect::<Vec<_>>(),
         [open]
     );
+
+    // Reads longer than one page (500 keys), ascending and descending.
+    let key = WorkloadKey::new("a", "w");
+    let logged = 510;
+    for i in 0..logged {
+        store.record_event("note", Some(&key), "n", i).unwrap();
+    }
+    let all = store.events(0, 10_000).unwrap();
+    assert_eq!(all.len(), logged as usize);
+    assert!(all.windows(2).all(|e| e[0].id < e[1].id));
+    assert_eq!(store.recent_workload_events(&key, 600).unwrap(), all);
+    let rest = store.events(all[249].id, 10_000).unwrap();
+    assert_eq!(rest, all[250..]);
 }
 
 /// A service restarted against the same etcd (a new runtime, connection and term) finds its

@@ -165,29 +165,27 @@ impl Etcd {
         limit: Option<usize>,
         newest_first: bool,
     ) -> Result<Vec<KeyValue>, StoreError> {
-        self.range_from(prefix, prefix, limit, newest_first)
+        self.pages(prefix, prefix.as_bytes().to_vec(), limit, newest_first)
     }
 
-    /// Like [`Etcd::range`], from `start` (inclusive, under `prefix`) when ascending; to
-    /// `start` (exclusive) when descending and `start` is not the prefix itself.
+    /// Like [`Etcd::range`] ascending, from `start` (inclusive, a key under `prefix`) on.
     pub fn range_from(
         &self,
         prefix: &str,
         start: &str,
         limit: Option<usize>,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        self.pages(prefix, start.as_bytes().to_vec(), limit, false)
+    }
+
+    fn pages(
+        &self,
+        prefix: &str,
+        mut low: Vec<u8>,
+        limit: Option<usize>,
         newest_first: bool,
     ) -> Result<Vec<KeyValue>, StoreError> {
-        let end = prefix_end(prefix);
-        let (mut low, mut high) = if newest_first {
-            let high = if start == prefix {
-                end.clone()
-            } else {
-                start.as_bytes().to_vec()
-            };
-            (prefix.as_bytes().to_vec(), high)
-        } else {
-            (start.as_bytes().to_vec(), end.clone())
-        };
+        let mut high = prefix_end(prefix);
         let mut out: Vec<KeyValue> = Vec::new();
         let mut revision = 0;
         loop {

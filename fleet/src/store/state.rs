@@ -974,7 +974,7 @@ impl StateStore for EtcdStore {
         let prefix = self.layout.events_prefix();
         let from = self.layout.event(since_id.saturating_add(1));
         let limit = limit.min(MAX_LIMIT) as usize;
-        self.event_list(self.etcd.range_from(&prefix, &from, Some(limit), false)?)
+        self.event_list(self.etcd.range_from(&prefix, &from, Some(limit))?)
     }
 
     fn workload_events(
@@ -988,7 +988,7 @@ impl StateStore for EtcdStore {
             .layout
             .workload_event(workload, since_id.saturating_add(1));
         let limit = limit.min(MAX_LIMIT) as usize;
-        self.event_list(self.etcd.range_from(&prefix, &from, Some(limit), false)?)
+        self.event_list(self.etcd.range_from(&prefix, &from, Some(limit))?)
     }
 
     fn recent_workload_events(
