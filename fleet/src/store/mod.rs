@@ -1,5 +1,5 @@
 //! The service's state in etcd: [`EtcdStore`] implements the reconciler's
-//! [`StateStore`] (everything the SQLite store holds) under the cluster's `state/` prefix.
+//! [`StateStore`](tessera_reconciler::store::StateStore) (everything the SQLite store holds) under the cluster's `state/` prefix.
 //!
 //! ```text
 //! state/counters/<sequence>                       last id taken: workload, event, journal,
@@ -35,7 +35,7 @@
 //! took ids from. etcd applies it only if nothing it read has changed and this term still
 //! leads; otherwise it applies nothing. A compare that fails on a read key means another
 //! writer of the same leader (the API beside the cycle) got there first: the write is read
-//! and checked again (bounded). A failed fence is [`StoreError::NotLeader`]: a deposed leader
+//! and checked again (bounded). A failed fence is [`StoreError::NotLeader`](tessera_reconciler::store::StoreError::NotLeader): a deposed leader
 //! never writes, however late its request arrives. Reads need no fence, so a standby's store
 //! ([`EtcdStore::reader`]) serves them.
 //!
