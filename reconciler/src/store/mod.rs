@@ -1,7 +1,7 @@
 //! The service's state in SQLite: workloads and their lifecycle ([`workloads`]), the policy
 //! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]), the event
-//! log ([`events`]), what one decision hands to the next ([`carried`]) and metered usage
-//! ([`usage`]).
+//! log ([`events`]), what one decision hands to the next ([`carried`]), metered usage
+//! ([`usage`]) and a batch of starts in two commits ([`starts`]).
 //!
 //! Every write is one `IMMEDIATE` transaction that checks what it changes (a workload's phase,
 //! a journal entry's state) and appends its event before committing, so a service killed at
@@ -17,6 +17,7 @@ pub mod events;
 pub mod journal;
 pub mod revisions;
 mod schema;
+pub mod starts;
 pub mod usage;
 pub mod workloads;
 
