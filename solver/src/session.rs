@@ -290,6 +290,17 @@ impl Session {
             .expect("parts are put back after each call")
     }
 
+    /// Whether the session holds workload `key` (decided by the cycle it opened on or as an
+    /// arrival since, and not finished): a workload it holds is not an arrival.
+    pub fn contains(&self, key: &WorkloadKey) -> bool {
+        self.names.contains_key(key)
+            || self
+                .problem
+                .orphans
+                .iter()
+                .any(|o| (o.tenant.as_str(), o.name.as_str()) == key.as_pair())
+    }
+
     /// The standing decision for one workload, as the full cycle would give it.
     pub fn decision_for(&self, key: &WorkloadKey) -> Option<WorkloadDecision> {
         if let Some(&w) = self.names.get(key) {

@@ -12,6 +12,7 @@ use tessera_compiler::model::{
 use tessera_compiler::units::Gpus;
 use tessera_reconciler::store::carried::Carried;
 use tessera_reconciler::store::events::MAX_LIMIT;
+use tessera_reconciler::store::starts::{StartDone, StartIntent};
 use tessera_reconciler::store::usage::{NewRun, ReservedSpell, RunKey, UsageRow};
 use tessera_reconciler::store::{
     ActionId, ActionState, EndReason, Ended, Event, JournalEntry, Origin, Phase, ReplicaProcess,
@@ -23,6 +24,8 @@ use super::etcd::{Attempt, Found, delete, put, unchanged};
 use super::layout::{Layout, Sequence, id_of};
 use super::lifecycle::{self, Draft};
 use crate::election::{Guard, Write};
+
+mod starts;
 
 /// One commit in the making: what it compares and what it writes.
 #[derive(Default)]
@@ -601,6 +604,27 @@ impl EtcdStore {
 }
 
 impl StateStore for EtcdStore {
+    fn last_event_id(&self) -> Result<i64, StoreError> {
+        self.last_event_id_in()
+    }
+
+    fn max_start_batch(&self) -> usize {
+        starts::MAX_STARTS
+    }
+
+    fn begin_starts_value(
+        &self,
+        cycle: u64,
+        starts: &[StartIntent<'_, serde_json::Value>],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError> {
+        self.begin_starts_in(cycle, starts, now)
+    }
+
+    fn finish_starts(&self, started: &[StartDone<'_>], now: i64) -> Result<(), StoreError> {
+        self.finish_starts_in(started, now)
+    }
+
     fn submit(
         &self,
         name: &str,

@@ -106,47 +106,71 @@ fn start(
     let plain: Vec<Binding> = bindings.iter().map(ReplicaBinding::binding).collect();
     cx.store.mark_starting(workload, &plain, cx.now)?;
 
-    let replicas: Vec<ReplicaProcess> = if cx.run_commands && !record.spec.command.is_empty() {
-        let checkpoint_dir = checkpoint_dir(cx.state_dir, workload);
-        let resume_from = (record.attempts > 0 && dir_has_entries(&checkpoint_dir))
-            .then(|| checkpoint_dir.clone());
-        let gang = GangSpec {
-            workload: workload.clone(),
-            command: record.spec.command.clone(),
-            env: record.spec.env.clone(),
-            cpu_millis: record.spec.cpu.0,
-            memory_bytes: record.spec.memory.0,
-            work_dir: work_dir(cx.state_dir, workload),
-            checkpoint_dir,
-            resume_from,
-        };
-        match node::launch(cx.driver, cx.runtime, &gang, &plans) {
-            Ok(started) => started
-                .into_iter()
-                .map(|s| ReplicaProcess {
-                    replica: s.replica,
-                    pid: Some(s.pid),
-                    devices: s.devices,
-                })
-                .collect(),
-            Err(e) => {
-                cx.store
-                    .requeue(workload, &format!("start failed: {e}"), cx.now)?;
-                return Err(e.into());
-            }
+    let launched = launch(
+        cx.driver,
+        cx.runtime,
+        cx.state_dir,
+        cx.run_commands,
+        workload,
+        &record,
+        plans,
+    );
+    let replicas = match launched {
+        Ok(replicas) => replicas,
+        Err(e) => {
+            cx.store
+                .requeue(workload, &format!("start failed: {e}"), cx.now)?;
+            return Err(e.into());
         }
-    } else {
-        plans
+    };
+    cx.store.mark_running(workload, &replicas, cx.now)?;
+    Ok(())
+}
+
+/// Launches a placed workload's replicas on their resolved devices (its command, when
+/// commands run and it has one), resuming from its checkpoint when it has been requeued; the
+/// replicas as the store records them. Nothing is left running when it fails.
+pub fn launch(
+    driver: &mut dyn NodeDriver,
+    runtime: &mut Runtime,
+    state_dir: &Path,
+    run_commands: bool,
+    workload: &WorkloadKey,
+    record: &WorkloadRecord,
+    plans: Vec<node::ReplicaPlan>,
+) -> Result<Vec<ReplicaProcess>, NodeError> {
+    if !run_commands || record.spec.command.is_empty() {
+        return Ok(plans
             .into_iter()
             .map(|p| ReplicaProcess {
                 replica: p.replica,
                 pid: None,
                 devices: p.devices.uuids,
             })
-            .collect()
+            .collect());
+    }
+    let checkpoint_dir = checkpoint_dir(state_dir, workload);
+    let resume_from =
+        (record.attempts > 0 && dir_has_entries(&checkpoint_dir)).then(|| checkpoint_dir.clone());
+    let gang = GangSpec {
+        workload: workload.clone(),
+        command: record.spec.command.clone(),
+        env: record.spec.env.clone(),
+        cpu_millis: record.spec.cpu.0,
+        memory_bytes: record.spec.memory.0,
+        work_dir: work_dir(state_dir, workload),
+        checkpoint_dir,
+        resume_from,
     };
-    cx.store.mark_running(workload, &replicas, cx.now)?;
-    Ok(())
+    let started = node::launch(driver, runtime, &gang, &plans)?;
+    Ok(started
+        .into_iter()
+        .map(|s| ReplicaProcess {
+            replica: s.replica,
+            pid: Some(s.pid),
+            devices: s.devices,
+        })
+        .collect())
 }
 
 /// The pids of a workload's replicas that the store knows.

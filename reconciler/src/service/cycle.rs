@@ -17,6 +17,8 @@ use super::error::{CycleError, FetchError, RecoveryError};
 use super::standing::{Stale, Standing};
 use super::status::{Condition, Health, Status, Sync};
 use super::{Config, Shared, TenantView, apply};
+
+mod arrivals;
 use crate::actions::{self, Action, ActionPlan, LivePhase, Throttle, Wait, WorkloadView};
 use crate::driver::{GpuRef, NodeDriver, Observation};
 use crate::policy::{self, Offer, PolicyTracker};
@@ -27,6 +29,7 @@ use crate::store::carried::Carried;
 use crate::store::{
     EndReason, Origin, Phase, RevisionStatus, StateStore, StateStoreExt, WorkloadRecord,
 };
+pub use arrivals::Arrivals;
 
 /// How recovery closes an action the service stopped during.
 const INTERRUPTED: &str = "interrupted: the service stopped before this action completed";
@@ -125,6 +128,9 @@ pub struct Reconciler {
     /// What the last decision holds idle for waiting gangs, and when it was made: metered up to
     /// the next decision (`metering`).
     reserved: Option<(i64, Vec<crate::store::usage::ReservedSpell>)>,
+    /// What the arrival path (`arrivals.rs`) compares with to know that nothing but
+    /// submissions changed since the standing decision.
+    watch: arrivals::Watch,
 }
 
 /// Consecutive failures of the actions on one key.
@@ -165,6 +171,7 @@ impl Reconciler {
             notes: Vec::new(),
             lost: Vec::new(),
             reserved: None,
+            watch: arrivals::Watch::default(),
         }
     }
 
@@ -468,6 +475,9 @@ impl Reconciler {
 
         let mut observation = self.driver.observe().map_err(CycleError::Observe)?;
         self.note_lost(&observation);
+        // Before the snapshot is read: what is recorded from here on, the arrival path reads
+        // (and a submission recorded meanwhile that the snapshot holds, it finds decided).
+        let events_before = self.store.last_event_id()?;
         let records = self.store.live()?;
         self.shared
             .metrics
@@ -569,6 +579,7 @@ impl Reconciler {
         // How the last applied action ended, recorded with the next one's intent (one commit
         // for both) or after the loop.
         let mut unrecorded: Option<(crate::store::ActionId, Result<(), String>)> = None;
+        let mut started = BTreeSet::new();
         for action in &plan.actions {
             if depends_on_failed(action, &failed_keys) {
                 report.skipped.push(action.clone());
@@ -606,6 +617,11 @@ impl Reconciler {
             match outcome {
                 Ok(()) => {
                     unrecorded = Some((id, Ok(())));
+                    if let Action::Start { workload, .. } = action
+                        && let Some(key) = WorkloadKey::parse(workload)
+                    {
+                        started.insert(key);
+                    }
                     match &why {
                         Some(why) => info!("applied: {action}: {why}"),
                         None => info!("applied: {action}"),
@@ -697,7 +713,15 @@ impl Reconciler {
                     Next::None => None,
                 };
                 match kept {
-                    Some(Ok(standing)) => self.standing = Some(standing),
+                    Some(Ok(standing)) => {
+                        self.watch = arrivals::Watch::after_cycle(
+                            events_before,
+                            started,
+                            observation.nodes.clone(),
+                            self.next_overdue()?,
+                        );
+                        self.standing = Some(standing);
+                    }
                     Some(Err(why)) => self.dropped = Some(why),
                     None => {}
                 }
@@ -801,6 +825,21 @@ impl Reconciler {
             self.store.finish(&record.key(), end, now)?;
         }
         Ok(())
+    }
+
+    /// When the first placed run reaches its `maxDuration`, which [`Reconciler::stop_overdue`]
+    /// acts on; `None` when no run declares one.
+    fn next_overdue(&self) -> Result<Option<i64>, crate::store::StoreError> {
+        Ok(self
+            .store
+            .live_with_max_duration()?
+            .iter()
+            .filter(|r| r.phase.holds_placement())
+            .filter_map(|r| {
+                let limit = i64::try_from(r.spec.max_duration?.seconds()).unwrap_or(i64::MAX);
+                Some(r.started_at?.saturating_add(limit))
+            })
+            .min())
     }
 
     fn stop_cancelled(&mut self, now: i64) -> Result<(), crate::store::StoreError> {

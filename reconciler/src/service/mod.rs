@@ -7,6 +7,8 @@
 //! a submission or a cancellation is recorded, and the next cycle acts on it.
 
 pub mod apply;
+#[cfg(test)]
+mod arrivals_tests;
 pub mod backoff;
 pub mod cycle;
 #[cfg(test)]
@@ -211,6 +213,20 @@ impl Shared {
     pub fn publish_decision(&self, decision: &Decision) {
         let index = Arc::new(DecisionIndex::of(decision));
         *self.decisions.write().unwrap_or_else(|e| e.into_inner()) = Some(index);
+    }
+
+    /// Records what the arrival path decided for each of `decided` at `at` in the published
+    /// decision, without rebuilding it: copied only while an API call holds the last one.
+    pub fn publish_arrivals(
+        &self,
+        decided: &[tessera_solver::decision::WorkloadDecision],
+        at: jiff::Timestamp,
+    ) {
+        let mut slot = self.decisions.write().unwrap_or_else(|e| e.into_inner());
+        let index = Arc::make_mut(slot.get_or_insert_with(|| Arc::new(DecisionIndex::default())));
+        for w in decided {
+            index.record(w, at);
+        }
     }
 
     fn decisions(&self) -> Option<Arc<DecisionIndex>> {

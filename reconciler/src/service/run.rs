@@ -207,8 +207,12 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
     }
     let period = reconciler.config().cycle_period;
     let fetch_interval = reconciler.config().fetch_interval;
+    let incremental = reconciler.config().incremental;
     let mut fetch_due = true;
     let mut cycle_due = true;
+    // Submissions to decide by the arrival path (`cycle/arrivals.rs`), when no full cycle is
+    // due: it falls back to one when anything else changed.
+    let mut arrivals_due = false;
     let mut last_cycle = Instant::now();
     let mut last_fetch = Instant::now();
     loop {
@@ -219,24 +223,51 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
             fetch_due = false;
             cycle_due = true;
         }
+        if !cycle_due && arrivals_due && !reconciler.has_exits() {
+            arrivals_due = false;
+            match reconciler.arrivals(snapshot::now()) {
+                Some(pass) => arrivals_due = pass.more,
+                None => cycle_due = true,
+            }
+        }
         if cycle_due || reconciler.has_exits() {
             let report = reconciler.cycle(snapshot::now());
             last_cycle = Instant::now();
             // Submissions the cycle left undecided are the next one's, now.
             cycle_due = !report.deferred.is_empty();
         }
+        if arrivals_due {
+            // More of the same pass: no wait.
+            continue;
+        }
+        let mut wake = |w: Wake, fetch_due: &mut bool, cycle_due: &mut bool| match w {
+            Wake::Shutdown => false,
+            Wake::Repository => {
+                *fetch_due = true;
+                true
+            }
+            Wake::Workloads if incremental => {
+                arrivals_due = true;
+                true
+            }
+            Wake::Workloads | Wake::Forced => {
+                *cycle_due = true;
+                true
+            }
+        };
         match rx.recv_timeout(TICK) {
-            Ok(Wake::Shutdown) | Err(RecvTimeoutError::Disconnected) => return,
-            Ok(Wake::Repository) => fetch_due = true,
-            Ok(Wake::Workloads | Wake::Forced) => cycle_due = true,
+            Ok(w) => {
+                if !wake(w, &mut fetch_due, &mut cycle_due) {
+                    return;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {}
         }
         // Several wake-ups in a burst make one cycle.
         while let Ok(w) = rx.try_recv() {
-            match w {
-                Wake::Shutdown => return,
-                Wake::Repository => fetch_due = true,
-                Wake::Workloads | Wake::Forced => cycle_due = true,
+            if !wake(w, &mut fetch_due, &mut cycle_due) {
+                return;
             }
         }
         if last_fetch.elapsed() >= fetch_interval {

@@ -27,12 +27,18 @@
 //! where it is decided after the admissions of this one, as a full cycle would.
 //!
 //! Arrivals are never decided by the integer program.
+//!
+//! Between full cycles the service decides submissions by the arrival path
+//! (`cycle/arrivals.rs`), which checks "nothing but submissions changed" from the store's
+//! events and the nodes instead of comparing snapshots, decides with [`Standing::decide`] and
+//! moves the session on with [`Standing::started`]. It leaves `after` as the full cycle left
+//! it: a full cycle that follows finds the new runs in its snapshot and solves the whole queue.
 
 use tessera_compiler::WorkloadKey;
-use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
+use tessera_compiler::model::{ClusterStateSpec, PendingWorkload, RunningWorkload};
 use tessera_solver::Decision;
 use tessera_solver::decision::Outcome;
-use tessera_solver::session::{Admission, FullCycle, Session};
+use tessera_solver::session::{Admission, FullCycle, Session, SessionError};
 
 /// At most this many submissions are decided by the session in one cycle; a burst goes to a
 /// full cycle. An arrival the session places ahead of waiting work decides that work again
@@ -49,6 +55,9 @@ pub struct Standing {
     after: ClusterStateSpec,
     /// When the full cycle that opened the session ran, Unix seconds.
     since: i64,
+    /// Runs the arrival path started that the session does not hold as running yet (it
+    /// declined to move on, see [`Standing::started`]).
+    unsettled: Vec<RunningWorkload>,
 }
 
 /// What the session decided for one cycle.
@@ -78,6 +87,22 @@ pub enum Stale {
     Unfinished,
     /// The session could not decide an arrival alone (see `FullCycle`), or refused it.
     Session(String),
+    /// The store recorded a change to a workload other than a submission or the service's
+    /// own starts (an exit, a cancellation, a requeue): event `kind` of `workload`.
+    Event {
+        kind: String,
+        workload: Option<String>,
+    },
+    /// A workload's process ended.
+    Exited,
+    /// Reconciliation is suspended: the full cycle decides without acting.
+    Suspended,
+    /// Something only a full cycle does is due at this instant: a committed workload's
+    /// restart, or a run reaching its `maxDuration`.
+    Due(&'static str),
+    /// The arrival path could not carry out its decision (a device not found, the store
+    /// refused a start), with what went wrong.
+    Apply(String),
 }
 
 impl std::fmt::Display for Stale {
@@ -90,6 +115,14 @@ impl std::fmt::Display for Stale {
             Stale::Burst(n) => write!(f, "{n} submissions at once"),
             Stale::Unfinished => f.write_str("the last decision was not carried out whole"),
             Stale::Session(why) => write!(f, "the session asks for a full cycle: {why}"),
+            Stale::Event { kind, workload } => match workload {
+                Some(w) => write!(f, "the store recorded `{kind}` for `{w}`"),
+                None => write!(f, "the store recorded `{kind}`"),
+            },
+            Stale::Exited => f.write_str("a process ended"),
+            Stale::Suspended => f.write_str("reconciliation is suspended"),
+            Stale::Due(what) => write!(f, "{what} is due"),
+            Stale::Apply(why) => write!(f, "the arrival path could not apply: {why}"),
         }
     }
 }
@@ -105,6 +138,11 @@ impl Stale {
             Stale::Burst(_) => "burst",
             Stale::Unfinished => "unfinished",
             Stale::Session(_) => "session",
+            Stale::Event { .. } => "event",
+            Stale::Exited => "exited",
+            Stale::Suspended => "suspended",
+            Stale::Due(_) => "due",
+            Stale::Apply(_) => "apply",
         }
     }
 }
@@ -127,6 +165,7 @@ impl Standing {
             revision: revision.to_owned(),
             after,
             since,
+            unsettled: Vec::new(),
         })
     }
 
@@ -181,6 +220,54 @@ impl Standing {
                 deferred,
             },
         ))
+    }
+
+    /// The commit the standing decision was made under.
+    pub fn revision(&self) -> &str {
+        &self.revision
+    }
+
+    /// Whether the standing decision is older than `period_seconds` at `now` (or `now` is
+    /// before it): the periodic full cycle is due.
+    pub fn expired(&self, now: i64, period_seconds: i64) -> bool {
+        now < self.since || now - self.since >= period_seconds
+    }
+
+    /// Whether the session holds workload `key` already: the cycle that opened it saw it, or
+    /// the arrival path decided it.
+    pub fn knows(&self, key: &WorkloadKey) -> bool {
+        self.session.contains(key)
+    }
+
+    /// The arrival path: decides one workload submitted since, against the standing
+    /// decision, as [`Session::admit`] does. The caller makes sure it is new
+    /// ([`Standing::knows`]) and that nothing but submissions changed since the standing
+    /// decision was made; on `NeedsFullCycle` or `Err` the session is unchanged.
+    pub fn decide(&mut self, arrival: &PendingWorkload) -> Result<Admission, SessionError> {
+        self.session.admit(arrival)
+    }
+
+    /// The arrival path started `runs` (admitted by [`Standing::decide`]): the session stands
+    /// for the fleet with them running, when it can move on (see [`rebase`]); otherwise they
+    /// are kept and carried with the next batch's.
+    ///
+    /// The snapshot handed to the session holds only these runs: `Session::carried_out` reads
+    /// the runs of the workloads it admitted from its snapshot and nothing else. `after` is not
+    /// changed: a full cycle compares its snapshot with it and, finding the new runs, solves.
+    pub fn started(&mut self, runs: Vec<RunningWorkload>) {
+        self.unsettled.extend(runs);
+        let snapshot = ClusterStateSpec {
+            observed_at: self.after.observed_at,
+            nodes: Vec::new(),
+            running: std::mem::take(&mut self.unsettled),
+            pending: Vec::new(),
+            usage: None,
+            reservations: Vec::new(),
+            reconfigurations: Vec::new(),
+        };
+        if self.session.carried_out(&snapshot).is_err() {
+            self.unsettled = snapshot.running;
+        }
     }
 
     /// The snapshot the cycle that used the standing decision left, when it too was carried

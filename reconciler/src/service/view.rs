@@ -9,7 +9,7 @@ use serde::Serialize;
 use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_solver::Decision;
-use tessera_solver::decision::{Outcome, PoolReport, TenantUsage};
+use tessera_solver::decision::{Outcome, PoolReport, TenantUsage, WorkloadDecision};
 
 use jiff::Timestamp;
 
@@ -32,6 +32,40 @@ pub struct Decided {
     /// While it waits: its place in line (1 is the head of the line) among the waiting workloads, in the order
     /// the decision considered them.
     pub queue_position: Option<QueuePosition>,
+    /// When it was decided, where that is not the decision's instant: a workload the
+    /// arrival path decided since.
+    pub decided_at: Option<Timestamp>,
+}
+
+impl Decided {
+    /// What `w` says, without its place in line or expected start (the whole decision's).
+    fn of(w: &WorkloadDecision) -> Decided {
+        let (outcome, reason, message) = match &w.outcome {
+            Outcome::Keep { .. } => ("keep", None, None),
+            Outcome::Admit { .. } => ("admit", None, None),
+            Outcome::Preempt {
+                reason, message, ..
+            } => (
+                "preempt",
+                serde_json::to_value(reason).ok().and_then(|v| tag_of(&v)),
+                Some(message.clone()),
+            ),
+            Outcome::Pending { reason, message } => (
+                "pending",
+                Some(crate::metrics::reason_kind(reason)),
+                Some(message.clone()),
+            ),
+        };
+        Decided {
+            pool: w.pool.clone(),
+            outcome,
+            reason,
+            message,
+            expected_start: None,
+            queue_position: None,
+            decided_at: None,
+        }
+    }
 }
 
 /// A waiting workload's place in line.
@@ -79,30 +113,9 @@ impl DecisionIndex {
             .iter()
             .map(|w| {
                 let key = WorkloadKey::new(&w.tenant, &w.name);
-                let (outcome, reason, message) = match &w.outcome {
-                    Outcome::Keep { .. } => ("keep", None, None),
-                    Outcome::Admit { .. } => ("admit", None, None),
-                    Outcome::Preempt {
-                        reason, message, ..
-                    } => (
-                        "preempt",
-                        serde_json::to_value(reason).ok().and_then(|v| tag_of(&v)),
-                        Some(message.clone()),
-                    ),
-                    Outcome::Pending { reason, message } => (
-                        "pending",
-                        Some(crate::metrics::reason_kind(reason)),
-                        Some(message.clone()),
-                    ),
-                };
-                let decided = Decided {
-                    pool: w.pool.clone(),
-                    outcome,
-                    reason,
-                    message,
-                    expected_start: eta.get(key.to_string().as_str()).copied(),
-                    queue_position: place.get(key.to_string().as_str()).copied(),
-                };
+                let mut decided = Decided::of(w);
+                decided.expected_start = eta.get(key.to_string().as_str()).copied();
+                decided.queue_position = place.get(key.to_string().as_str()).copied();
                 (key, decided)
             })
             .collect();
@@ -121,6 +134,17 @@ impl DecisionIndex {
             usage: decision.usage.clone(),
             pools: decision.pools.clone(),
         }
+    }
+
+    /// Records what the arrival path decided for `w` at `at`, in place of what the last
+    /// decision said. A waiting arrival's place in line and a reservation's expected start
+    /// are the full cycle's to give: they are left out until it runs.
+    pub fn record(&mut self, w: &WorkloadDecision, at: Timestamp) {
+        let key = WorkloadKey::new(&w.tenant, &w.name);
+        let mut decided = Decided::of(w);
+        decided.decided_at = Some(at);
+        self.owners.insert(key.to_string(), w.tenant.clone());
+        self.workloads.insert(key, decided);
     }
 
     /// `message` as tenant `viewer` may read it: the solver's sentences name workloads in
@@ -258,7 +282,7 @@ impl WorkloadView {
             message: decided.and_then(|(_, w)| w.message.clone()),
             expected_start: decided.and_then(|(_, w)| w.expected_start),
             queue_position: decided.and_then(|(_, w)| w.queue_position),
-            decided_at: decided.map(|(d, _)| d.at),
+            decided_at: decided.map(|(d, w)| w.decided_at.unwrap_or(d.at)),
             submitted_at: unix(record.submitted_at),
             started_at: at(record.started_at),
             ended_at: at(record.ended_at),

@@ -13,6 +13,7 @@ use tessera_compiler::model::{Binding, ReconfigurationRecord, ReservationRecord,
 use tessera_compiler::units::Gpus;
 
 use super::carried::Carried;
+use super::starts::{StartDone, StartIntent};
 use super::usage::{NewRun, ReservedSpell, RunKey};
 use super::{
     ActionState, EndReason, Ended, Origin, Phase, ReplicaProcess, RevisionStatus, StateStore,
@@ -60,6 +61,8 @@ cases!(
     runs_are_metered_as_intervals_split_by_admission_and_clipped_to_the_window,
     metering_a_run_again_never_counts_a_second_twice,
     reserved_idle_is_charged_once_between_decisions,
+    a_batch_of_starts_is_two_commits_and_ends_closed,
+    a_batch_of_starts_with_a_workload_no_longer_pending_writes_nothing,
 );
 
 /// Tenant `a`'s workload `name`.
@@ -1041,4 +1044,115 @@ pub fn reserved_idle_is_charged_once_between_decisions(store: &dyn StateStore) {
         window[0].reserved_idle_unit_seconds,
         (4 * 5 + 6 * 5) * Gpus::UNITS_PER_GPU
     );
+}
+
+fn start_spec(tenant: &str) -> WorkloadSpec {
+    serde_json::from_value(json!({
+        "tenant": tenant, "sloClass": "training", "gpu": {"count": 1}
+    }))
+    .unwrap()
+}
+
+fn start_binding(gpu: u32) -> Vec<Binding> {
+    vec![Binding {
+        node: "n0".into(),
+        gpus: vec![gpu],
+        mig_start: None,
+        share: None,
+    }]
+}
+
+pub fn a_batch_of_starts_is_two_commits_and_ends_closed(store: &dyn StateStore) {
+    let a = WorkloadKey::new("t", "a");
+    let b = WorkloadKey::new("u", "b");
+    store
+        .submit("a", &start_spec("t"), Origin::Submitted, 10)
+        .unwrap();
+    store
+        .submit("b", &start_spec("u"), Origin::Submitted, 11)
+        .unwrap();
+    let (ba, bb) = (start_binding(0), start_binding(1));
+    let intents = [
+        StartIntent {
+            workload: &a,
+            bindings: &ba,
+            action: "start a",
+        },
+        StartIntent {
+            workload: &b,
+            bindings: &bb,
+            action: "start b",
+        },
+    ];
+    let ids = store.begin_starts(1, &intents, 20).unwrap();
+    assert_eq!(store.open_actions().unwrap().len(), 2);
+    assert_eq!(store.workload(&a).unwrap().phase, Phase::Starting);
+    assert_eq!(store.workload(&b).unwrap().bindings, bb);
+
+    let replicas = [ReplicaProcess {
+        replica: 0,
+        pid: None,
+        devices: vec!["GPU-0".into()],
+    }];
+    let done: Vec<StartDone<'_>> = [(&a, 10), (&b, 11)]
+        .iter()
+        .zip(&ids)
+        .map(|(&(key, submitted_at), &action)| StartDone {
+            action,
+            workload: key,
+            replicas: &replicas,
+            submitted_at,
+            guaranteed: Gpus::from_units(Gpus::UNITS_PER_GPU),
+            borrowed: Gpus::from_units(0),
+        })
+        .collect();
+    store.finish_starts(&done, 21).unwrap();
+    assert!(store.open_actions().unwrap().is_empty());
+    for key in [&a, &b] {
+        let record = store.workload(key).unwrap();
+        assert_eq!(record.phase, Phase::Running);
+        assert_eq!(record.started_at, Some(21));
+        assert_eq!(record.replicas, replicas);
+    }
+    let kinds: Vec<String> = store
+        .workload_events(&a, 0, 10)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["submitted", "starting", "running"]);
+    // Closing the same intents again is refused, and nothing of that batch is written.
+    assert!(store.finish_starts(&done, 22).is_err());
+    assert_eq!(store.workload(&a).unwrap().started_at, Some(21));
+}
+
+pub fn a_batch_of_starts_with_a_workload_no_longer_pending_writes_nothing(store: &dyn StateStore) {
+    let a = WorkloadKey::new("t", "a");
+    let b = WorkloadKey::new("t", "b");
+    store
+        .submit("a", &start_spec("t"), Origin::Submitted, 10)
+        .unwrap();
+    store
+        .submit("b", &start_spec("t"), Origin::Submitted, 10)
+        .unwrap();
+    store.cancel(&b, 11).unwrap();
+    let before = store.last_event_id().unwrap();
+    let (ba, bb) = (start_binding(0), start_binding(1));
+    let intents = [
+        StartIntent {
+            workload: &a,
+            bindings: &ba,
+            action: "start a",
+        },
+        StartIntent {
+            workload: &b,
+            bindings: &bb,
+            action: "start b",
+        },
+    ];
+    let err = store.begin_starts(1, &intents, 12).unwrap_err();
+    assert!(matches!(err, StoreError::IllegalTransition { .. }), "{err}");
+    assert_eq!(store.workload(&a).unwrap().phase, Phase::Pending);
+    assert!(store.open_actions().unwrap().is_empty());
+    assert_eq!(store.last_event_id().unwrap(), before);
 }

@@ -20,7 +20,7 @@ pub enum Ended<'a> {
 }
 
 /// Closes action `id` within `tx`: it must be open (an intent).
-fn close_in(
+pub(super) fn close_in(
     tx: &rusqlite::Transaction<'_>,
     id: ActionId,
     how: Ended<'_>,
@@ -55,6 +55,20 @@ fn close_in(
         params![id, state.as_str(), now, error],
     )?;
     Ok(())
+}
+
+/// Records the intent of `action` (serialised) within the caller's transaction.
+pub(super) fn insert_intent(
+    conn: &rusqlite::Connection,
+    cycle: i64,
+    action: &str,
+    now: i64,
+) -> Result<ActionId, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO journal (cycle, action, state, begun_at) VALUES (?1, ?2, 'intent', ?3)",
+    )?
+    .execute(params![cycle, action, now])?;
+    Ok(conn.last_insert_rowid())
 }
 
 /// Where an action stands.

@@ -1,7 +1,7 @@
 //! The service's state in SQLite: workloads and their lifecycle ([`workloads`]), the policy
 //! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]), the event
-//! log ([`events`]), what one decision hands to the next ([`carried`]) and metered usage
-//! ([`usage`]).
+//! log ([`events`]), what one decision hands to the next ([`carried`]), metered usage
+//! ([`usage`]) and a batch of starts in two commits ([`starts`]).
 //!
 //! [`StateStore`] ([`state`]) is that state as one interface: the service, the API and metering
 //! use it, and fleet mode implements it on etcd. What follows is the SQLite [`Store`].
@@ -22,6 +22,7 @@ pub mod events;
 pub mod journal;
 pub mod revisions;
 mod schema;
+pub mod starts;
 pub mod state;
 pub mod usage;
 pub mod workloads;

@@ -19,6 +19,7 @@ use tessera_compiler::model::{Binding, WorkloadSpec};
 use tessera_compiler::units::Gpus;
 
 use super::carried::Carried;
+use super::starts::{StartDone, StartIntent};
 use super::usage::{NewRun, ReservedSpell, RunKey, UsageRow};
 use super::{
     ActionId, EndReason, Ended, Event, JournalEntry, Origin, ReplicaProcess, RevisionRecord,
@@ -110,6 +111,29 @@ pub trait StateStore: Send {
     ) -> Result<WorkloadRecord, StoreError>;
     /// Cancels a workload (at once when queued, by request when it has processes).
     fn cancel(&self, key: &WorkloadKey, now: i64) -> Result<WorkloadRecord, StoreError>;
+
+    // Batches of starts (`starts.rs`).
+
+    /// The id of the last event, 0 when there is none: [`StateStore::events`] after it
+    /// returns what is recorded from now on.
+    fn last_event_id(&self) -> Result<i64, StoreError>;
+    /// The most starts one [`StateStoreExt::begin_starts`] or [`StateStore::finish_starts`]
+    /// may carry: each is one commit, and a backend whose commits are bounded (etcd's
+    /// operations per transaction) says so here; callers cut their batches to it.
+    fn max_start_batch(&self) -> usize {
+        usize::MAX
+    }
+    /// Records each start's intent and marks its workload Starting, in one commit; see
+    /// [`StateStoreExt::begin_starts`].
+    fn begin_starts_value(
+        &self,
+        cycle: u64,
+        starts: &[StartIntent<'_, serde_json::Value>],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError>;
+    /// Marks each launched workload Running, records its admission's split and closes its
+    /// intent done, in one commit; nothing is written when any of them cannot be.
+    fn finish_starts(&self, started: &[StartDone<'_>], now: i64) -> Result<(), StoreError>;
 
     // The action journal (`journal.rs`).
 
@@ -257,6 +281,31 @@ pub trait StateStoreExt: StateStore {
         self.close_and_begin_value(ended, cycle, &to_value("journal action", action)?, now)
     }
 
+    /// Records the intent of each start and marks its workload Starting with its bindings, in
+    /// one commit; the intents' ids in the order given. Nothing is written when any workload
+    /// is not pending.
+    fn begin_starts<A: Serialize + ?Sized>(
+        &self,
+        cycle: u64,
+        starts: &[StartIntent<'_, A>],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError> {
+        let actions = starts
+            .iter()
+            .map(|s| to_value("journal action", s.action))
+            .collect::<Result<Vec<_>, _>>()?;
+        let starts: Vec<StartIntent<'_, serde_json::Value>> = starts
+            .iter()
+            .zip(&actions)
+            .map(|(s, action)| StartIntent {
+                workload: s.workload,
+                bindings: s.bindings,
+                action,
+            })
+            .collect();
+        self.begin_starts_value(cycle, &starts, now)
+    }
+
     /// Records that `commit` was evaluated, with an event.
     fn record_revision<D: Serialize + ?Sized>(
         &self,
@@ -375,6 +424,23 @@ impl StateStore for Store {
     }
     fn cancel(&self, key: &WorkloadKey, now: i64) -> Result<WorkloadRecord, StoreError> {
         Store::cancel(self, key, now)
+    }
+
+    fn last_event_id(&self) -> Result<i64, StoreError> {
+        Store::last_event_id(self)
+    }
+
+    fn begin_starts_value(
+        &self,
+        cycle: u64,
+        starts: &[StartIntent<'_, serde_json::Value>],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError> {
+        Store::begin_starts(self, cycle, starts, now)
+    }
+
+    fn finish_starts(&self, started: &[StartDone<'_>], now: i64) -> Result<(), StoreError> {
+        Store::finish_starts(self, started, now)
     }
 
     fn begin_action_value(

@@ -421,17 +421,7 @@ impl Store {
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
         self.transition(key, now, |tx, cur| {
-            expect(cur, "start", &[Phase::Pending])?;
-            tx.execute(
-                "UPDATE workloads SET phase = 'starting', bindings = ?2 WHERE id = ?1",
-                params![cur.id, to_json("bindings", bindings)?],
-            )?;
-            tx.execute("DELETE FROM replicas WHERE workload_id = ?1", [cur.id])?;
-            let nodes = bindings.iter().map(|b| b.node.as_str());
-            Ok(Some((
-                "starting",
-                format!("placed on {}", join_unique(nodes)),
-            )))
+            set_starting(tx, cur, bindings).map(Some)
         })
     }
 
@@ -443,33 +433,7 @@ impl Store {
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
         self.transition(key, now, |tx, cur| {
-            expect(cur, "mark running", &[Phase::Starting])?;
-            tx.execute(
-                "UPDATE workloads SET phase = 'running', started_at = ?2 WHERE id = ?1",
-                params![cur.id, now],
-            )?;
-            tx.execute("DELETE FROM replicas WHERE workload_id = ?1", [cur.id])?;
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO replicas (workload_id, replica, pid, devices) VALUES (?1, ?2, ?3, ?4)",
-            )?;
-            for r in replicas {
-                insert.execute(params![
-                    cur.id,
-                    r.replica,
-                    r.pid,
-                    to_json("replica devices", &r.devices)?
-                ])?;
-            }
-            let pids: Vec<String> = replicas
-                .iter()
-                .filter_map(|r| r.pid.map(|p| p.to_string()))
-                .collect();
-            let message = if pids.is_empty() {
-                format!("{} replicas, no processes", replicas.len())
-            } else {
-                format!("{} replicas, pids {}", replicas.len(), pids.join(","))
-            };
-            Ok(Some(("running", message)))
+            set_running(tx, cur, replicas, now).map(Some)
         })
     }
 
@@ -672,12 +636,12 @@ impl Store {
 }
 
 /// A key's current record with its row id, read inside a transition's transaction.
-struct Current {
-    id: i64,
-    record: WorkloadRecord,
+pub(super) struct Current {
+    pub(super) id: i64,
+    pub(super) record: WorkloadRecord,
 }
 
-fn current(conn: &Connection, key: &WorkloadKey) -> Result<Current, StoreError> {
+pub(super) fn current(conn: &Connection, key: &WorkloadKey) -> Result<Current, StoreError> {
     let raw = conn
         .query_row(
             &format!("SELECT {COLUMNS} FROM workloads {CURRENT}"),
@@ -691,6 +655,59 @@ fn current(conn: &Connection, key: &WorkloadKey) -> Result<Current, StoreError> 
         id,
         record: raw.decode(conn)?,
     })
+}
+
+/// Pending → Starting on `cur` within the caller's transaction; returns the event to append.
+pub(super) fn set_starting(
+    tx: &Connection,
+    cur: &Current,
+    bindings: &[Binding],
+) -> Result<(&'static str, String), StoreError> {
+    expect(cur, "start", &[Phase::Pending])?;
+    tx.execute(
+        "UPDATE workloads SET phase = 'starting', bindings = ?2 WHERE id = ?1",
+        params![cur.id, to_json("bindings", bindings)?],
+    )?;
+    tx.execute("DELETE FROM replicas WHERE workload_id = ?1", [cur.id])?;
+    let nodes = bindings.iter().map(|b| b.node.as_str());
+    Ok(("starting", format!("placed on {}", join_unique(nodes))))
+}
+
+/// Starting → Running on `cur` with its replicas' processes, within the caller's
+/// transaction; returns the event to append.
+pub(super) fn set_running(
+    tx: &Connection,
+    cur: &Current,
+    replicas: &[ReplicaProcess],
+    now: i64,
+) -> Result<(&'static str, String), StoreError> {
+    expect(cur, "mark running", &[Phase::Starting])?;
+    tx.execute(
+        "UPDATE workloads SET phase = 'running', started_at = ?2 WHERE id = ?1",
+        params![cur.id, now],
+    )?;
+    tx.execute("DELETE FROM replicas WHERE workload_id = ?1", [cur.id])?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO replicas (workload_id, replica, pid, devices) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for r in replicas {
+        insert.execute(params![
+            cur.id,
+            r.replica,
+            r.pid,
+            to_json("replica devices", &r.devices)?
+        ])?;
+    }
+    let pids: Vec<String> = replicas
+        .iter()
+        .filter_map(|r| r.pid.map(|p| p.to_string()))
+        .collect();
+    let message = if pids.is_empty() {
+        format!("{} replicas, no processes", replicas.len())
+    } else {
+        format!("{} replicas, pids {}", replicas.len(), pids.join(","))
+    };
+    Ok(("running", message))
 }
 
 fn load(conn: &Connection, id: i64) -> Result<WorkloadRecord, StoreError> {
