@@ -153,10 +153,11 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
         }
     };
     loop {
-        // Each node has a registration and an observation once it has joined.
+        // Each node has a registration, an observation and its utilisation once it has
+        // joined.
         let registered = count(keys.registrations_prefix()).await?;
         let observed = count(keys.nodes_prefix()).await?;
-        if registered + observed >= 2 * args.nodes {
+        if registered + observed >= 3 * args.nodes {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -273,7 +274,7 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "  registered (registration + observed)  {:>8.2} s   etcd puts {:>7}   client bytes {:>11}",
+        "  registered (registration, observed, utilization) {:>8.2} s   etcd puts {:>7}   client bytes {:>11}",
         registered_in.as_secs_f64(),
         after_join.puts - at_start.puts,
         after_join.received_bytes - at_start.received_bytes
