@@ -220,7 +220,8 @@ impl PlanRunner {
 
     /// Writes `plan` and every node's `bound` (those left out keep theirs), then waits until
     /// `deadline` at most for the agents to settle it. On an error, what was written is a
-    /// prefix of the plan (see [`crate::dispatch`]); its outcomes come with a later call.
+    /// prefix of each node's actions (see [`crate::dispatch`]); their outcomes come with a
+    /// later call.
     pub async fn run(
         &mut self,
         plan: &[PlannedAction],
