@@ -81,7 +81,7 @@ pub async fn enable_auth(admin: &Client, root_password: &str) -> Result<(), Flee
 /// Creates (or updates) the user of `node`'s agent. It may read everything under
 /// `nodes/<node>/` (its actions, the workloads bound to it, its own keys) and write only what
 /// the agent writes: its registration (`registrations/<node>`, the one key it holds outside
-/// that prefix), its observation and its journal. The actions and the
+/// that prefix), its observation, its utilisation and its journal. The actions and the
 /// bound set are the leader's to write, so an agent cannot give itself work.
 pub async fn provision_node(
     admin: &Client,
@@ -96,6 +96,7 @@ pub async fn provision_node(
         Permission::read(prefix.as_str()).with_range_end(prefix_end(&prefix)),
         Permission::read_write(keys.registration(node)?),
         Permission::read_write(keys.observed(node)?),
+        Permission::read_write(keys.utilization(node)?),
         Permission::read_write(journal.as_str()).with_range_end(prefix_end(&journal)),
     ];
     provision(admin, &user, password, &prefix, permissions).await

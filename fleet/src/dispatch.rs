@@ -9,17 +9,24 @@
 //! guard makes a dispatcher whose view is stale (another one of the same term wrote, or a
 //! transaction's answer was lost) fail with [`FleetError::Conflict`] instead of reusing ids.
 //!
-//! **Transactions.** A plan is written in as few transactions as etcd allows: each holds at
-//! most `max_txn_ops` operations (etcd's `--max-txn-ops`, 128 by default), the counter's
-//! included, and each is fenced. A node's `bound` is written before its actions and only where
-//! it differs from what the node holds.
+//! **Transactions.** A plan's ids are reserved first, in one fenced transaction that sets the
+//! counter past all of them (guarded on its revision). Then each node's writes (its `bound`
+//! where it differs from what the node holds, then its actions in plan order) are cut into
+//! pieces of at most `max_txn_ops` operations (etcd's `--max-txn-ops`, 128 by default): piece
+//! `k` of every node goes in wave `k`, packed with other nodes' pieces into fenced
+//! transactions, and the transactions of a wave are written up to eight at a time. A wave
+//! starts once the one before it is written whole.
 //!
-//! **A partly written plan is safe.** The chunks are written in plan order and ids are handed
-//! out in plan order, so when a chunk fails (the leader was deposed, etcd went away) what was
-//! written is a prefix of the plan, and of each node's actions. An agent applies its actions in
-//! id order and never sees a gap it must fill; the unwritten rest is not lost but re-planned:
-//! the next cycle (of this leader or the next) plans from what the nodes report in `observed`,
-//! and its actions get larger ids than anything written before.
+//! **Why their order does not matter, and a partly written plan is safe.** Nodes apply their
+//! actions independently (an agent sees only its own), so the only order that matters is
+//! each node's own, and a node's pieces are written one wave after another. When a
+//! transaction fails (the leader was deposed, etcd went away), no later wave is written, so
+//! what each node received is a prefix of its actions, and its `bound` came with or before
+//! its first action. An agent applies its actions in id order and never sees a gap it must
+//! fill; the unwritten rest is not lost but re-planned: the next cycle (of this leader or the
+//! next) plans from what the nodes report in `observed`, and its actions get ids past the
+//! reservation, larger than anything written before. Every transaction is fenced, so a
+//! deposed leader's wave in flight is refused by etcd, whatever order its requests arrive in.
 //!
 //! **Pruning.** Once the caller has consumed an outcome (recorded it in its own state), it
 //! hands it to [`Dispatcher::prune`], which deletes the action and its journal entry, fenced.
@@ -42,6 +49,35 @@ use crate::protocol::{self, ActionMessage, Bound, VERSION};
 /// etcd's default `--max-txn-ops`: the most operations (and the most compares) one
 /// transaction may hold.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
+/// How many of a wave's transactions are in flight at once.
+const PIPELINE: usize = 8;
+
+/// The transactions a plan is written in, in waves: a node's writes, cut into pieces of at
+/// most `max_txn_ops`, go piece `k` in wave `k`, and each wave's pieces are packed into
+/// transactions of at most `max_txn_ops` writes. A node's pieces are thus written in order,
+/// one wave after the other; within a wave no two pieces are of the same node.
+fn waves(per_node: BTreeMap<String, Vec<Write>>, max_txn_ops: usize) -> Vec<Vec<Vec<Write>>> {
+    let mut waves: Vec<Vec<Vec<Write>>> = Vec::new();
+    for writes in per_node.into_values() {
+        for (rank, piece) in writes.chunks(max_txn_ops).enumerate() {
+            if waves.len() == rank {
+                waves.push(vec![Vec::new()]);
+            }
+            let wave = &mut waves[rank];
+            if wave
+                .last()
+                .is_some_and(|t| t.len() + piece.len() > max_txn_ops)
+            {
+                wave.push(Vec::new());
+            }
+            if let Some(transaction) = wave.last_mut() {
+                transaction.extend_from_slice(piece);
+            }
+        }
+    }
+    waves
+}
 
 /// The counter of action ids, under `state/`.
 const COUNTER: &str = "action-ids";
@@ -225,13 +261,15 @@ impl Dispatcher {
     }
 
     /// Writes `plan`: each node's changed `bound`, then the actions with fresh ids, in fenced
-    /// transactions of at most `max_txn_ops` operations. On an error, what was written is a
-    /// prefix of the plan (see the module's docs) and the next call reads the counter again.
+    /// transactions of at most `max_txn_ops` operations. On an error, what each node received
+    /// is a prefix of its actions (see the module's docs) and the next call reads the counter
+    /// again.
     pub async fn dispatch(&mut self, plan: &Plan) -> Result<Dispatched, FleetError> {
         self.resync_if_needed().await?;
         let (start, _) = self.counter.expect("the counter was read");
         let mut next = start;
-        let mut writes = Vec::new();
+        // Per node: its `bound` where it changed, then its actions in plan order.
+        let mut per_node: BTreeMap<String, Vec<Write>> = BTreeMap::new();
         let mut bound_written = Vec::new();
         self.read_unknown_bound(plan.bound.keys()).await?;
         let mut bound_after = Vec::new();
@@ -244,7 +282,7 @@ impl Dispatcher {
                 key: self.keys.bound(node)?,
                 value: bytes.clone(),
             };
-            writes.push((write, None));
+            per_node.entry(node.clone()).or_default().push(write);
             bound_written.push(node.clone());
             bound_after.push((node.clone(), bytes));
         }
@@ -254,22 +292,20 @@ impl Dispatcher {
                 key: self.keys.action(&action.node, next)?,
                 value: protocol::encode(&action.message),
             };
-            writes.push((write, Some(next)));
+            per_node.entry(action.node.clone()).or_default().push(write);
             ids.push(next);
             next += 1;
         }
 
-        // Each chunk sets the counter past the largest id it writes, so that whatever prefix
-        // of the plan is written, the counter covers it.
         let mut transactions = 0;
-        let mut counter = start;
-        for chunk in writes.chunks(self.max_txn_ops - 1) {
-            if let Some(id) = chunk.iter().filter_map(|(_, id)| *id).max() {
-                counter = id + 1;
-            }
-            let chunk: Vec<Write> = chunk.iter().map(|(w, _)| w.clone()).collect();
-            self.write_chunk(&chunk, counter).await?;
+        if !ids.is_empty() {
+            // The plan's ids reserved at once: the counter past all of them, guarded on its
+            // revision, so that whatever part of the plan is written, no id is handed out twice.
+            self.write_chunk(&[], next).await?;
             transactions += 1;
+        }
+        for wave in waves(per_node, self.max_txn_ops) {
+            transactions += self.write_wave(wave).await?;
         }
         for (node, bytes) in bound_after {
             self.bound.insert(node, Some(bytes));
@@ -285,6 +321,44 @@ impl Dispatcher {
             bound_written,
             transactions,
         })
+    }
+
+    /// Writes one wave's transactions, up to [`PIPELINE`] in flight at once (they concern
+    /// different nodes, or different nodes' pieces of the same rank, so their order does not
+    /// matter); returns how many. After a failure the rest of the plan is not written.
+    async fn write_wave(&mut self, wave: Vec<Vec<Write>>) -> Result<usize, FleetError> {
+        let count = wave.len();
+        let mut pending = wave.into_iter();
+        let mut running = tokio::task::JoinSet::new();
+        let mut failed = None;
+        loop {
+            while failed.is_none() && running.len() < PIPELINE {
+                let Some(chunk) = pending.next() else { break };
+                let (fence, client) = (self.fence.clone(), self.client.clone());
+                running.spawn(async move { fence.write(&client, &[], &chunk).await });
+            }
+            let Some(joined) = running.join_next().await else {
+                break;
+            };
+            let result = joined.unwrap_or_else(|e| {
+                Err(FleetError::Etcd {
+                    op: "fenced write",
+                    key: self.keys.nodes_prefix(),
+                    source: etcd_client::Error::IoError(std::io::Error::other(e.to_string())),
+                })
+            });
+            if let Err(e) = result {
+                failed.get_or_insert(e);
+            }
+        }
+        match failed {
+            None => Ok(count),
+            Some(e) => {
+                // Whether each was applied is unknown (a lost answer): read everything again.
+                self.stale = true;
+                Err(e)
+            }
+        }
     }
 
     /// One fenced transaction: `chunk` and the counter set to `next`.
@@ -481,5 +555,54 @@ impl Dispatcher {
                 _ => Vec::new(),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every write is in exactly one transaction of at most `max` writes; a node's writes
+        /// come in their order, wave after wave, and no wave holds two pieces of one node.
+        #[test]
+        fn waves_keep_each_nodes_order_within_the_limit(
+            counts in proptest::collection::vec(0usize..300, 1..12),
+            max in 2usize..130,
+        ) {
+            let per_node: BTreeMap<String, Vec<Write>> = counts
+                .iter()
+                .enumerate()
+                .map(|(n, count)| {
+                    let writes = (0..*count)
+                        .map(|i| Write::Delete { key: format!("n{n:02}/{i:05}") })
+                        .collect();
+                    (format!("n{n:02}"), writes)
+                })
+                .collect();
+            let waves = waves(per_node, max);
+            let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for wave in &waves {
+                let mut nodes_in_wave = BTreeSet::new();
+                for transaction in wave {
+                    prop_assert!(!transaction.is_empty() && transaction.len() <= max);
+                    let mut nodes_in_txn = BTreeSet::new();
+                    for write in transaction {
+                        let Write::Delete { key } = write else { unreachable!() };
+                        let node = key[..3].to_string();
+                        nodes_in_txn.insert(node.clone());
+                        seen.entry(node).or_default().push(key.clone());
+                    }
+                    for node in nodes_in_txn {
+                        prop_assert!(nodes_in_wave.insert(node), "a node twice in one wave");
+                    }
+                }
+            }
+            for (n, count) in counts.iter().enumerate() {
+                let expected: Vec<String> = (0..*count).map(|i| format!("n{n:02}/{i:05}")).collect();
+                prop_assert_eq!(seen.remove(&format!("n{n:02}")).unwrap_or_default(), expected);
+            }
+        }
     }
 }

@@ -5,6 +5,7 @@
 //! /tessera/<cluster>/state/<name>                    control-plane state, written by the leader
 //! /tessera/<cluster>/registrations/<node>           the agent's registration (its lease)
 //! /tessera/<cluster>/nodes/<node>/observed           what the agent last observed
+//! /tessera/<cluster>/nodes/<node>/utilization        how busy its GPUs are (when it moved)
 //! /tessera/<cluster>/nodes/<node>/bound              the workloads bound to the node (leader)
 //! /tessera/<cluster>/nodes/<node>/actions/<id>       actions addressed to the node, in id order
 //! /tessera/<cluster>/nodes/<node>/journal/<id>       the agent's intent, then outcome, per action
@@ -77,6 +78,7 @@ pub struct Keys {
 pub enum NodeKey {
     Registration { node: String },
     Observed { node: String },
+    Utilization { node: String },
     Bound { node: String },
     Action { node: String, id: u64 },
     Journal { node: String, id: u64 },
@@ -88,6 +90,7 @@ impl NodeKey {
         match self {
             NodeKey::Registration { node }
             | NodeKey::Observed { node }
+            | NodeKey::Utilization { node }
             | NodeKey::Bound { node }
             | NodeKey::Action { node, .. }
             | NodeKey::Journal { node, .. } => node,
@@ -153,6 +156,21 @@ impl Keys {
         Ok(format!("{}observed", self.node_prefix(node)?))
     }
 
+    /// How busy the node's GPUs are, written by the agent apart from `observed` (see
+    /// [`crate::utilization`]).
+    pub fn utilization(&self, node: &str) -> Result<String, NameError> {
+        Ok(format!("{}utilization", self.node_prefix(node)?))
+    }
+
+    /// The key range `[start, end)` that holds the node's `observed` and `utilization` and
+    /// nothing else of it (its actions, journal and `bound` sort before `observed`): what the
+    /// control plane's view of the fleet reads and watches per node.
+    pub fn view_range(&self, node: &str) -> Result<(String, Vec<u8>), NameError> {
+        let mut end = self.utilization(node)?.into_bytes();
+        end.push(0);
+        Ok((self.observed(node)?, end))
+    }
+
     /// The workloads bound to the node, written by the leader (see [`crate::protocol::Bound`]).
     pub fn bound(&self, node: &str) -> Result<String, NameError> {
         Ok(format!("{}bound", self.node_prefix(node)?))
@@ -191,6 +209,7 @@ impl Keys {
         let node = node.to_string();
         match rest {
             "observed" => Some(NodeKey::Observed { node }),
+            "utilization" => Some(NodeKey::Utilization { node }),
             "bound" => Some(NodeKey::Bound { node }),
             _ => {
                 let (kind, id) = rest.split_once('/')?;
@@ -292,12 +311,33 @@ mod tests {
             prop_assert_eq!(keys.parse_node_key(reg.as_bytes()), Some(NodeKey::Registration { node: node.clone() }));
             let obs = keys.observed(&node).unwrap();
             prop_assert_eq!(keys.parse_node_key(obs.as_bytes()), Some(NodeKey::Observed { node: node.clone() }));
+            let busy = keys.utilization(&node).unwrap();
+            prop_assert_eq!(keys.parse_node_key(busy.as_bytes()), Some(NodeKey::Utilization { node: node.clone() }));
             let bound = keys.bound(&node).unwrap();
             prop_assert_eq!(keys.parse_node_key(bound.as_bytes()), Some(NodeKey::Bound { node: node.clone() }));
             let action = keys.action(&node, id).unwrap();
             prop_assert_eq!(keys.parse_node_key(action.as_bytes()), Some(NodeKey::Action { node: node.clone(), id }));
             let journal = keys.journal(&node, id).unwrap();
             prop_assert_eq!(keys.parse_node_key(journal.as_bytes()), Some(NodeKey::Journal { node, id }));
+        }
+
+        /// A node's view range holds its observation and utilisation, and none of its other
+        /// keys nor any key of another node.
+        #[test]
+        fn the_view_range_holds_observed_and_utilization_only(a in name(), b in name(), id in any::<u64>()) {
+            let keys = Keys::new("c").unwrap();
+            let (start, end) = keys.view_range(&a).unwrap();
+            let inside = |k: &str| k.as_bytes() >= start.as_bytes() && k.as_bytes() < end.as_slice();
+            prop_assert!(inside(&keys.observed(&a).unwrap()));
+            prop_assert!(inside(&keys.utilization(&a).unwrap()));
+            for other in [keys.bound(&a).unwrap(), keys.action(&a, id).unwrap(), keys.journal(&a, id).unwrap(), keys.registration(&a).unwrap()] {
+                prop_assert!(!inside(&other), "{}", other);
+            }
+            if a != b {
+                for other in [keys.observed(&b).unwrap(), keys.utilization(&b).unwrap()] {
+                    prop_assert!(!inside(&other), "{}", other);
+                }
+            }
         }
 
         /// Byte order of action keys is numeric order of ids: a range read applies in order.

@@ -77,6 +77,11 @@ async fn a_node_writes_its_own_keys_and_no_one_elses() {
     let a = connect_as(&etcd, &a_creds).await;
     let keys = keys();
     put(&a, &keys.observed("node-a").unwrap()).await.unwrap();
+    put(&a, &keys.utilization("node-a").unwrap()).await.unwrap();
+    assert_denied(
+        put(&a, &keys.utilization("node-b").unwrap()).await,
+        "node-a writing node-b's utilisation",
+    );
     // Its actions and the workloads bound to it are the leader's to write, not its own.
     assert_denied(
         put(&a, &keys.action("node-a", 1).unwrap()).await,

@@ -125,8 +125,9 @@ async fn a_plan_beyond_one_transaction_is_written_in_fenced_chunks_within_etcds_
     };
     let dispatched = dispatcher.dispatch(&plan).await.unwrap();
     assert_eq!(dispatched.ids, (1..=300).collect::<Vec<u64>>());
-    // 301 writes, 127 and the counter to a transaction.
-    assert_eq!(dispatched.transactions, 3);
+    // The ids reserved, then n0's bound and 100 actions, n1's and n2's 100 each: three
+    // transactions of one node each, since two nodes' would exceed 128 operations.
+    assert_eq!(dispatched.transactions, 4);
     assert_eq!(dispatched.bound_written, ["n0"]);
     let ids = action_ids(&client, "n1").await;
     assert_eq!(ids, (1..=300).filter(|i| i % 3 == 2).collect::<Vec<u64>>());

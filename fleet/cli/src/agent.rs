@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use tessera_fleet::access::Credentials;
 use tessera_fleet::agent::{self, AgentConfig, AgentError, NodeState};
 use tessera_fleet::keys::Keys;
+use tessera_fleet::utilization::Cadence;
 use tessera_reconciler::driver::NodeDriver;
 use tessera_reconciler::driver::nvml::NvmlDriver;
 use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
@@ -53,6 +54,13 @@ pub struct AgentArgs {
     /// counts as lost.
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub lease_ttl: Duration,
+    /// The least time between two writes of the GPUs' utilisation.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub utilization_interval: Duration,
+    /// The least move of a utilisation figure, in percentage points, worth writing (a
+    /// crossing of the idle threshold always is).
+    #[arg(long, default_value_t = 10.0, value_parser = percentage_points)]
+    pub utilization_dead_band: f64,
     /// etcd user (with access control on): `tessera.<cluster>.node.<node>`.
     #[arg(long, requires = "password", conflicts_with = "credentials")]
     pub user: Option<String>,
@@ -88,6 +96,15 @@ fn duration(value: &str) -> Result<Duration, String> {
         .ok_or_else(|| "not a duration of at least a second: write e.g. 5s, 10s or 1m".to_string())
 }
 
+/// Percentage points, 0 to 100.
+pub(crate) fn percentage_points(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=100.0).contains(p))
+        .ok_or_else(|| "not a number of percentage points from 0 to 100: write e.g. 10".to_string())
+}
+
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     init_logging("info");
     let keys = Keys::new(&args.cluster)?;
@@ -120,6 +137,10 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         credentials,
         lease_ttl_secs: i64::try_from(args.lease_ttl.as_secs()).unwrap_or(i64::MAX),
         observe_every: Duration::from_secs(1),
+        utilization: Cadence {
+            interval: args.utilization_interval,
+            dead_band: args.utilization_dead_band,
+        },
     };
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

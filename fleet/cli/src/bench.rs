@@ -21,9 +21,13 @@ use tessera_fleet::election::{Candidate, LeaderInfo};
 use tessera_fleet::keys::{Keys, NodeKey};
 use tessera_fleet::protocol::{ActionMessage, VERSION};
 use tessera_fleet::testing::TestEtcd;
+use tessera_fleet::utilization::Cadence;
+use tessera_fleet::view::FleetView;
 use tessera_reconciler::actions::Action;
-use tessera_reconciler::driver::GpuRef;
 use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
+use tessera_reconciler::driver::{
+    ComputeInstanceInfo, DriverError, GpuRef, GpuUtilization, NodeDriver, Observation, SmActivity,
+};
 use tessera_reconciler::runtime::{Confinement, Runtime};
 
 #[derive(Debug, Args)]
@@ -44,6 +48,24 @@ pub struct BenchAgentsArgs {
     /// How long to watch the converged fleet for the idle figures.
     #[arg(long, default_value_t = 5)]
     pub idle_secs: u64,
+    /// How far each GPU's utilisation strays from its steady level at every observation, in
+    /// percentage points (a fleet whose load does not change, measured with noise); 0: the
+    /// simulated GPUs report none.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=20))]
+    pub utilization_noise: u32,
+    /// The agents' least time between two utilisation writes (`0s`: no bound).
+    #[arg(long, default_value = "30s", value_parser = interval)]
+    pub utilization_interval: Duration,
+    /// The agents' dead band in percentage points (0: every change is written).
+    #[arg(long, default_value_t = 10.0, value_parser = crate::agent::percentage_points)]
+    pub utilization_dead_band: f64,
+}
+
+/// A duration, zero allowed.
+fn interval(value: &str) -> Result<Duration, String> {
+    tessera_compiler::units::Duration::parse(value)
+        .map(|d| Duration::from_secs(d.seconds()))
+        .ok_or_else(|| "not a duration: write e.g. 0s, 30s or 1m".to_string())
 }
 
 pub fn run(args: BenchAgentsArgs) -> anyhow::Result<()> {
@@ -88,17 +110,26 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
         credentials: None,
         lease_ttl_secs: args.lease_ttl_secs,
         observe_every: Duration::from_secs(1),
+        utilization: Cadence {
+            interval: args.utilization_interval,
+            dead_band: args.utilization_dead_band,
+        },
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let at_start = Metrics::read(endpoint)?;
     let t0 = Instant::now();
     let mut agents = Vec::with_capacity(nodes.len());
-    for node in nodes {
+    for (n, node) in nodes.into_iter().enumerate() {
         let state = dir.path().join(&node.name);
         std::fs::create_dir_all(&state)?;
         let sim = SimDriver::from_nodes(std::slice::from_ref(&node), &state.join("sim.json"))?;
+        let driver: Box<dyn NodeDriver> = if args.utilization_noise == 0 {
+            Box::new(sim)
+        } else {
+            Box::new(Busy::new(sim, n as u64, args.gpus, args.utilization_noise))
+        };
         let runtime = Runtime::new(state.join("runtime"), Confinement::Insecure)?;
-        let mut node = NodeState::open(&node.name, Box::new(sim), runtime, &state, false)?;
+        let mut node = NodeState::open(&node.name, driver, runtime, &state, false)?;
         let config = config.clone();
         let mut stopped = stopped.clone();
         agents.push(tokio::spawn(async move {
@@ -122,10 +153,11 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
         }
     };
     loop {
-        // Each node has a registration and an observation once it has joined.
+        // Each node has a registration, an observation and its utilisation once it has
+        // joined.
         let registered = count(keys.registrations_prefix()).await?;
         let observed = count(keys.nodes_prefix()).await?;
-        if registered + observed >= 2 * args.nodes {
+        if registered + observed >= 3 * args.nodes {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -165,8 +197,8 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
     let per_node = 4 * args.gpus as usize;
     let total = per_node * args.nodes;
     let t1 = Instant::now();
-    // The leader's dispatcher: the whole plan in fenced transactions of etcd's default
-    // `--max-txn-ops`, ids from its counter.
+    // The leader's dispatcher: the ids reserved, then the whole plan in fenced transactions of
+    // etcd's default `--max-txn-ops`, eight in flight at once.
     let mut dispatcher =
         Dispatcher::start(&client, &keys, leader.fence().clone(), DEFAULT_MAX_TXN_OPS).await?;
     let mut plan = Plan::default();
@@ -207,6 +239,28 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
     let after_converge = Metrics::read(endpoint)?;
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
     let after_idle = Metrics::read(endpoint)?;
+
+    // The control plane's view of this fleet: how long building it takes, what it costs in
+    // memory (this process's resident set before and after, agents included, so approximate)
+    // and what one cycle's observation from a snapshot costs.
+    let rss_before = resident_bytes();
+    let t2 = Instant::now();
+    let mut view = FleetView::start(&client, &keys, Duration::from_secs(30), Vec::new()).await?;
+    let full = view
+        .wait_for(|s| {
+            s.nodes()
+                .filter(|n| n.observed.is_some() && n.utilization.is_some())
+                .count()
+                >= args.nodes
+        })
+        .await;
+    let view_in = t2.elapsed();
+    let rss_after = resident_bytes();
+    let t3 = Instant::now();
+    let observation = full.observation();
+    let observation_in = t3.elapsed();
+    drop(full);
+    drop(view);
     let _ = stop.send(true);
     for agent in agents {
         agent.await??;
@@ -220,14 +274,14 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "  registered (registration + observed)  {:>8.2} s   etcd puts {:>7}   client bytes {:>11}",
+        "  registered (registration, observed, utilization) {:>8.2} s   etcd puts {:>7}   client bytes {:>11}",
         registered_in.as_secs_f64(),
         after_join.puts - at_start.puts,
         after_join.received_bytes - at_start.received_bytes
     )?;
     writeln!(
         out,
-        "  {total} actions written ({} fenced txns, one at a time) {:>8.2} s",
+        "  {total} actions written ({} fenced txns, in waves of up to 8 at once) {:>8.2} s",
         dispatched.transactions,
         written_in.as_secs_f64()
     )?;
@@ -239,18 +293,53 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
         after_converge.puts - after_join.puts,
         after_converge.received_bytes - after_join.received_bytes
     )?;
+    let idle_puts = after_idle.puts - after_converge.puts;
     writeln!(
         out,
-        "  idle {} s after convergence                       etcd puts {:>7}   client bytes {:>11}",
+        "  idle {} s after convergence                       etcd puts {:>7}   client bytes {:>11}   ({:.0} puts a minute)",
         args.idle_secs,
-        after_idle.puts - after_converge.puts,
-        after_idle.received_bytes - after_converge.received_bytes
+        idle_puts,
+        after_idle.received_bytes - after_converge.received_bytes,
+        idle_puts as f64 * 60.0 / args.idle_secs.max(1) as f64
+    )?;
+    writeln!(
+        out,
+        "  utilisation: noise {} points, written at most every {:?} beyond a dead band of {} points",
+        args.utilization_noise, args.utilization_interval, args.utilization_dead_band
+    )?;
+    writeln!(
+        out,
+        "  fleet view: {} nodes, {} GPUs read and watched in {:.2} s; resident memory {} -> {} ({:+.1} MiB); an observation from a snapshot {:.1} ms",
+        observation.nodes.len(),
+        observation.details.len(),
+        view_in.as_secs_f64(),
+        mib(rss_before),
+        mib(rss_after),
+        (rss_after as f64 - rss_before as f64) / 1048576.0,
+        observation_in.as_secs_f64() * 1000.0
     )?;
     if let Some(first) = failed.first() {
         writeln!(out, "  first failure: {first}")?;
     }
     print!("{out}");
     Ok(())
+}
+
+/// This process's resident set (`VmRSS` in `/proc/self/status`), in bytes; 0 where it cannot
+/// be read.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / 1048576.0)
 }
 
 fn node_name(n: usize) -> String {
@@ -338,5 +427,104 @@ impl Metrics {
             puts: value("etcd_mvcc_put_total"),
             received_bytes: value("etcd_network_client_grpc_received_bytes_total"),
         })
+    }
+}
+
+/// A simulated node whose GPUs are busy at a steady level each, reported with noise at every
+/// observation: the utilisation a fleet that changes nothing shows. The levels and the noise
+/// come from a generator seeded by the node's number, so a run is repeatable.
+struct Busy {
+    inner: SimDriver,
+    state: u64,
+    levels: Vec<u32>,
+    noise: u32,
+}
+
+impl Busy {
+    fn new(inner: SimDriver, seed: u64, gpus: u32, noise: u32) -> Busy {
+        let mut busy = Busy {
+            inner,
+            state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            levels: Vec::new(),
+            noise,
+        };
+        busy.levels = (0..gpus).map(|_| 30 + (busy.next() % 50) as u32).collect();
+        busy
+    }
+
+    /// xorshift64*: enough for noise, and no dependency.
+    fn next(&mut self) -> u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+impl NodeDriver for Busy {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn observe(&mut self) -> Result<Observation, DriverError> {
+        let mut observation = self.inner.observe()?;
+        for detail in &mut observation.details {
+            let level = self.levels[detail.gpu.index as usize];
+            let spread = u64::from(2 * self.noise + 1);
+            let percent = (level + (self.next() % spread) as u32).saturating_sub(self.noise);
+            detail.utilization = Some(GpuUtilization {
+                gpu_percent: percent,
+                memory_percent: percent / 2,
+            });
+            detail.sm_activity = SmActivity::checked(percent.into(), f64::from(percent) / 2.0);
+        }
+        Ok(observation)
+    }
+
+    fn set_mig_mode(&mut self, gpu: &GpuRef, enabled: bool) -> Result<(), DriverError> {
+        self.inner.set_mig_mode(gpu, enabled)
+    }
+
+    fn reset_gpu(&mut self, gpu: &GpuRef) -> Result<(), DriverError> {
+        self.inner.reset_gpu(gpu)
+    }
+
+    fn create_gpu_instance(
+        &mut self,
+        gpu: &GpuRef,
+        profile_id: u32,
+        start: u8,
+    ) -> Result<u32, DriverError> {
+        self.inner.create_gpu_instance(gpu, profile_id, start)
+    }
+
+    fn destroy_gpu_instance(&mut self, gpu: &GpuRef, gpu_instance: u32) -> Result<(), DriverError> {
+        self.inner.destroy_gpu_instance(gpu, gpu_instance)
+    }
+
+    fn create_compute_instance(
+        &mut self,
+        gpu: &GpuRef,
+        gpu_instance: u32,
+    ) -> Result<ComputeInstanceInfo, DriverError> {
+        self.inner.create_compute_instance(gpu, gpu_instance)
+    }
+
+    fn destroy_compute_instance(
+        &mut self,
+        gpu: &GpuRef,
+        gpu_instance: u32,
+        compute_instance: u32,
+    ) -> Result<(), DriverError> {
+        self.inner
+            .destroy_compute_instance(gpu, gpu_instance, compute_instance)
+    }
+
+    fn process_started(&mut self, pid: u32, gpu: &GpuRef, gpu_instance: Option<u32>) {
+        self.inner.process_started(pid, gpu, gpu_instance);
+    }
+
+    fn process_ended(&mut self, pid: u32) {
+        self.inner.process_ended(pid);
     }
 }

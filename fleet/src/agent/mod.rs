@@ -7,7 +7,8 @@
 //! outcome after. An action whose journal stops at intent (the previous agent died applying
 //! it) is settled from what the node shows, never applied again. After the actions that
 //! arrived together are through, and whenever a workload ends, it writes
-//! `nodes/<node>/observed`, only when that changed.
+//! `nodes/<node>/observed`, only when that changed, and its GPUs' utilisation apart, under
+//! `nodes/<node>/utilization`, only when it moved meaningfully ([`crate::utilization`]).
 //!
 //! Its workloads are local processes: they keep running while etcd or the control plane is
 //! away, and across a restart of the agent itself (the runtime adopts them; the agent's
@@ -34,6 +35,7 @@ use crate::error::etcd;
 use crate::keys::Keys;
 use crate::protocol::{self, Bound};
 use crate::registration::Registrar;
+use crate::utilization::{self, Cadence, Utilization};
 
 /// How an agent reaches etcd and keeps its registration.
 #[derive(Debug, Clone)]
@@ -46,6 +48,8 @@ pub struct AgentConfig {
     pub lease_ttl_secs: i64,
     /// How often exits are collected and the observation refreshed between actions.
     pub observe_every: Duration,
+    /// When the GPUs' utilisation is written.
+    pub utilization: Cadence,
 }
 
 /// What ends an agent.
@@ -266,22 +270,30 @@ fn fatal(e: FleetError) -> Result<FleetError, AgentError> {
     }
 }
 
-/// Writes `observed` when it differs from what was last written.
+/// Writes `observed` when it differs from what was last written, and the utilisation when
+/// its cadence says so.
 struct Publisher {
-    key: String,
+    observed_key: String,
+    utilization_key: String,
+    cadence: Cadence,
     last: Option<Vec<u8>>,
+    /// The utilisation last written, and when.
+    last_use: Option<(Utilization, tokio::time::Instant)>,
 }
 
 impl Publisher {
     fn new(config: &AgentConfig, node: &str) -> Result<Publisher, AgentError> {
         Ok(Publisher {
-            key: config.keys.observed(node).map_err(FleetError::from)?,
+            observed_key: config.keys.observed(node).map_err(FleetError::from)?,
+            utilization_key: config.keys.utilization(node).map_err(FleetError::from)?,
+            cadence: config.utilization,
             last: None,
+            last_use: None,
         })
     }
 
     async fn publish(&mut self, client: &Client, node: &mut NodeState) -> Result<(), FleetError> {
-        let observed = match blocking(|| node.observe()) {
+        let mut observed = match blocking(|| node.observe()) {
             Ok(observed) => observed,
             Err(e) => {
                 // The driver's trouble is the node's to report, not a reason to stop.
@@ -289,16 +301,36 @@ impl Publisher {
                 return Ok(());
             }
         };
+        let figures = utilization::split(&mut observed.details);
         let bytes = protocol::encode(&observed);
-        if self.last.as_deref() == Some(bytes.as_slice()) {
-            return Ok(());
+        if self.last.as_deref() != Some(bytes.as_slice()) {
+            client
+                .clone()
+                .put(self.observed_key.as_str(), bytes.clone(), None)
+                .await
+                .map_err(|e| etcd("put", &self.observed_key, e))?;
+            self.last = Some(bytes);
         }
-        client
-            .clone()
-            .put(self.key.as_str(), bytes.clone(), None)
-            .await
-            .map_err(|e| etcd("put", &self.key, e))?;
-        self.last = Some(bytes);
+        let now = tokio::time::Instant::now();
+        let due = match &self.last_use {
+            None => true,
+            Some((written, at)) => {
+                now.duration_since(*at) >= self.cadence.interval
+                    && self.cadence.is_meaningful(written, &figures)
+            }
+        };
+        if due {
+            client
+                .clone()
+                .put(
+                    self.utilization_key.as_str(),
+                    protocol::encode(&figures),
+                    None,
+                )
+                .await
+                .map_err(|e| etcd("put", &self.utilization_key, e))?;
+            self.last_use = Some((figures, now));
+        }
         Ok(())
     }
 }
