@@ -22,6 +22,10 @@ pub(super) struct GpuState {
     pub(super) changes: u32,
     /// Placements (or the whole GPU, as start 255) released by preempted workloads.
     pub(super) preempted: BTreeSet<u8>,
+    /// What the GPU offers a MIG replica in this state ([`Fleet::offers_of`]), kept by the
+    /// fleet for the states it holds (`Fleet::reoffer`); a state [`Fleet::changed_by`] builds
+    /// for scoring carries its source's, unread.
+    pub(super) offers: Offers,
 }
 
 impl GpuState {
@@ -76,10 +80,11 @@ pub(crate) struct Fleet {
     pub(super) memory: CowVec<u64>,
     /// By workload index; cloned as `gpu` is.
     pub(crate) placed: CowVec<Option<Rc<Vec<Placed>>>>,
-    /// Of each node's healthy GPUs: the free units ([`Fleet::node_free`]) and how many are
-    /// free whole, kept as GPU states change: best fit and the preemption search's bounds ask
-    /// for them for every node of a pool per gang.
-    free: CowVec<(i64, u32)>,
+    /// Of each node's healthy GPUs: the free units ([`Fleet::node_free`]), how many are free
+    /// whole and what they offer a MIG replica, kept as GPU states change: best fit and the
+    /// preemption search's bounds ask for them for every node of a pool per gang, and a
+    /// replica's search for a place skips the nodes that offer none.
+    free: CowVec<NodeFree>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
@@ -92,9 +97,23 @@ pub(crate) struct Fleet {
     /// asks it for every GPU of every node of the pool, and busy sets repeat. Shared by every
     /// clone (the answers are the same for all).
     relayouts: Rc<RefCell<HashMap<RelayoutKey, Option<Vec<Placement>>>>>,
+    /// [`Fleet::offers_of`]'s re-layout part, remembered; shared by every clone.
+    pub(super) relayout_offers: RelayoutOffers,
+}
+
+/// What a node's healthy GPUs hold free, kept by the fleet (see [`Fleet::recount`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct NodeFree {
+    units: i64,
+    whole: u32,
+    offers: Offers,
 }
 
 type RelayoutKey = (Vec<Placement>, Vec<Placement>);
+
+/// `fill`'s order of places, lowest first: no re-layout first, then FGD's tier and the hosting
+/// capacity lost, then best fit (the node's free units), then the node.
+type FillKey = (bool, u32, u64, i64, usize);
 
 /// Why one replica does not fit on one node.
 #[derive(Debug, Clone, Default)]
@@ -124,7 +143,7 @@ pub(super) enum Plan {
 
 impl Fleet {
     pub(super) fn new(p: &Problem) -> Fleet {
-        Fleet {
+        let mut fleet = Fleet {
             gpu: p
                 .gpus
                 .iter()
@@ -139,22 +158,28 @@ impl Fleet {
             cpu: vec![0; p.nodes.len()].into(),
             memory: vec![0; p.nodes.len()].into(),
             placed: vec![None; p.workloads.len()].into(),
-            free: (0..p.nodes.len())
-                .map(|n| {
-                    let healthy = Fleet::healthy_gpus(p, n).count();
-                    (healthy as i64 * Gpus::whole(1).units(), healthy as u32)
-                })
-                .collect::<Vec<_>>()
-                .into(),
+            free: vec![NodeFree::default(); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
             relayouts: Rc::default(),
+            relayout_offers: Rc::default(),
+        };
+        for g in 0..p.gpus.len() {
+            fleet.reoffer(p, g);
         }
+        for n in 0..p.nodes.len() {
+            fleet.recount(p, n);
+        }
+        fleet
     }
 
     /// [`relayout_into`] of `busy` and `layout`, remembered.
-    fn relayout(&self, layout: &[Placement], busy: &[Placement]) -> Option<Vec<Placement>> {
+    pub(super) fn relayout(
+        &self,
+        layout: &[Placement],
+        busy: &[Placement],
+    ) -> Option<Vec<Placement>> {
         let key = (layout.to_vec(), busy.to_vec());
         if let Some(known) = self.relayouts.borrow().get(&key) {
             return known.clone();
@@ -172,7 +197,8 @@ impl Fleet {
             .filter(|&g| p.gpus[g].healthy)
     }
 
-    /// Measures node `n`'s free units again after its GPU states changed.
+    /// Measures node `n`'s free units and offers again after its GPU states changed (each
+    /// changed GPU's offers stored first, [`Fleet::reoffer`]).
     fn recount(&mut self, p: &Problem, n: usize) {
         let free = self.count_free(p, n);
         if self.free[n] != free {
@@ -180,14 +206,30 @@ impl Fleet {
         }
     }
 
-    fn count_free(&self, p: &Problem, n: usize) -> (i64, u32) {
-        Fleet::healthy_gpus(p, n).fold((0, 0), |(units, whole), g| {
+    fn count_free(&self, p: &Problem, n: usize) -> NodeFree {
+        Fleet::healthy_gpus(p, n).fold(NodeFree::default(), |free, g| {
             let s = &self.gpu[g];
-            (
-                units + Gpus::whole(1).units() - s.allocated().units(),
-                whole + u32::from(s.is_free()),
-            )
+            NodeFree {
+                units: free.units + Gpus::whole(1).units() - s.allocated().units(),
+                whole: free.whole + u32::from(s.is_free()),
+                offers: free.offers.union(s.offers),
+            }
         })
+    }
+
+    /// Node `n`'s offers to a MIG replica (see `offers.rs`).
+    pub(super) fn node_offers(&self, p: &Problem, n: usize) -> Offers {
+        debug_assert!(
+            Fleet::healthy_gpus(p, n)
+                .all(|g| self.gpu[g].offers == self.offers_of(p, g, &self.gpu[g])),
+            "the offers kept for a GPU of node {n} are stale"
+        );
+        debug_assert_eq!(
+            self.free[n],
+            self.count_free(p, n),
+            "the free units kept for node {n} are stale"
+        );
+        self.free[n].offers
     }
 
     /// Measures the workload mix again without the running workloads for which `gone` holds
@@ -217,6 +259,9 @@ impl Fleet {
                     Rc::make_mut(&mut self.gpu[g]).whole = Some(w);
                 }
             }
+        }
+        for &g in &slot.gpus {
+            self.reoffer(p, g);
         }
         let node = slot.node;
         Rc::make_mut(self.placed[w].get_or_insert_with(Rc::default)).push(slot);
@@ -253,6 +298,9 @@ impl Fleet {
                     }
                 }
             }
+            for &g in &slot.gpus {
+                self.reoffer(p, g);
+            }
             self.recount(p, slot.node);
         }
     }
@@ -268,7 +316,7 @@ impl Fleet {
             self.count_free(p, n),
             "the free units kept for node {n} are stale"
         );
-        self.free[n].0
+        self.free[n].units
     }
 
     /// `F` and `H` of node `n` (see `fragmentation.rs`) as it is, or, with `after`, once a
@@ -355,6 +403,47 @@ impl Fleet {
         self.mix.cost(pool, before, after)
     }
 
+    /// Whether node `n` of `pool` may take a replica of `w` before its GPUs are looked at:
+    /// healthy, in the pool, not barred, with the CPU and memory; `Err` with the resource
+    /// short when that is why not.
+    fn admits(&self, p: &Problem, w: usize, pool: usize, n: usize) -> Result<(), Option<Resource>> {
+        let wl = &p.workloads[w];
+        let node = &p.nodes[n];
+        if !node.healthy || node.pool != Some(pool) {
+            return Err(None);
+        }
+        if self.barred.as_ref().is_some_and(|b| b.contains(&n)) {
+            return Err(None);
+        }
+        if self.cpu[n] + wl.cpu.0 > node.cpu.0 {
+            return Err(Some(Resource::Cpu));
+        }
+        if self.memory[n] + wl.memory.0 > node.memory.0 {
+            return Err(Some(Resource::Memory));
+        }
+        Ok(())
+    }
+
+    /// [`Fleet::option`], with the same answer and the same misses, without looking at the GPUs
+    /// of a node whose offers show no place for a MIG replica (see `offers.rs`).
+    pub(super) fn option_indexed(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        n: usize,
+        miss: &mut Misses,
+    ) -> Option<Plan> {
+        if self.node_offers(p, n).may_offer(p.workloads[w].demand) {
+            return self.option(p, w, pool, n, miss);
+        }
+        // What `option` records of such a node: why it cannot take a replica at all.
+        if let Err(Some(resource)) = self.admits(p, w, pool, n) {
+            miss.node_resources.get_or_insert(resource);
+        }
+        None
+    }
+
     /// How a replica of `w` could go on node `n` of `pool`; with its cost (re-layouts first).
     pub(super) fn option(
         &self,
@@ -366,22 +455,14 @@ impl Fleet {
     ) -> Option<Plan> {
         let wl = &p.workloads[w];
         let node = &p.nodes[n];
-        if !node.healthy || node.pool != Some(pool) {
-            return None;
-        }
-        if self.barred.as_ref().is_some_and(|b| b.contains(&n)) {
-            return None;
-        }
-        if self.cpu[n] + wl.cpu.0 > node.cpu.0 {
-            miss.node_resources.get_or_insert(Resource::Cpu);
-            return None;
-        }
-        if self.memory[n] + wl.memory.0 > node.memory.0 {
-            miss.node_resources.get_or_insert(Resource::Memory);
+        if let Err(short) = self.admits(p, w, pool, n) {
+            if let Some(resource) = short {
+                miss.node_resources.get_or_insert(resource);
+            }
             return None;
         }
         // No GPU free whole: a whole-GPU replica finds nothing below and records no miss.
-        if matches!(wl.demand, Demand::Whole { count } if count > 0) && self.free[n].1 == 0 {
+        if matches!(wl.demand, Demand::Whole { count } if count > 0) && self.free[n].whole == 0 {
             return None;
         }
         let info = &p.pools[pool];
@@ -613,31 +694,39 @@ impl Fleet {
         let scored = self.mix.scores(pool);
         // Each node's measure as it is; only the node a replica went to changes.
         let mut before: HashMap<usize, Measure> = HashMap::new();
+        let demand = p.workloads[w].demand;
         let mut placed = 0;
         while placed < want {
-            type Best = ((bool, u32, u64, i64, usize), usize, Plan);
-            let mut best: Option<Best> = None;
-            for &n in nodes {
-                if let Some(plan) = self.option(p, w, pool, n, miss) {
-                    let relayout = match &plan {
-                        Plan::Whole { relayout, .. } => !relayout.is_empty(),
-                        Plan::Instance { geometry, .. } => geometry.is_some(),
-                        Plan::Share { .. } => false,
-                    };
-                    let (tier, loss) = if scored {
-                        let b = *before
-                            .entry(n)
-                            .or_insert_with(|| self.measure(p, pool, n, None));
-                        self.plan_cost(p, w, pool, n, b, &plan)
-                    } else {
-                        (0, 0)
-                    };
-                    let key = (relayout, tier, loss, self.node_free(p, n), n);
-                    if best.as_ref().is_none_or(|b| key < b.0) {
-                        best = Some((key, n, plan));
-                    }
-                }
+            // A free instance always beats a re-layout (the key's first field): where any node
+            // offers one that takes the replica, the best of those is the best of all, and the
+            // nodes without one need not be asked. The misses recorded there are not the whole
+            // scan's; they are read only when nothing is placed, and then the scan below runs.
+            let mut best = None;
+            if let Demand::Mig { profile_id } = demand {
+                let free = nodes
+                    .iter()
+                    .copied()
+                    .filter(|&n| self.node_offers(p, n).has_free(profile_id));
+                best = self.best_option(
+                    p,
+                    w,
+                    pool,
+                    free,
+                    scored,
+                    &mut before,
+                    &mut Misses::default(),
+                );
             }
+            if best.is_none() {
+                best =
+                    self.best_option(p, w, pool, nodes.iter().copied(), scored, &mut before, miss);
+            }
+            // The choice is the whole scan's, node by node (`option` on every node).
+            debug_assert_eq!(
+                best.as_ref().map(|b| b.0),
+                self.scan_key(p, w, pool, nodes, scored),
+                "the offers index chose another node than the scan of every node"
+            );
             let Some((_, n, plan)) = best else { break };
             let predicted = cfg!(debug_assertions).then(|| {
                 let changed = self.changed_by(p, w, &plan);
@@ -650,6 +739,78 @@ impl Fleet {
             placed += 1;
         }
         placed
+    }
+
+    /// The best place for a replica of `w` among `nodes` by `fill`'s key, `option` asked only
+    /// where the offers index shows a place could be (see [`Fleet::option_indexed`]).
+    #[allow(clippy::too_many_arguments)]
+    fn best_option(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: impl Iterator<Item = usize>,
+        scored: bool,
+        before: &mut HashMap<usize, Measure>,
+        miss: &mut Misses,
+    ) -> Option<(FillKey, usize, Plan)> {
+        let mut best: Option<(FillKey, usize, Plan)> = None;
+        for n in nodes {
+            let Some(plan) = self.option_indexed(p, w, pool, n, miss) else {
+                continue;
+            };
+            let relayout = match &plan {
+                Plan::Whole { relayout, .. } => !relayout.is_empty(),
+                Plan::Instance { geometry, .. } => geometry.is_some(),
+                Plan::Share { .. } => false,
+            };
+            let (tier, loss) = if scored {
+                let b = *before
+                    .entry(n)
+                    .or_insert_with(|| self.measure(p, pool, n, None));
+                self.plan_cost(p, w, pool, n, b, &plan)
+            } else {
+                (0, 0)
+            };
+            let key = (relayout, tier, loss, self.node_free(p, n), n);
+            if best.as_ref().is_none_or(|b| key < b.0) {
+                best = Some((key, n, plan));
+            }
+        }
+        best
+    }
+
+    /// The key of the best place among `nodes` by asking `option` of every node: what `fill`
+    /// chose before the offers index, kept to check it in debug builds.
+    fn scan_key(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: &[usize],
+        scored: bool,
+    ) -> Option<FillKey> {
+        let mut best: Option<FillKey> = None;
+        for &n in nodes {
+            let Some(plan) = self.option(p, w, pool, n, &mut Misses::default()) else {
+                continue;
+            };
+            let relayout = match &plan {
+                Plan::Whole { relayout, .. } => !relayout.is_empty(),
+                Plan::Instance { geometry, .. } => geometry.is_some(),
+                Plan::Share { .. } => false,
+            };
+            let (tier, loss) = if scored {
+                self.plan_cost(p, w, pool, n, self.measure(p, pool, n, None), &plan)
+            } else {
+                (0, 0)
+            };
+            let key = (relayout, tier, loss, self.node_free(p, n), n);
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+        best
     }
 
     /// Places the gang on `pool` honouring its topology: at least `min`, up to `want` replicas.
@@ -677,7 +838,7 @@ impl Fleet {
                 if at_least > 0
                     && !set
                         .iter()
-                        .any(|&n| self.option(p, w, pool, n, miss).is_some())
+                        .any(|&n| self.option_indexed(p, w, pool, n, miss).is_some())
                 {
                     continue;
                 }
@@ -731,7 +892,7 @@ impl Fleet {
                             let mut m = Misses::default();
                             if !set
                                 .iter()
-                                .any(|&n| self.option(p, w, pool, n, &mut m).is_some())
+                                .any(|&n| self.option_indexed(p, w, pool, n, &mut m).is_some())
                             {
                                 continue;
                             }

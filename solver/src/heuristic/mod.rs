@@ -63,6 +63,7 @@ pub(crate) use reserve::Hold;
 mod assemble;
 mod fleet;
 mod fragmentation;
+mod offers;
 mod protected;
 mod queue;
 use crate::cow::CowVec;
@@ -70,6 +71,7 @@ pub use assemble::solve;
 pub(crate) use assemble::*;
 pub(crate) use fleet::*;
 use fragmentation::*;
+use offers::*;
 use protected::*;
 pub(crate) use queue::*;
 
@@ -144,6 +146,8 @@ pub(crate) struct Solver<'p> {
     pub(crate) hold: Vec<bool>,
     /// Capacity held for waiting gangs so far in this cycle, in pick order (see `reserve.rs`).
     pub(crate) holds: Vec<Hold>,
+    /// Tenants by name, built on the first refusal that names one ([`Solver::tenant_named`]).
+    tenant_index: std::cell::OnceCell<HashMap<&'p str, usize>>,
 }
 
 /// What a borrower's refusal depends on besides the statuses and its tenant: (pool, scope,
@@ -192,6 +196,7 @@ impl<'p> Solver<'p> {
             refused: None,
             hold: vec![false; p.workloads.len()],
             holds: Vec::new(),
+            tenant_index: std::cell::OnceCell::new(),
         }
     }
 
@@ -208,6 +213,7 @@ impl<'p> Solver<'p> {
             refused: None,
             hold: vec![false; p.workloads.len()],
             holds: parts.holds,
+            tenant_index: std::cell::OnceCell::new(),
         }
     }
 
@@ -278,21 +284,28 @@ impl<'p> Solver<'p> {
     }
 
     /// (b)-(d) for `queue`, picked in key order; each pick is recorded in `trace`.
-    pub(crate) fn run_queue(&mut self, mut queue: Vec<usize>) {
+    pub(crate) fn run_queue(&mut self, queue: Vec<usize>) {
         let p = self.p;
         self.refused = None;
         // A key depends on the ledger alone, which only an admission changes (`admit` replaces
         // it right before returning `Admit`): keys are recomputed after admissions, not after
-        // every workload left waiting.
-        let mut keys = queue_keys(p, &self.ledger, &queue);
-        while !queue.is_empty() {
-            let (i, _) = keys
-                .iter()
-                .enumerate()
-                .min_by(|a, b| a.1.cmp(b.1))
-                .expect("non-empty");
-            let w = queue.remove(i);
-            let (priority, borrows, share, submitted, _) = keys.remove(i);
+        // every workload left waiting. By place in `queue`; `None` once picked.
+        let mut keys: Vec<Option<FullKey<'p>>> = queue_keys(p, &self.ledger, &queue)
+            .into_iter()
+            .map(Some)
+            .collect();
+        // The workloads left in pick order: by key, then by place in `queue`, so that of equal
+        // keys the first is picked, as a scan of the queue for the least key picks it (a scan
+        // per pick cost queue² key comparisons per cycle).
+        let mut order: BTreeSet<(FullKey<'p>, usize)> = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| Some((k.clone()?, i)))
+            .collect();
+        while let Some((key, i)) = order.pop_first() {
+            let w = queue[i];
+            keys[i] = None;
+            let (priority, borrows, share, submitted, _) = key;
             let mut status = self.admit(w);
             if let Status::Pending(reason) = &status
                 && let Some(s) = self.reserve(w, reason)
@@ -307,7 +320,23 @@ impl<'p> Solver<'p> {
                 (Vec::new(), Vec::new())
             };
             if admitted {
-                rekey(p, &self.ledger, &queue, &mut keys, &deltas);
+                for (i, key) in rekey(p, &self.ledger, &queue, &keys, &deltas) {
+                    let old = keys[i].replace(key.clone()).expect("a stale key is left");
+                    order.remove(&(old, i));
+                    order.insert((key, i));
+                }
+                debug_assert!(
+                    {
+                        let left: Vec<usize> = (0..queue.len())
+                            .filter(|&i| keys[i].is_some())
+                            .map(|i| queue[i])
+                            .collect();
+                        keys.iter()
+                            .flatten()
+                            .eq(queue_keys(p, &self.ledger, &left).iter())
+                    },
+                    "a key the admission moved was not recomputed"
+                );
             }
             self.trace.push(Step {
                 w,
@@ -402,7 +431,7 @@ impl<'p> Solver<'p> {
             // A limit refused at tenant X: only X's subtree can give quota back.
             let scope = match reason {
                 Reason::QuotaExceeded { tenant, .. } | Reason::PoolFull { tenant, .. } => {
-                    p.tenants.iter().position(|t| &t.name == tenant)
+                    self.tenant_named(tenant)
                 }
                 _ => None,
             };
@@ -431,6 +460,22 @@ impl<'p> Solver<'p> {
                 })
                 .collect(),
         })
+    }
+
+    /// The tenant named `name` (the first so named, as the policy lists them): a refusal names
+    /// its tenant, and a fleet has a thousand of them.
+    fn tenant_named(&self, name: &str) -> Option<usize> {
+        let p = self.p;
+        self.tenant_index
+            .get_or_init(|| {
+                let mut index = HashMap::with_capacity(p.tenants.len());
+                for (i, t) in p.tenants.iter().enumerate() {
+                    index.entry(t.name.as_str()).or_insert(i);
+                }
+                index
+            })
+            .get(name)
+            .copied()
     }
 
     /// A what-if: the fleet and ledger with `victims`, running in `pool`, released (drains
@@ -824,18 +869,20 @@ impl<'p> Solver<'p> {
 /// split and the fair-share path), and a change of a tenant's usage is recorded at the tenant
 /// and each of its ancestors: a key whose lineage and pools meet no changed (tenant, pool) is
 /// the one it was. Recomputing every key after every admission cost (queue × admissions).
+/// Returns the moved keys, by place in `queue`, of the workloads left (those with a key).
 fn rekey<'p>(
     p: &'p Problem,
     ledger: &Ledger,
     queue: &[usize],
-    keys: &mut [FullKey<'p>],
+    keys: &[Option<FullKey<'p>>],
     deltas: &[Delta],
-) {
+) -> Vec<(usize, FullKey<'p>)> {
     let changed: BTreeSet<(usize, usize)> = deltas
         .iter()
         .flat_map(|&(t, pool, _, _)| p.tenants[t].lineage.iter().map(move |&a| (a, pool)))
         .collect();
     let stale: Vec<usize> = (0..queue.len())
+        .filter(|&i| keys[i].is_some())
         .filter(|&i| {
             let wl = &p.workloads[queue[i]];
             wl.pools.iter().any(|&pool| {
@@ -847,13 +894,10 @@ fn rekey<'p>(
         })
         .collect();
     let workloads: Vec<usize> = stale.iter().map(|&i| queue[i]).collect();
-    for (i, key) in stale.into_iter().zip(queue_keys(p, ledger, &workloads)) {
-        keys[i] = key;
-    }
-    debug_assert!(
-        keys.iter().eq(queue_keys(p, ledger, queue).iter()),
-        "a key the admission moved was not recomputed"
-    );
+    stale
+        .into_iter()
+        .zip(queue_keys(p, ledger, &workloads))
+        .collect()
 }
 
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
