@@ -1048,3 +1048,135 @@ pub(super) fn relayout_into(busy: &[Placement], layout: &[Placement]) -> Option<
     mig::validate(&g).ok()?;
     Some(g)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tessera_compiler::{SourceFile, compile};
+
+    const POLICY: &str = r#"
+apiVersion: tessera/v1alpha1
+kind: PriorityTiers
+metadata: {name: tiers}
+spec:
+  tiers:
+    - {name: high, value: 1000}
+---
+apiVersion: tessera/v1alpha1
+kind: SloClass
+metadata: {name: serving}
+spec: {tier: high, preemptible: true, isolation: {minimum: mig}}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: balanced}
+spec: {gpuModel: H100-SXM5-80GB, instances: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: two-3g}
+spec: {gpuModel: H100-SXM5-80GB, instances: [3g.40gb, 3g.40gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: three-2g}
+spec: {gpuModel: H100-SXM5-80GB, instances: [2g.20gb, 2g.20gb, 2g.20gb, 1g.10gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: full}
+spec: {gpuModel: H100-SXM5-80GB, instances: [7g.80gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: infer}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {nodes: 3, gpusPerNode: 2, cpuPerNode: 192, memoryPerNode: 2Ti}
+  sharing: mig
+  migLayouts: [balanced, two-3g, three-2g, full]
+  reconfiguration: {maxPerGpuPerHour: 2}
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: a}
+spec:
+  guarantee: {infer: 6}
+  sloClasses: [serving]
+"#;
+
+    const PROFILES: [&str; 4] = ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"];
+
+    /// Three MIG nodes of two GPUs (one laid out `three-2g`, one `two-3g`, the rest empty)
+    /// and twelve pending single replicas, three of each profile.
+    fn problem() -> Problem {
+        let mut nodes = String::new();
+        for n in 0..3 {
+            nodes += &format!(
+                "    - name: m{n}\n      pool: infer\n      cpu: 192\n      memory: 2Ti\n      gpus:\n"
+            );
+            for i in 0..2 {
+                let instances = match (n, i) {
+                    (0, 0) => {
+                        "[{profile: 2g.20gb, start: 0}, {profile: 2g.20gb, start: 2}, {profile: 2g.20gb, start: 4}, {profile: 1g.10gb, start: 6}]"
+                    }
+                    (1, 1) => "[{profile: 3g.40gb, start: 0}, {profile: 3g.40gb, start: 4}]",
+                    _ => "[]",
+                };
+                nodes += &format!(
+                    "        - {{index: {i}, uuid: GPU-{:08x}-0000-0000-0000-000000000000, model: H100-SXM5-80GB, mig: {{enabled: true}}, instances: {instances}}}\n",
+                    n * 2 + i
+                );
+            }
+        }
+        let mut pending = String::new();
+        for w in 0..12 {
+            pending += &format!(
+                "    - name: w{w:02}\n      spec: {{tenant: a, sloClass: serving, gpu: {{migProfile: {}}}}}\n      submittedAt: \"2026-11-20T07:00:00Z\"\n",
+                PROFILES[w % PROFILES.len()]
+            );
+        }
+        let state = format!(
+            "---\napiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{nodes}  running: []\n  pending:\n{pending}"
+        );
+        let c = compile(&[SourceFile::new("p.yaml", &format!("{POLICY}{state}"))]);
+        assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
+        Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
+    }
+
+    /// The nodes and GPUs whose kept free units or offers differ from a recount.
+    fn stale(p: &Problem, f: &Fleet) -> Vec<String> {
+        let gpus = (0..p.gpus.len())
+            .filter(|&g| f.gpu[g].offers != f.offers_of(p, g, &f.gpu[g]))
+            .map(|g| format!("GPU {g}"));
+        let nodes = (0..p.nodes.len())
+            .filter(|&n| f.free[n] != f.count_free(p, n))
+            .map(|n| format!("node {n}"));
+        gpus.chain(nodes).collect()
+    }
+
+    proptest! {
+        /// Placing and releasing replicas in any order (the placement checked against the
+        /// scan of every node in debug builds), the offers and free units kept equal a
+        /// recount, in the fleet and in a clone taken before each change.
+        #[test]
+        fn kept_offers_equal_a_recount(ops in proptest::collection::vec((0usize..12, any::<bool>()), 1..40)) {
+            let p = problem();
+            let pool = 0;
+            let nodes = p.pools[pool].nodes.clone();
+            let mut fleet = Fleet::new(&p);
+            prop_assert!(stale(&p, &fleet).is_empty());
+            for (w, preempted) in ops {
+                let before = fleet.clone();
+                if fleet.placed[w].is_some() {
+                    fleet.release(&p, w, preempted);
+                } else {
+                    fleet.fill(&p, w, pool, &nodes, 1, &mut Misses::default());
+                }
+                prop_assert_eq!(stale(&p, &fleet), Vec::<String>::new());
+                prop_assert_eq!(stale(&p, &before), Vec::<String>::new());
+            }
+        }
+    }
+}
