@@ -825,14 +825,14 @@ impl Fleet {
         let wl = &p.workloads[w];
         let info = &p.pools[pool];
         let mut miss = Misses::default();
-        let all: Vec<usize> = info.nodes.clone();
-        // Each domain's nodes, in pool order, gathered once a cycle (see `Fleet::new`).
+        let all: &[usize] = &info.nodes;
+        // Each domain's nodes, in pool order, gathered once a cycle (see `Fleet::new`); sets
+        // of nodes are borrowed, not copied, per gang (a pool has thousands of nodes).
         let members = &self.domains[pool];
-        let by_domain = |d: usize| -> Vec<usize> { members[d].clone() };
         let domain_free =
             |f: &Fleet, d: usize| -> i64 { members[d].iter().map(|&n| f.node_free(p, n)).sum() };
-        let try_sets = |sets: Vec<Vec<usize>>, at_least: u32, miss: &mut Misses| -> Option<Fleet> {
-            for set in sets {
+        let try_sets = |sets: &[&[usize]], at_least: u32, miss: &mut Misses| -> Option<Fleet> {
+            for &set in sets {
                 // `fill` asks each node of the set for a place first, as this does, and stops
                 // when none has one: skip the clone then (the misses recorded are the same).
                 if at_least > 0
@@ -843,7 +843,7 @@ impl Fleet {
                     continue;
                 }
                 let mut f = self.clone();
-                if f.fill(p, w, pool, &set, want, miss) >= at_least {
+                if f.fill(p, w, pool, set, want, miss) >= at_least {
                     return Some(f);
                 }
             }
@@ -852,21 +852,21 @@ impl Fleet {
         // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
         let mut domains: Vec<usize> = (0..info.domains.len()).collect();
         domains.sort_by_cached_key(|&d| (domain_free(self, d), info.domains[d].as_str()));
-        let domain_sets: Vec<Vec<usize>> = domains.iter().map(|&d| by_domain(d)).collect();
+        let domain_sets: Vec<&[usize]> = domains.iter().map(|&d| members[d].as_slice()).collect();
         match wl.topology {
             TopologyMode::Required => {
                 // A domain that takes every replica, else one that takes at least `min`.
                 let mut scratch = Misses::default();
-                if let Some(f) = try_sets(domain_sets.clone(), want, &mut scratch) {
+                if let Some(f) = try_sets(&domain_sets, want, &mut scratch) {
                     return Ok(f);
                 }
-                if let Some(f) = try_sets(domain_sets, min, &mut miss) {
+                if let Some(f) = try_sets(&domain_sets, min, &mut miss) {
                     return Ok(f);
                 }
                 // Would it fit split? Then the domain is the reason; otherwise the capacity.
                 let mut f = self.clone();
                 let mut m2 = Misses::default();
-                if f.fill(p, w, pool, &all, want, &mut m2) >= min {
+                if f.fill(p, w, pool, all, want, &mut m2) >= min {
                     let best = (0..info.domains.len())
                         .map(|d| domain_free(self, d))
                         .max()
@@ -880,9 +880,9 @@ impl Fleet {
                 Err(self.capacity_reason(p, w, pool, min, &f, &m2))
             }
             TopologyMode::Preferred => {
-                let mut nodes = all.clone();
+                let mut nodes = all.to_vec();
                 nodes.sort_by_cached_key(|&n| (self.node_free(p, n), n));
-                let node_sets = nodes.iter().map(|&n| vec![n]).collect();
+                let node_sets: Vec<&[usize]> = nodes.iter().map(std::slice::from_ref).collect();
                 // A one-node, then one-domain placement, if it takes the whole gang.
                 for sets in [node_sets, domain_sets] {
                     for set in sets {
@@ -899,20 +899,20 @@ impl Fleet {
                         }
                         let mut f = self.clone();
                         let mut m = Misses::default();
-                        if f.fill(p, w, pool, &set, want, &mut m) >= want {
+                        if f.fill(p, w, pool, set, want, &mut m) >= want {
                             return Ok(f);
                         }
                     }
                 }
                 let mut f = self.clone();
-                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                if f.fill(p, w, pool, all, want, &mut miss) >= min {
                     return Ok(f);
                 }
                 Err(self.capacity_reason(p, w, pool, min, &f, &miss))
             }
             TopologyMode::None => {
                 let mut f = self.clone();
-                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                if f.fill(p, w, pool, all, want, &mut miss) >= min {
                     return Ok(f);
                 }
                 Err(self.capacity_reason(p, w, pool, min, &f, &miss))
