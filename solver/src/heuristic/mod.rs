@@ -284,28 +284,21 @@ impl<'p> Solver<'p> {
     }
 
     /// (b)-(d) for `queue`, picked in key order; each pick is recorded in `trace`.
-    pub(crate) fn run_queue(&mut self, queue: Vec<usize>) {
+    pub(crate) fn run_queue(&mut self, mut queue: Vec<usize>) {
         let p = self.p;
         self.refused = None;
         // A key depends on the ledger alone, which only an admission changes (`admit` replaces
         // it right before returning `Admit`): keys are recomputed after admissions, not after
-        // every workload left waiting. By place in `queue`; `None` once picked.
-        let mut keys: Vec<Option<FullKey<'p>>> = queue_keys(p, &self.ledger, &queue)
-            .into_iter()
-            .map(Some)
-            .collect();
-        // The workloads left in pick order: by key, then by place in `queue`, so that of equal
-        // keys the first is picked, as a scan of the queue for the least key picks it (a scan
-        // per pick cost queue² key comparisons per cycle).
-        let mut order: BTreeSet<(FullKey<'p>, usize)> = keys
-            .iter()
-            .enumerate()
-            .filter_map(|(i, k)| Some((k.clone()?, i)))
-            .collect();
-        while let Some((key, i)) = order.pop_first() {
-            let w = queue[i];
-            keys[i] = None;
-            let (priority, borrows, share, submitted, _) = key;
+        // every workload left waiting.
+        let mut keys = queue_keys(p, &self.ledger, &queue);
+        while !queue.is_empty() {
+            let (i, _) = keys
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.cmp(b.1))
+                .expect("non-empty");
+            let w = queue.remove(i);
+            let (priority, borrows, share, submitted, _) = keys.remove(i);
             let mut status = self.admit(w);
             if let Status::Pending(reason) = &status
                 && let Some(s) = self.reserve(w, reason)
@@ -320,23 +313,7 @@ impl<'p> Solver<'p> {
                 (Vec::new(), Vec::new())
             };
             if admitted {
-                for (i, key) in rekey(p, &self.ledger, &queue, &keys, &deltas) {
-                    let old = keys[i].replace(key.clone()).expect("a stale key is left");
-                    order.remove(&(old, i));
-                    order.insert((key, i));
-                }
-                debug_assert!(
-                    {
-                        let left: Vec<usize> = (0..queue.len())
-                            .filter(|&i| keys[i].is_some())
-                            .map(|i| queue[i])
-                            .collect();
-                        keys.iter()
-                            .flatten()
-                            .eq(queue_keys(p, &self.ledger, &left).iter())
-                    },
-                    "a key the admission moved was not recomputed"
-                );
+                rekey(p, &self.ledger, &queue, &mut keys, &deltas);
             }
             self.trace.push(Step {
                 w,
@@ -869,20 +846,18 @@ impl<'p> Solver<'p> {
 /// split and the fair-share path), and a change of a tenant's usage is recorded at the tenant
 /// and each of its ancestors: a key whose lineage and pools meet no changed (tenant, pool) is
 /// the one it was. Recomputing every key after every admission cost (queue × admissions).
-/// Returns the moved keys, by place in `queue`, of the workloads left (those with a key).
 fn rekey<'p>(
     p: &'p Problem,
     ledger: &Ledger,
     queue: &[usize],
-    keys: &[Option<FullKey<'p>>],
+    keys: &mut [FullKey<'p>],
     deltas: &[Delta],
-) -> Vec<(usize, FullKey<'p>)> {
+) {
     let changed: BTreeSet<(usize, usize)> = deltas
         .iter()
         .flat_map(|&(t, pool, _, _)| p.tenants[t].lineage.iter().map(move |&a| (a, pool)))
         .collect();
     let stale: Vec<usize> = (0..queue.len())
-        .filter(|&i| keys[i].is_some())
         .filter(|&i| {
             let wl = &p.workloads[queue[i]];
             wl.pools.iter().any(|&pool| {
@@ -894,10 +869,13 @@ fn rekey<'p>(
         })
         .collect();
     let workloads: Vec<usize> = stale.iter().map(|&i| queue[i]).collect();
-    stale
-        .into_iter()
-        .zip(queue_keys(p, ledger, &workloads))
-        .collect()
+    for (i, key) in stale.into_iter().zip(queue_keys(p, ledger, &workloads)) {
+        keys[i] = key;
+    }
+    debug_assert!(
+        keys.iter().eq(queue_keys(p, ledger, queue).iter()),
+        "a key the admission moved was not recomputed"
+    );
 }
 
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
