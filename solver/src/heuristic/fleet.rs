@@ -1140,7 +1140,7 @@ spec:
         let state = format!(
             "---\napiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{nodes}  running: []\n  pending:\n{pending}"
         );
-        let c = compile(&[SourceFile::new("p.yaml", &format!("{POLICY}{state}"))]);
+        let c = compile(&[SourceFile::new("p.yaml", format!("{POLICY}{state}"))]);
         assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
         Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
     }
