@@ -709,7 +709,13 @@ impl Problem {
             });
         }
         let since = last_checkpoint_at.unwrap_or(started_at).max(started_at);
-        let node_of = |b: &Binding| self.nodes.iter().position(|n| n.name == b.node);
+        // Nodes are sorted by name and unique (`DuplicateNode`): a running workload's nodes are
+        // found by halving, not by a scan of the fleet per binding.
+        let node_of = |b: &Binding| {
+            self.nodes
+                .binary_search_by(|n| n.name.as_str().cmp(b.node.as_str()))
+                .ok()
+        };
         let pool = run
             .bindings
             .first()

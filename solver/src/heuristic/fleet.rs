@@ -22,6 +22,10 @@ pub(super) struct GpuState {
     pub(super) changes: u32,
     /// Placements (or the whole GPU, as start 255) released by preempted workloads.
     pub(super) preempted: BTreeSet<u8>,
+    /// What the GPU offers a MIG replica in this state ([`Fleet::offers_of`]), kept by the
+    /// fleet for the states it holds (`Fleet::reoffer`); a state [`Fleet::changed_by`] builds
+    /// for scoring carries its source's, unread.
+    pub(super) offers: Offers,
 }
 
 impl GpuState {
@@ -76,10 +80,11 @@ pub(crate) struct Fleet {
     pub(super) memory: CowVec<u64>,
     /// By workload index; cloned as `gpu` is.
     pub(crate) placed: CowVec<Option<Rc<Vec<Placed>>>>,
-    /// Of each node's healthy GPUs: the free units ([`Fleet::node_free`]) and how many are
-    /// free whole, kept as GPU states change: best fit and the preemption search's bounds ask
-    /// for them for every node of a pool per gang.
-    free: CowVec<(i64, u32)>,
+    /// Of each node's healthy GPUs: the free units ([`Fleet::node_free`]), how many are free
+    /// whole and what they offer a MIG replica, kept as GPU states change: best fit and the
+    /// preemption search's bounds ask for them for every node of a pool per gang, and a
+    /// replica's search for a place skips the nodes that offer none.
+    free: CowVec<NodeFree>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
@@ -92,9 +97,23 @@ pub(crate) struct Fleet {
     /// asks it for every GPU of every node of the pool, and busy sets repeat. Shared by every
     /// clone (the answers are the same for all).
     relayouts: Rc<RefCell<HashMap<RelayoutKey, Option<Vec<Placement>>>>>,
+    /// [`Fleet::offers_of`]'s re-layout part, remembered; shared by every clone.
+    pub(super) relayout_offers: RelayoutOffers,
+}
+
+/// What a node's healthy GPUs hold free, kept by the fleet (see [`Fleet::recount`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct NodeFree {
+    units: i64,
+    whole: u32,
+    offers: Offers,
 }
 
 type RelayoutKey = (Vec<Placement>, Vec<Placement>);
+
+/// `fill`'s order of places, lowest first: no re-layout first, then FGD's tier and the hosting
+/// capacity lost, then best fit (the node's free units), then the node.
+type FillKey = (bool, u32, u64, i64, usize);
 
 /// Why one replica does not fit on one node.
 #[derive(Debug, Clone, Default)]
@@ -124,7 +143,7 @@ pub(super) enum Plan {
 
 impl Fleet {
     pub(super) fn new(p: &Problem) -> Fleet {
-        Fleet {
+        let mut fleet = Fleet {
             gpu: p
                 .gpus
                 .iter()
@@ -139,22 +158,28 @@ impl Fleet {
             cpu: vec![0; p.nodes.len()].into(),
             memory: vec![0; p.nodes.len()].into(),
             placed: vec![None; p.workloads.len()].into(),
-            free: (0..p.nodes.len())
-                .map(|n| {
-                    let healthy = Fleet::healthy_gpus(p, n).count();
-                    (healthy as i64 * Gpus::whole(1).units(), healthy as u32)
-                })
-                .collect::<Vec<_>>()
-                .into(),
+            free: vec![NodeFree::default(); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
             relayouts: Rc::default(),
+            relayout_offers: Rc::default(),
+        };
+        for g in 0..p.gpus.len() {
+            fleet.reoffer(p, g);
         }
+        for n in 0..p.nodes.len() {
+            fleet.recount(p, n);
+        }
+        fleet
     }
 
     /// [`relayout_into`] of `busy` and `layout`, remembered.
-    fn relayout(&self, layout: &[Placement], busy: &[Placement]) -> Option<Vec<Placement>> {
+    pub(super) fn relayout(
+        &self,
+        layout: &[Placement],
+        busy: &[Placement],
+    ) -> Option<Vec<Placement>> {
         let key = (layout.to_vec(), busy.to_vec());
         if let Some(known) = self.relayouts.borrow().get(&key) {
             return known.clone();
@@ -172,7 +197,8 @@ impl Fleet {
             .filter(|&g| p.gpus[g].healthy)
     }
 
-    /// Measures node `n`'s free units again after its GPU states changed.
+    /// Measures node `n`'s free units and offers again after its GPU states changed (each
+    /// changed GPU's offers stored first, [`Fleet::reoffer`]).
     fn recount(&mut self, p: &Problem, n: usize) {
         let free = self.count_free(p, n);
         if self.free[n] != free {
@@ -180,14 +206,30 @@ impl Fleet {
         }
     }
 
-    fn count_free(&self, p: &Problem, n: usize) -> (i64, u32) {
-        Fleet::healthy_gpus(p, n).fold((0, 0), |(units, whole), g| {
+    fn count_free(&self, p: &Problem, n: usize) -> NodeFree {
+        Fleet::healthy_gpus(p, n).fold(NodeFree::default(), |free, g| {
             let s = &self.gpu[g];
-            (
-                units + Gpus::whole(1).units() - s.allocated().units(),
-                whole + u32::from(s.is_free()),
-            )
+            NodeFree {
+                units: free.units + Gpus::whole(1).units() - s.allocated().units(),
+                whole: free.whole + u32::from(s.is_free()),
+                offers: free.offers.union(s.offers),
+            }
         })
+    }
+
+    /// Node `n`'s offers to a MIG replica (see `offers.rs`).
+    pub(super) fn node_offers(&self, p: &Problem, n: usize) -> Offers {
+        debug_assert!(
+            Fleet::healthy_gpus(p, n)
+                .all(|g| self.gpu[g].offers == self.offers_of(p, g, &self.gpu[g])),
+            "the offers kept for a GPU of node {n} are stale"
+        );
+        debug_assert_eq!(
+            self.free[n],
+            self.count_free(p, n),
+            "the free units kept for node {n} are stale"
+        );
+        self.free[n].offers
     }
 
     /// Measures the workload mix again without the running workloads for which `gone` holds
@@ -217,6 +259,9 @@ impl Fleet {
                     Rc::make_mut(&mut self.gpu[g]).whole = Some(w);
                 }
             }
+        }
+        for &g in &slot.gpus {
+            self.reoffer(p, g);
         }
         let node = slot.node;
         Rc::make_mut(self.placed[w].get_or_insert_with(Rc::default)).push(slot);
@@ -253,6 +298,9 @@ impl Fleet {
                     }
                 }
             }
+            for &g in &slot.gpus {
+                self.reoffer(p, g);
+            }
             self.recount(p, slot.node);
         }
     }
@@ -268,7 +316,7 @@ impl Fleet {
             self.count_free(p, n),
             "the free units kept for node {n} are stale"
         );
-        self.free[n].0
+        self.free[n].units
     }
 
     /// `F` and `H` of node `n` (see `fragmentation.rs`) as it is, or, with `after`, once a
@@ -355,6 +403,47 @@ impl Fleet {
         self.mix.cost(pool, before, after)
     }
 
+    /// Whether node `n` of `pool` may take a replica of `w` before its GPUs are looked at:
+    /// healthy, in the pool, not barred, with the CPU and memory; `Err` with the resource
+    /// short when that is why not.
+    fn admits(&self, p: &Problem, w: usize, pool: usize, n: usize) -> Result<(), Option<Resource>> {
+        let wl = &p.workloads[w];
+        let node = &p.nodes[n];
+        if !node.healthy || node.pool != Some(pool) {
+            return Err(None);
+        }
+        if self.barred.as_ref().is_some_and(|b| b.contains(&n)) {
+            return Err(None);
+        }
+        if self.cpu[n] + wl.cpu.0 > node.cpu.0 {
+            return Err(Some(Resource::Cpu));
+        }
+        if self.memory[n] + wl.memory.0 > node.memory.0 {
+            return Err(Some(Resource::Memory));
+        }
+        Ok(())
+    }
+
+    /// [`Fleet::option`], with the same answer and the same misses, without looking at the GPUs
+    /// of a node whose offers show no place for a MIG replica (see `offers.rs`).
+    pub(super) fn option_indexed(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        n: usize,
+        miss: &mut Misses,
+    ) -> Option<Plan> {
+        if self.node_offers(p, n).may_offer(p.workloads[w].demand) {
+            return self.option(p, w, pool, n, miss);
+        }
+        // What `option` records of such a node: why it cannot take a replica at all.
+        if let Err(Some(resource)) = self.admits(p, w, pool, n) {
+            miss.node_resources.get_or_insert(resource);
+        }
+        None
+    }
+
     /// How a replica of `w` could go on node `n` of `pool`; with its cost (re-layouts first).
     pub(super) fn option(
         &self,
@@ -366,22 +455,14 @@ impl Fleet {
     ) -> Option<Plan> {
         let wl = &p.workloads[w];
         let node = &p.nodes[n];
-        if !node.healthy || node.pool != Some(pool) {
-            return None;
-        }
-        if self.barred.as_ref().is_some_and(|b| b.contains(&n)) {
-            return None;
-        }
-        if self.cpu[n] + wl.cpu.0 > node.cpu.0 {
-            miss.node_resources.get_or_insert(Resource::Cpu);
-            return None;
-        }
-        if self.memory[n] + wl.memory.0 > node.memory.0 {
-            miss.node_resources.get_or_insert(Resource::Memory);
+        if let Err(short) = self.admits(p, w, pool, n) {
+            if let Some(resource) = short {
+                miss.node_resources.get_or_insert(resource);
+            }
             return None;
         }
         // No GPU free whole: a whole-GPU replica finds nothing below and records no miss.
-        if matches!(wl.demand, Demand::Whole { count } if count > 0) && self.free[n].1 == 0 {
+        if matches!(wl.demand, Demand::Whole { count } if count > 0) && self.free[n].whole == 0 {
             return None;
         }
         let info = &p.pools[pool];
@@ -613,31 +694,39 @@ impl Fleet {
         let scored = self.mix.scores(pool);
         // Each node's measure as it is; only the node a replica went to changes.
         let mut before: HashMap<usize, Measure> = HashMap::new();
+        let demand = p.workloads[w].demand;
         let mut placed = 0;
         while placed < want {
-            type Best = ((bool, u32, u64, i64, usize), usize, Plan);
-            let mut best: Option<Best> = None;
-            for &n in nodes {
-                if let Some(plan) = self.option(p, w, pool, n, miss) {
-                    let relayout = match &plan {
-                        Plan::Whole { relayout, .. } => !relayout.is_empty(),
-                        Plan::Instance { geometry, .. } => geometry.is_some(),
-                        Plan::Share { .. } => false,
-                    };
-                    let (tier, loss) = if scored {
-                        let b = *before
-                            .entry(n)
-                            .or_insert_with(|| self.measure(p, pool, n, None));
-                        self.plan_cost(p, w, pool, n, b, &plan)
-                    } else {
-                        (0, 0)
-                    };
-                    let key = (relayout, tier, loss, self.node_free(p, n), n);
-                    if best.as_ref().is_none_or(|b| key < b.0) {
-                        best = Some((key, n, plan));
-                    }
-                }
+            // A free instance always beats a re-layout (the key's first field): where any node
+            // offers one that takes the replica, the best of those is the best of all, and the
+            // nodes without one need not be asked. The misses recorded there are not the whole
+            // scan's; they are read only when nothing is placed, and then the scan below runs.
+            let mut best = None;
+            if let Demand::Mig { profile_id } = demand {
+                let free = nodes
+                    .iter()
+                    .copied()
+                    .filter(|&n| self.node_offers(p, n).has_free(profile_id));
+                best = self.best_option(
+                    p,
+                    w,
+                    pool,
+                    free,
+                    scored,
+                    &mut before,
+                    &mut Misses::default(),
+                );
             }
+            if best.is_none() {
+                best =
+                    self.best_option(p, w, pool, nodes.iter().copied(), scored, &mut before, miss);
+            }
+            // The choice is the whole scan's, node by node (`option` on every node).
+            debug_assert_eq!(
+                best.as_ref().map(|b| b.0),
+                self.scan_key(p, w, pool, nodes, scored),
+                "the offers index chose another node than the scan of every node"
+            );
             let Some((_, n, plan)) = best else { break };
             let predicted = cfg!(debug_assertions).then(|| {
                 let changed = self.changed_by(p, w, &plan);
@@ -652,6 +741,78 @@ impl Fleet {
         placed
     }
 
+    /// The best place for a replica of `w` among `nodes` by `fill`'s key, `option` asked only
+    /// where the offers index shows a place could be (see [`Fleet::option_indexed`]).
+    #[allow(clippy::too_many_arguments)]
+    fn best_option(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: impl Iterator<Item = usize>,
+        scored: bool,
+        before: &mut HashMap<usize, Measure>,
+        miss: &mut Misses,
+    ) -> Option<(FillKey, usize, Plan)> {
+        let mut best: Option<(FillKey, usize, Plan)> = None;
+        for n in nodes {
+            let Some(plan) = self.option_indexed(p, w, pool, n, miss) else {
+                continue;
+            };
+            let relayout = match &plan {
+                Plan::Whole { relayout, .. } => !relayout.is_empty(),
+                Plan::Instance { geometry, .. } => geometry.is_some(),
+                Plan::Share { .. } => false,
+            };
+            let (tier, loss) = if scored {
+                let b = *before
+                    .entry(n)
+                    .or_insert_with(|| self.measure(p, pool, n, None));
+                self.plan_cost(p, w, pool, n, b, &plan)
+            } else {
+                (0, 0)
+            };
+            let key = (relayout, tier, loss, self.node_free(p, n), n);
+            if best.as_ref().is_none_or(|b| key < b.0) {
+                best = Some((key, n, plan));
+            }
+        }
+        best
+    }
+
+    /// The key of the best place among `nodes` by asking `option` of every node: what `fill`
+    /// chose before the offers index, kept to check it in debug builds.
+    fn scan_key(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: &[usize],
+        scored: bool,
+    ) -> Option<FillKey> {
+        let mut best: Option<FillKey> = None;
+        for &n in nodes {
+            let Some(plan) = self.option(p, w, pool, n, &mut Misses::default()) else {
+                continue;
+            };
+            let relayout = match &plan {
+                Plan::Whole { relayout, .. } => !relayout.is_empty(),
+                Plan::Instance { geometry, .. } => geometry.is_some(),
+                Plan::Share { .. } => false,
+            };
+            let (tier, loss) = if scored {
+                self.plan_cost(p, w, pool, n, self.measure(p, pool, n, None), &plan)
+            } else {
+                (0, 0)
+            };
+            let key = (relayout, tier, loss, self.node_free(p, n), n);
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+        best
+    }
+
     /// Places the gang on `pool` honouring its topology: at least `min`, up to `want` replicas.
     pub(super) fn place_gang(
         &self,
@@ -664,25 +825,25 @@ impl Fleet {
         let wl = &p.workloads[w];
         let info = &p.pools[pool];
         let mut miss = Misses::default();
-        let all: Vec<usize> = info.nodes.clone();
-        // Each domain's nodes, in pool order, gathered once a cycle (see `Fleet::new`).
+        let all: &[usize] = &info.nodes;
+        // Each domain's nodes, in pool order, gathered once a cycle (see `Fleet::new`); sets
+        // of nodes are borrowed, not copied, per gang (a pool has thousands of nodes).
         let members = &self.domains[pool];
-        let by_domain = |d: usize| -> Vec<usize> { members[d].clone() };
         let domain_free =
             |f: &Fleet, d: usize| -> i64 { members[d].iter().map(|&n| f.node_free(p, n)).sum() };
-        let try_sets = |sets: Vec<Vec<usize>>, at_least: u32, miss: &mut Misses| -> Option<Fleet> {
-            for set in sets {
+        let try_sets = |sets: &[&[usize]], at_least: u32, miss: &mut Misses| -> Option<Fleet> {
+            for &set in sets {
                 // `fill` asks each node of the set for a place first, as this does, and stops
                 // when none has one: skip the clone then (the misses recorded are the same).
                 if at_least > 0
                     && !set
                         .iter()
-                        .any(|&n| self.option(p, w, pool, n, miss).is_some())
+                        .any(|&n| self.option_indexed(p, w, pool, n, miss).is_some())
                 {
                     continue;
                 }
                 let mut f = self.clone();
-                if f.fill(p, w, pool, &set, want, miss) >= at_least {
+                if f.fill(p, w, pool, set, want, miss) >= at_least {
                     return Some(f);
                 }
             }
@@ -691,21 +852,21 @@ impl Fleet {
         // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
         let mut domains: Vec<usize> = (0..info.domains.len()).collect();
         domains.sort_by_cached_key(|&d| (domain_free(self, d), info.domains[d].as_str()));
-        let domain_sets: Vec<Vec<usize>> = domains.iter().map(|&d| by_domain(d)).collect();
+        let domain_sets: Vec<&[usize]> = domains.iter().map(|&d| members[d].as_slice()).collect();
         match wl.topology {
             TopologyMode::Required => {
                 // A domain that takes every replica, else one that takes at least `min`.
                 let mut scratch = Misses::default();
-                if let Some(f) = try_sets(domain_sets.clone(), want, &mut scratch) {
+                if let Some(f) = try_sets(&domain_sets, want, &mut scratch) {
                     return Ok(f);
                 }
-                if let Some(f) = try_sets(domain_sets, min, &mut miss) {
+                if let Some(f) = try_sets(&domain_sets, min, &mut miss) {
                     return Ok(f);
                 }
                 // Would it fit split? Then the domain is the reason; otherwise the capacity.
                 let mut f = self.clone();
                 let mut m2 = Misses::default();
-                if f.fill(p, w, pool, &all, want, &mut m2) >= min {
+                if f.fill(p, w, pool, all, want, &mut m2) >= min {
                     let best = (0..info.domains.len())
                         .map(|d| domain_free(self, d))
                         .max()
@@ -719,9 +880,9 @@ impl Fleet {
                 Err(self.capacity_reason(p, w, pool, min, &f, &m2))
             }
             TopologyMode::Preferred => {
-                let mut nodes = all.clone();
+                let mut nodes = all.to_vec();
                 nodes.sort_by_cached_key(|&n| (self.node_free(p, n), n));
-                let node_sets = nodes.iter().map(|&n| vec![n]).collect();
+                let node_sets: Vec<&[usize]> = nodes.iter().map(std::slice::from_ref).collect();
                 // A one-node, then one-domain placement, if it takes the whole gang.
                 for sets in [node_sets, domain_sets] {
                     for set in sets {
@@ -731,27 +892,27 @@ impl Fleet {
                             let mut m = Misses::default();
                             if !set
                                 .iter()
-                                .any(|&n| self.option(p, w, pool, n, &mut m).is_some())
+                                .any(|&n| self.option_indexed(p, w, pool, n, &mut m).is_some())
                             {
                                 continue;
                             }
                         }
                         let mut f = self.clone();
                         let mut m = Misses::default();
-                        if f.fill(p, w, pool, &set, want, &mut m) >= want {
+                        if f.fill(p, w, pool, set, want, &mut m) >= want {
                             return Ok(f);
                         }
                     }
                 }
                 let mut f = self.clone();
-                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                if f.fill(p, w, pool, all, want, &mut miss) >= min {
                     return Ok(f);
                 }
                 Err(self.capacity_reason(p, w, pool, min, &f, &miss))
             }
             TopologyMode::None => {
                 let mut f = self.clone();
-                if f.fill(p, w, pool, &all, want, &mut miss) >= min {
+                if f.fill(p, w, pool, all, want, &mut miss) >= min {
                     return Ok(f);
                 }
                 Err(self.capacity_reason(p, w, pool, min, &f, &miss))
@@ -886,4 +1047,136 @@ pub(super) fn relayout_into(busy: &[Placement], layout: &[Placement]) -> Option<
     let g = mig::place_with(busy, &rest).ok()?;
     mig::validate(&g).ok()?;
     Some(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tessera_compiler::{SourceFile, compile};
+
+    const POLICY: &str = r#"
+apiVersion: tessera/v1alpha1
+kind: PriorityTiers
+metadata: {name: tiers}
+spec:
+  tiers:
+    - {name: high, value: 1000}
+---
+apiVersion: tessera/v1alpha1
+kind: SloClass
+metadata: {name: serving}
+spec: {tier: high, preemptible: true, isolation: {minimum: mig}}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: balanced}
+spec: {gpuModel: H100-SXM5-80GB, instances: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: two-3g}
+spec: {gpuModel: H100-SXM5-80GB, instances: [3g.40gb, 3g.40gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: three-2g}
+spec: {gpuModel: H100-SXM5-80GB, instances: [2g.20gb, 2g.20gb, 2g.20gb, 1g.10gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: MigLayout
+metadata: {name: full}
+spec: {gpuModel: H100-SXM5-80GB, instances: [7g.80gb]}
+---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: infer}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {nodes: 3, gpusPerNode: 2, cpuPerNode: 192, memoryPerNode: 2Ti}
+  sharing: mig
+  migLayouts: [balanced, two-3g, three-2g, full]
+  reconfiguration: {maxPerGpuPerHour: 2}
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: a}
+spec:
+  guarantee: {infer: 6}
+  sloClasses: [serving]
+"#;
+
+    const PROFILES: [&str; 4] = ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"];
+
+    /// Three MIG nodes of two GPUs (one laid out `three-2g`, one `two-3g`, the rest empty)
+    /// and twelve pending single replicas, three of each profile.
+    fn problem() -> Problem {
+        let mut nodes = String::new();
+        for n in 0..3 {
+            nodes += &format!(
+                "    - name: m{n}\n      pool: infer\n      cpu: 192\n      memory: 2Ti\n      gpus:\n"
+            );
+            for i in 0..2 {
+                let instances = match (n, i) {
+                    (0, 0) => {
+                        "[{profile: 2g.20gb, start: 0}, {profile: 2g.20gb, start: 2}, {profile: 2g.20gb, start: 4}, {profile: 1g.10gb, start: 6}]"
+                    }
+                    (1, 1) => "[{profile: 3g.40gb, start: 0}, {profile: 3g.40gb, start: 4}]",
+                    _ => "[]",
+                };
+                nodes += &format!(
+                    "        - {{index: {i}, uuid: GPU-{:08x}-0000-0000-0000-000000000000, model: H100-SXM5-80GB, mig: {{enabled: true}}, instances: {instances}}}\n",
+                    n * 2 + i
+                );
+            }
+        }
+        let mut pending = String::new();
+        for w in 0..12 {
+            pending += &format!(
+                "    - name: w{w:02}\n      spec: {{tenant: a, sloClass: serving, gpu: {{migProfile: {}}}}}\n      submittedAt: \"2026-11-20T07:00:00Z\"\n",
+                PROFILES[w % PROFILES.len()]
+            );
+        }
+        let state = format!(
+            "---\napiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{nodes}  running: []\n  pending:\n{pending}"
+        );
+        let c = compile(&[SourceFile::new("p.yaml", format!("{POLICY}{state}"))]);
+        assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
+        Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
+    }
+
+    /// The nodes and GPUs whose kept free units or offers differ from a recount.
+    fn stale(p: &Problem, f: &Fleet) -> Vec<String> {
+        let gpus = (0..p.gpus.len())
+            .filter(|&g| f.gpu[g].offers != f.offers_of(p, g, &f.gpu[g]))
+            .map(|g| format!("GPU {g}"));
+        let nodes = (0..p.nodes.len())
+            .filter(|&n| f.free[n] != f.count_free(p, n))
+            .map(|n| format!("node {n}"));
+        gpus.chain(nodes).collect()
+    }
+
+    proptest! {
+        /// Placing and releasing replicas in any order (the placement checked against the
+        /// scan of every node in debug builds), the offers and free units kept equal a
+        /// recount, in the fleet and in a clone taken before each change.
+        #[test]
+        fn kept_offers_equal_a_recount(ops in proptest::collection::vec((0usize..12, any::<bool>()), 1..40)) {
+            let p = problem();
+            let pool = 0;
+            let nodes = p.pools[pool].nodes.clone();
+            let mut fleet = Fleet::new(&p);
+            prop_assert!(stale(&p, &fleet).is_empty());
+            for (w, preempted) in ops {
+                let before = fleet.clone();
+                if fleet.placed[w].is_some() {
+                    fleet.release(&p, w, preempted);
+                } else {
+                    fleet.fill(&p, w, pool, &nodes, 1, &mut Misses::default());
+                }
+                prop_assert_eq!(stale(&p, &fleet), Vec::<String>::new());
+                prop_assert_eq!(stale(&p, &before), Vec::<String>::new());
+            }
+        }
+    }
 }

@@ -63,6 +63,7 @@ pub(crate) use reserve::Hold;
 mod assemble;
 mod fleet;
 mod fragmentation;
+mod offers;
 mod protected;
 mod queue;
 use crate::cow::CowVec;
@@ -70,6 +71,7 @@ pub use assemble::solve;
 pub(crate) use assemble::*;
 pub(crate) use fleet::*;
 use fragmentation::*;
+use offers::*;
 use protected::*;
 pub(crate) use queue::*;
 
@@ -144,6 +146,8 @@ pub(crate) struct Solver<'p> {
     pub(crate) hold: Vec<bool>,
     /// Capacity held for waiting gangs so far in this cycle, in pick order (see `reserve.rs`).
     pub(crate) holds: Vec<Hold>,
+    /// Tenants by name, built on the first refusal that names one ([`Solver::tenant_named`]).
+    tenant_index: std::cell::OnceCell<HashMap<&'p str, usize>>,
 }
 
 /// What a borrower's refusal depends on besides the statuses and its tenant: (pool, scope,
@@ -192,6 +196,7 @@ impl<'p> Solver<'p> {
             refused: None,
             hold: vec![false; p.workloads.len()],
             holds: Vec::new(),
+            tenant_index: std::cell::OnceCell::new(),
         }
     }
 
@@ -208,6 +213,7 @@ impl<'p> Solver<'p> {
             refused: None,
             hold: vec![false; p.workloads.len()],
             holds: parts.holds,
+            tenant_index: std::cell::OnceCell::new(),
         }
     }
 
@@ -402,7 +408,7 @@ impl<'p> Solver<'p> {
             // A limit refused at tenant X: only X's subtree can give quota back.
             let scope = match reason {
                 Reason::QuotaExceeded { tenant, .. } | Reason::PoolFull { tenant, .. } => {
-                    p.tenants.iter().position(|t| &t.name == tenant)
+                    self.tenant_named(tenant)
                 }
                 _ => None,
             };
@@ -431,6 +437,22 @@ impl<'p> Solver<'p> {
                 })
                 .collect(),
         })
+    }
+
+    /// The tenant named `name` (the first so named, as the policy lists them): a refusal names
+    /// its tenant, and a fleet has a thousand of them.
+    fn tenant_named(&self, name: &str) -> Option<usize> {
+        let p = self.p;
+        self.tenant_index
+            .get_or_init(|| {
+                let mut index = HashMap::with_capacity(p.tenants.len());
+                for (i, t) in p.tenants.iter().enumerate() {
+                    index.entry(t.name.as_str()).or_insert(i);
+                }
+                index
+            })
+            .get(name)
+            .copied()
     }
 
     /// A what-if: the fleet and ledger with `victims`, running in `pool`, released (drains
