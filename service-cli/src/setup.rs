@@ -22,6 +22,11 @@ pub enum SetupError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot prepare the state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Trust(#[from] TrustError),
     #[error("--driver sim needs --nodes FILE: a ClusterState file describing the nodes")]
@@ -84,6 +89,26 @@ pub fn config(args: &ReconcileArgs) -> Result<Config, SetupError> {
         return Err(SetupError::CyclePeriod);
     }
     Ok(config)
+}
+
+/// Creates the state directory with a `.gitignore` that ignores everything in it: the default
+/// lies in the working directory, often a clone of the policy repository, and what the service
+/// keeps there (a database, a mirror, logs) must never be committed with the policy.
+pub fn prepare_state_dir(dir: &Path) -> Result<(), SetupError> {
+    let io = |source| SetupError::StateDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let ignore = dir.join(".gitignore");
+    if !ignore.exists() {
+        std::fs::write(
+            &ignore,
+            "# Written by tessera reconcile: the service's state, never part of a repository.\n*\n",
+        )
+        .map_err(io)?;
+    }
+    Ok(())
 }
 
 /// The trusted signers in these files (`allowed_signers` entries, armored OpenPGP keys).

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use tessera_reconciler::actions::Action;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::service::{
@@ -50,7 +50,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(tessera_reconciler::api::hooks::HookSecret::load(path)?),
         None => None,
     };
-    prepare_state_dir(&args.state_dir)?;
+    setup::prepare_state_dir(&args.state_dir)?;
     let driver = setup::driver(&args)?;
 
     if args.once {
@@ -120,22 +120,6 @@ fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
-}
-
-/// Creates the state directory with a `.gitignore` that ignores everything in it: the default
-/// lies in the working directory, often a clone of the policy repository, and what the service
-/// keeps there (a database, a mirror, logs) must never be committed with the policy.
-fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let ignore = dir.join(".gitignore");
-    if !ignore.exists() {
-        std::fs::write(
-            &ignore,
-            "# Written by tessera reconcile: the service's state, never part of a repository.\n*\n",
-        )
-        .with_context(|| format!("cannot write {}", ignore.display()))?;
-    }
-    Ok(())
 }
 
 /// The `nvml` driver for this machine (`tessera observe` uses it too).

@@ -43,6 +43,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     }
     let keys = Keys::new(&args.fleet.cluster)?;
     let config = setup::config(&args)?;
+    setup::prepare_state_dir(&args.state_dir)?;
     let tokens = match &args.tokens {
         Some(path) => Tokens::load(path)?,
         None => Tokens::default(),
