@@ -37,21 +37,18 @@ impl StoreArg {
         };
         members
             .split(',')
-            .map(|member| {
-                let port = member.rsplit_once(':').map(|(host, port)| (host, port));
-                match port {
-                    Some((host, port))
-                        if !host.is_empty()
-                            && !host.contains('/')
-                            && port.parse::<u16>().is_ok_and(|p| p > 0) =>
-                    {
-                        Ok(format!("http://{member}"))
-                    }
-                    _ => Err(StoreArgError::Member {
-                        value: value.to_string(),
-                        member: member.to_string(),
-                    }),
+            .map(|member| match member.rsplit_once(':') {
+                Some((host, port))
+                    if !host.is_empty()
+                        && !host.contains('/')
+                        && port.parse::<u16>().is_ok_and(|p| p > 0) =>
+                {
+                    Ok(format!("http://{member}"))
                 }
+                _ => Err(StoreArgError::Member {
+                    value: value.to_string(),
+                    member: member.to_string(),
+                }),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(StoreArg::Etcd)

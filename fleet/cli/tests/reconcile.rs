@@ -1,7 +1,8 @@
 //! `tessera-fleet reconcile` replicas as real processes on a real etcd, following a real Git
 //! repository with the `sim` driver: one leads and the other stands by, serving reads and
 //! answering a write with where the leader is; a workload submitted to the leader runs; the
-//! leader SIGKILLed, the standby leads and finds the workload as it was, started once.
+//! leader SIGKILLed, the standby leads and finds the workload as it was, started once; a leader
+//! paused past its lease stops leading when it resumes and stands by.
 //!
 //! Both replicas share one state directory: it stands for the nodes (the sim driver keeps the
 //! GPUs' state there), which outlive any control-plane replica. A standby touches none of it.
@@ -158,6 +159,10 @@ impl Replica {
             .1
     }
 
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    }
+
     fn sigkill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -275,4 +280,33 @@ fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
         Some(json!({"name": "second", "spec": job})),
     );
     assert_eq!(status, 201, "{body}");
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_stands_by_when_it_resumes() {
+    use nix::sys::signal::Signal;
+    let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let repo = policy_repo();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        work.path().join("tokens.yaml"),
+        format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n"),
+    )
+    .unwrap();
+    let first = Replica::start(&etcd, repo.path(), work.path(), "first");
+    first.await_line("tessera-fleet reconcile: leading (term ");
+    let second = Replica::start(&etcd, repo.path(), work.path(), "second");
+    second.await_line("tessera-fleet reconcile: standing by");
+
+    // Paused, the leader stops renewing its lease; etcd expires it and the standby leads.
+    first.signal(Signal::SIGSTOP);
+    second.await_line("tessera-fleet reconcile: leading (term ");
+    first.signal(Signal::SIGCONT);
+    // Resumed, it finds its term over, stops its service and stands by.
+    first.await_line("tessera-fleet reconcile: standing by");
+    let (status, body) = first.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["leader"], json!(second.base), "{body}");
+    let (status, body) = second.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
+    assert!(status < 300, "the new leader takes writes: {status} {body}");
 }
