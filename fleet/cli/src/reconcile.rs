@@ -24,7 +24,9 @@ use tessera_fleet::keys::Keys;
 use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_reconciler::api::hooks::HookSecret;
 use tessera_reconciler::auth::Tokens;
-use tessera_reconciler::service::{Config, Handle, ServeOptions, Shared, StoreSource, serve};
+use tessera_reconciler::service::{
+    Condition, Config, Handle, ServeOptions, Shared, StoreSource, serve,
+};
 use tessera_service_cli::{ReconcileArgs, StoreArg, setup};
 
 /// How long a replica waits before campaigning again after etcd failed it.
@@ -122,7 +124,16 @@ impl Replica<'_> {
         );
         // No loop runs here: what the API would wake goes nowhere.
         let (wake, _asleep) = std::sync::mpsc::channel();
-        let shared = Arc::new(Shared::new("none", wake));
+        let shared = Arc::new(Shared::new("none (standing by)", wake));
+        // What the operator's /status says here: no cycle runs on this replica.
+        shared
+            .status
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_conditions(vec![Condition::service(
+                "this replica stands by: it runs no cycle and serves reads from etcd; the \
+                 leader's /status describes the fleet",
+            )]);
         let handle = Handle::new(shared, Box::new(reader), self.config.limits);
         let leader = LeaderLookup {
             client: self.client.clone(),

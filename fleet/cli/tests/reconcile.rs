@@ -251,6 +251,13 @@ fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
     assert_eq!(before["phase"], "running", "{before}");
     let (status, refused) = second.call("GET", "/v1/workloads/refused", ADMIN, None);
     assert_eq!(status, 404, "the refused write left nothing: {refused}");
+    let standing = second.call("GET", "/status", ADMIN, None).1;
+    assert!(
+        standing["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("stands by")),
+        "{standing}"
+    );
     assert_eq!(events(&etcd, "train", "running"), 1);
 
     // The leader dies without resigning: the standby leads once its lease expires.
