@@ -173,3 +173,54 @@ pub fn duration(value: &str) -> Result<Duration, String> {
         .map(|d| Duration::from_secs(d.seconds()))
         .ok_or_else(|| "not a duration: write e.g. 0s, 30s, 5m or 1h".to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ReconcileArgs,
+    }
+
+    fn store(flags: &[&str]) -> Result<StoreArg, String> {
+        let argv = [
+            &["reconcile", "--repo", "policy", "--state-dir", "/srv/t"][..],
+            flags,
+        ]
+        .concat();
+        Cli::try_parse_from(argv)
+            .map(|cli| cli.args.store())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_store_is_sqlite_in_the_state_directory_unless_db_or_store_says_otherwise() {
+        assert_eq!(
+            store(&[]).unwrap(),
+            StoreArg::Sqlite(PathBuf::from("/srv/t/tessera.db"))
+        );
+        assert_eq!(
+            store(&["--db", "x.db"]).unwrap(),
+            StoreArg::Sqlite(PathBuf::from("x.db"))
+        );
+        assert_eq!(
+            store(&["--store", "sqlite:y.db"]).unwrap(),
+            StoreArg::Sqlite(PathBuf::from("y.db"))
+        );
+        assert_eq!(
+            store(&["--store", "etcd://127.0.0.1:2379"]).unwrap(),
+            StoreArg::Etcd(vec!["http://127.0.0.1:2379".to_string()])
+        );
+        let both = store(&["--db", "x.db", "--store", "sqlite:y.db"]).unwrap_err();
+        assert!(both.contains("cannot be used with"), "{both}");
+        let bad = store(&["--store", "etcd://nowhere"]).unwrap_err();
+        assert!(
+            bad.contains("--store") && bad.contains("HOST:PORT"),
+            "{bad}"
+        );
+    }
+}

@@ -119,4 +119,23 @@ mod tests {
             assert!(e.contains(expected), "{value}: {e}");
         }
     }
+
+    proptest::proptest! {
+        /// Any list of members parses to their client URLs, in order, and spells back.
+        #[test]
+        fn etcd_members_round_trip(
+            members in proptest::collection::vec(
+                ("[a-z0-9][a-z0-9.-]{0,20}", 1u16..=65535),
+                1..5,
+            )
+        ) {
+            let spelt: Vec<String> =
+                members.iter().map(|(host, port)| format!("{host}:{port}")).collect();
+            let value = format!("etcd://{}", spelt.join(","));
+            let parsed = StoreArg::parse(&value).unwrap();
+            let urls: Vec<String> = spelt.iter().map(|m| format!("http://{m}")).collect();
+            proptest::prop_assert_eq!(&parsed, &StoreArg::Etcd(urls));
+            proptest::prop_assert_eq!(parsed.to_flag(), value);
+        }
+    }
 }
