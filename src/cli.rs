@@ -1,10 +1,12 @@
-//! The command line's shape: flags are parsed here and nowhere else.
+//! The command line's shape: flags are parsed here and nowhere else (`reconcile`'s in
+//! `tessera-service-cli`, which `tessera-fleet reconcile` shares).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use tessera_service_cli::args::duration;
+pub use tessera_service_cli::{DriverKind, ReconcileArgs, SignatureArgs, TextOrJson};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -260,19 +262,6 @@ pub enum UsageFormat {
     Html,
 }
 
-/// Signed revisions: only commits signed by a trusted key are accepted.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct SignatureArgs {
-    /// Accept only commits signed by a key in --trusted-signers (SSH or OpenPGP); an unsigned
-    /// or untrusted head keeps the last good revision in force.
-    #[arg(long, requires = "trusted_signers")]
-    pub verify_signatures: bool,
-    /// Git's `allowed_signers` entries and/or armored OpenPGP public keys, in one file or
-    /// several (repeat the flag).
-    #[arg(long, value_name = "FILE", requires = "verify_signatures")]
-    pub trusted_signers: Vec<PathBuf>,
-}
-
 #[derive(Debug, Subcommand)]
 pub enum ExportCommand {
     /// Kueue objects (v1beta2): ResourceFlavors, Cohorts and ClusterQueues for the tenant tree,
@@ -336,106 +325,6 @@ pub struct ObserveArgs {
     pub state_dir: PathBuf,
     #[arg(long, value_enum, default_value_t = TextOrJson::Human)]
     pub output: TextOrJson,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct ReconcileArgs {
-    /// The policy repository: a URL (file://, https://, ssh://) or a local path.
-    #[arg(long)]
-    pub repo: String,
-    #[arg(long, default_value = "main")]
-    pub branch: String,
-    /// The policy directory inside the repository (default: the whole repository).
-    #[arg(long, value_name = "SUBDIR")]
-    pub path: Option<String>,
-    #[arg(long, value_enum, default_value_t = DriverKind::Sim)]
-    pub driver: DriverKind,
-    /// A ClusterState file. With `--driver sim`: the simulated nodes to start from. With
-    /// `--driver nvml`: this machine's one node (name, pool, labels, cpu, memory) with
-    /// `gpus: []`, the GPUs being discovered through NVML.
-    #[arg(long, value_name = "FILE")]
-    pub nodes: Option<PathBuf>,
-    /// With `--driver sim`: NVML faults to inject (YAML), for tests and drills.
-    #[arg(long, value_name = "FILE")]
-    pub faults: Option<PathBuf>,
-    /// With `--driver nvml`: the NVML library to load (default: libnvidia-ml.so.1).
-    #[arg(long, env = "TESSERA_NVML_LIB", value_name = "PATH")]
-    pub nvml_lib: Option<PathBuf>,
-    /// SQLite database: workloads, revisions, the action journal, events (default:
-    /// `tessera.db` in the state directory).
-    #[arg(long, value_name = "FILE")]
-    pub db: Option<PathBuf>,
-    /// Everything the service keeps: the database, the policy mirror, the simulated nodes'
-    /// state, workload logs and checkpoints. Created with a `.gitignore` of its own, so that
-    /// it never shows in a repository it lies in.
-    #[arg(long, value_name = "DIR", default_value = ".tessera")]
-    pub state_dir: PathBuf,
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
-    /// Bearer tokens (YAML: `admin: TOKEN`, `tenants: {NAME: TOKEN}`). Without it the API
-    /// accepts no token: only /status, /metrics and /healthz answer.
-    #[arg(long, value_name = "FILE")]
-    pub tokens: Option<PathBuf>,
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    pub cycle_period: Duration,
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    pub fetch_interval: Duration,
-    /// The solver's budget per cycle.
-    #[arg(long, default_value = "2s", value_parser = duration)]
-    pub time_limit: Duration,
-    /// A committed workload that keeps ending after short runs (under 10 minutes) is queued
-    /// again after this, doubled for each further short run (CrashLoopBackOff).
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    pub restart_backoff: Duration,
-    /// The longest wait before a crash-looping committed workload is queued again.
-    #[arg(long, default_value = "5m", value_parser = duration)]
-    pub restart_backoff_max: Duration,
-    /// The most submitted workloads one tenant may have that have not ended; a submission
-    /// past it is refused (HTTP 429) until some end or are cancelled.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_submitted_per_tenant: u32,
-    /// Decide every cycle from scratch. By default, workloads submitted since the last full
-    /// cycle are decided against its standing decision when nothing else changed (one
-    /// arrival in milliseconds instead of a whole queue re-decided); a full cycle still runs
-    /// every `--cycle-period` and after any other change.
-    #[arg(long)]
-    pub full_cycles_only: bool,
-    /// `process`: start each workload's command; `none`: place workloads and make their
-    /// devices but run nothing (a fleet simulation).
-    #[arg(long, value_enum, default_value_t = RuntimeKind::Process)]
-    pub runtime: RuntimeKind,
-    /// Run workloads unconfined, as the service's own user with its view of the machine,
-    /// where the host cannot sandbox them (no bubblewrap, user namespaces or cgroups). Any
-    /// workload can then read the store and the tokens and stop the service: never on a
-    /// fleet shared by tenants who do not trust each other.
-    #[arg(long)]
-    pub insecure_runtime: bool,
-    /// Run cycles until one has nothing left to do now, print the status and what each cycle
-    /// did, and exit (0 when Synced and Healthy, 1 otherwise). No API is served.
-    #[arg(long)]
-    pub once: bool,
-    #[arg(long, value_enum, default_value_t = TextOrJson::Human, requires = "once")]
-    pub output: TextOrJson,
-    #[command(flatten)]
-    pub signatures: SignatureArgs,
-    /// Serve `POST /v1/hooks/git` for GitHub and GitLab push webhooks, authenticated with the
-    /// shared secret in FILE: a push is fetched at once.
-    #[arg(long, value_name = "FILE")]
-    pub webhook_secret_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RuntimeKind {
-    Process,
-    None,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DriverKind {
-    /// Simulated nodes from a ClusterState file, obeying NVML's rules.
-    Sim,
-    /// The GPUs of this machine through NVML.
-    Nvml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -636,12 +525,6 @@ pub enum SimulateOutput {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TextOrJson {
-    Human,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PlanFormat {
     /// For people, on a terminal.
     Human,
@@ -653,8 +536,6 @@ pub enum PlanFormat {
     Github,
 }
 
-/// The value parser of every duration flag: the policy language's spelling (`90s`, `10m`,
-/// `2h`), so that a flag and a document read the same way.
 /// A date (midnight UTC) or an RFC 3339 instant.
 fn instant(value: &str) -> Result<jiff::Timestamp, String> {
     let text = if value.len() == 10 {
@@ -666,12 +547,6 @@ fn instant(value: &str) -> Result<jiff::Timestamp, String> {
         "give a date (2026-11-01, midnight UTC) or an RFC 3339 instant (2026-11-01T08:00:00Z)"
             .to_string()
     })
-}
-
-fn duration(value: &str) -> Result<Duration, String> {
-    tessera_compiler::units::Duration::parse(value)
-        .map(|d| Duration::from_secs(d.seconds()))
-        .ok_or_else(|| "not a duration: write e.g. 0s, 30s, 5m or 1h".to_string())
 }
 
 fn speed(value: &str) -> Result<f64, String> {

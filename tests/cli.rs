@@ -349,3 +349,70 @@ fn agent_delegates_to_tessera_fleet_or_says_how_to_get_it() {
         "agent --node gpu-1 --help\n"
     );
 }
+
+/// `tessera reconcile --store etcd://…` runs `tessera-fleet reconcile` with its arguments as
+/// given (the same flags, parsed by the same code there); SQLite stays in this process, and
+/// what fleet mode cannot do is refused here before anything runs.
+#[test]
+fn reconcile_on_etcd_delegates_to_tessera_fleet() {
+    let dir = tempfile::Builder::new()
+        .prefix("reconcile-delegation-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let tessera = dir.path().join("tessera");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_tessera"), &tessera).unwrap();
+    let fake = dir.path().join("tessera-fleet");
+    std::fs::write(&fake, "#!/bin/sh\necho \"$@\"\nexit 7\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(&tessera)
+            .args(args)
+            .env("PATH", "")
+            .output()
+            .unwrap()
+    };
+    let args = [
+        "reconcile",
+        "--repo",
+        "policy",
+        "--store",
+        "etcd://127.0.0.1:2379,127.0.0.2:2379",
+        "--lease-ttl",
+        "3s",
+    ];
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", args.join(" "))
+    );
+
+    let mut once = args.to_vec();
+    once.push("--once");
+    let out = run(&once);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--once runs without replicas"), "{stderr}");
+
+    for (bad, says) in [
+        (["--store", "etcd://127.0.0.1"], "is not HOST:PORT"),
+        (["--store", "mysql://x"], "sqlite:PATH or etcd://"),
+    ] {
+        let out = run(&[&["reconcile", "--repo", "policy"][..], &bad[..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    let out = run(&[
+        "reconcile",
+        "--repo",
+        "policy",
+        "--db",
+        "x.db",
+        "--store",
+        "sqlite:y.db",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}

@@ -8,8 +8,8 @@
 //! carried out on the nodes with each action's outcome ([`runner`], over [`dispatch`]); the
 //! agents' utilisation written apart from the state decided on ([`utilization`]).
 //!
-//! The service does not run on this crate yet: `tessera reconcile` keeps its single-process
-//! SQLite store. See ARCHITECTURE.md ("Fleet mode on etcd") for the protocol and the fencing
+//! `tessera-fleet reconcile` runs the service on [`store`] under [`election`]; it does not yet
+//! drive its nodes through [`view`] and [`runner`]. See ARCHITECTURE.md ("Fleet mode on etcd") for the protocol and the fencing
 //! argument.
 
 pub mod access;

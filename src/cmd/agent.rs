@@ -17,6 +17,11 @@ use anyhow::{Context, bail};
 const PROGRAM: &str = "tessera-fleet";
 
 pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
+    exec("agent", args)
+}
+
+/// Replaces this process with `tessera-fleet VERB ARGS…`; returns only when that failed.
+pub fn exec(verb: &str, args: &[OsString]) -> anyhow::Result<ExitCode> {
     let here = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf));
@@ -30,7 +35,7 @@ pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
         );
     };
     // `exec` returns only when it failed.
-    let error = Command::new(&program).arg("agent").args(args).exec();
+    let error = Command::new(&program).arg(verb).args(args).exec();
     Err(error).with_context(|| format!("cannot run {}", program.display()))
 }
 

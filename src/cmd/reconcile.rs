@@ -4,59 +4,41 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use tessera_reconciler::actions::Action;
 use tessera_reconciler::auth::Tokens;
-use tessera_reconciler::driver::NodeDriver;
-use tessera_reconciler::driver::faults::FaultPlan;
-use tessera_reconciler::driver::nvml::NvmlDriver;
-use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
-use tessera_reconciler::repo::Source;
-use tessera_reconciler::runtime::{Confinement, SandboxConfig};
 use tessera_reconciler::service::{
-    Config, CycleReport, OnceOptions, ServeOptions, Status, run_once, serve,
+    CycleReport, OnceOptions, ServeOptions, Status, StoreSource, run_once, serve,
 };
+use tessera_service_cli::{StoreArg, setup};
 
-use crate::cli::{DriverKind, ReconcileArgs, RuntimeKind, TextOrJson};
+use crate::cli::{DriverKind, ReconcileArgs, TextOrJson};
 use crate::output::count::count;
 use crate::output::emit;
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    let db = match args.store() {
+        StoreArg::Sqlite(db) => db,
+        // Fleet mode is another binary's (etcd's client needs protoc to build); the flags are
+        // the same, so they are passed on as given.
+        StoreArg::Etcd(_) => {
+            if args.once {
+                bail!("--once runs without replicas: use --store sqlite:PATH (the default)");
+            }
+            let rest: Vec<_> = std::env::args_os()
+                .skip_while(|a| a != "reconcile")
+                .skip(1)
+                .collect();
+            return super::agent::exec("reconcile", &rest);
+        }
+    };
     init_logging();
-    let source = Source {
-        url: args.repo.clone(),
-        branch: args.branch.clone(),
-        subdir: args.path.clone(),
-    };
-    let mut config = Config::new(source, args.state_dir.clone());
-    config.cycle_period = args.cycle_period;
-    config.fetch_interval = args.fetch_interval;
-    config.solve_time_limit = args.time_limit;
-    config.restart_backoff_base = args.restart_backoff;
-    config.restart_backoff_max = args.restart_backoff_max;
-    config.incremental = !args.full_cycles_only;
-    config.limits.max_live_submitted_per_tenant =
-        usize::try_from(args.max_submitted_per_tenant).unwrap_or(usize::MAX);
-    config.run_commands = args.runtime == RuntimeKind::Process;
-    config.confinement = if args.insecure_runtime {
-        Confinement::Insecure
-    } else {
-        let mut sandbox = SandboxConfig::default();
-        // The service hides the state directory and the store itself; here, the secrets it
-        // was handed (the tokens and the webhook secret).
-        sandbox.hidden.extend(args.tokens.iter().cloned());
-        sandbox
-            .hidden
-            .extend(args.webhook_secret_file.iter().cloned());
-        Confinement::Sandbox(sandbox)
-    };
-    if args.signatures.verify_signatures {
-        let trusted = crate::cmd::verify::load_trust(&args.signatures.trusted_signers)?;
+    let config = setup::config(&args)?;
+    if let Some(trusted) = &config.trusted_signers {
         eprintln!(
             "tessera reconcile: applying only commits signed by {} trusted key(s)",
             trusted.len()
         );
-        config.trusted_signers = Some(trusted);
     }
     let hooks = match &args.webhook_secret_file {
         Some(path) if args.once => {
@@ -68,15 +50,8 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(tessera_reconciler::api::hooks::HookSecret::load(path)?),
         None => None,
     };
-    if config.cycle_period.is_zero() {
-        bail!("--cycle-period must be at least 1s");
-    }
-    prepare_state_dir(&args.state_dir)?;
-    let db = args
-        .db
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join("tessera.db"));
-    let driver = driver(&args)?;
+    setup::prepare_state_dir(&args.state_dir)?;
+    let driver = setup::driver(&args)?;
 
     if args.once {
         let (status, reports) = run_once(OnceOptions {
@@ -119,7 +94,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     );
     serve(ServeOptions {
         config,
-        db,
+        store: StoreSource::Sqlite(db),
         listen: args.listen,
         tokens,
         driver,
@@ -147,70 +122,8 @@ fn init_logging() {
         .try_init();
 }
 
-/// Creates the state directory with a `.gitignore` that ignores everything in it: the default
-/// lies in the working directory, often a clone of the policy repository, and what the service
-/// keeps there (a database, a mirror, logs) must never be committed with the policy.
-fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let ignore = dir.join(".gitignore");
-    if !ignore.exists() {
-        std::fs::write(
-            &ignore,
-            "# Written by tessera reconcile: the service's state, never part of a repository.\n*\n",
-        )
-        .with_context(|| format!("cannot write {}", ignore.display()))?;
-    }
-    Ok(())
-}
-
-fn driver(args: &ReconcileArgs) -> anyhow::Result<Box<dyn NodeDriver>> {
-    Ok(match args.driver {
-        DriverKind::Sim => {
-            let Some(nodes) = &args.nodes else {
-                bail!("--driver sim needs --nodes FILE: a ClusterState file describing the nodes");
-            };
-            let mut sim = SimDriver::open(nodes, &args.state_dir.join("sim-nodes.json"))?;
-            if let Some(faults) = &args.faults {
-                sim.set_faults(FaultPlan::load(faults)?);
-            }
-            Box::new(sim)
-        }
-        DriverKind::Nvml => {
-            if args.faults.is_some() {
-                bail!(
-                    "--faults is for --driver sim; under --driver nvml faults come from the GPUs \
-                     (or from the stand-in library's state file in tests)"
-                );
-            }
-            Box::new(nvml_driver(
-                args.nodes.as_deref(),
-                args.nvml_lib.as_deref(),
-            )?)
-        }
-    })
-}
-
-/// The `nvml` driver for this machine, described by the one-node `descriptor` file.
-pub(super) fn nvml_driver(
-    descriptor: Option<&Path>,
-    lib: Option<&Path>,
-) -> anyhow::Result<NvmlDriver> {
-    let Some(descriptor) = descriptor else {
-        bail!(
-            "--driver nvml needs --nodes FILE: a ClusterState file with this machine's \
-             node (name, pool, cpu, memory, labels) and `gpus: []`; the GPUs come from NVML"
-        );
-    };
-    let mut nodes = load_nodes(descriptor)?;
-    if nodes.len() != 1 {
-        bail!(
-            "{}: --driver nvml drives this machine only: describe exactly one node (found {})",
-            descriptor.display(),
-            nodes.len()
-        );
-    }
-    Ok(NvmlDriver::open(lib, nodes.remove(0))?)
-}
+/// The `nvml` driver for this machine (`tessera observe` uses it too).
+pub(super) use tessera_service_cli::setup::nvml_driver;
 
 fn report_json(r: &CycleReport) -> serde_json::Value {
     serde_json::json!({

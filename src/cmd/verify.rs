@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
 use tessera_source::signature::{TrustedSigners, Verdict};
 
 use crate::cli::TextOrJson;
@@ -12,14 +11,7 @@ use crate::output::emit;
 
 /// Reads the trust files (each error names its file and line).
 pub fn load_trust(paths: &[PathBuf]) -> anyhow::Result<TrustedSigners> {
-    let mut trusted = TrustedSigners::default();
-    for path in paths {
-        let shown = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("{shown}: cannot read"))?;
-        trusted.add(&shown, &text)?;
-    }
-    Ok(trusted)
+    Ok(tessera_service_cli::load_trust(paths)?)
 }
 
 /// The verdict on `rev` in the repository at `repo`.

@@ -2,11 +2,14 @@
 //! ARGS…`, so that the `tessera` binary builds without fleet mode's dependencies (etcd's
 //! client needs `protoc`).
 //!
+//! `tessera reconcile --store etcd://…` runs `tessera-fleet reconcile ARGS…` the same way.
+//!
 //! Exit codes: 0 after a clean shutdown (SIGTERM or SIGINT); 2 for a usage or start-up error;
 //! 3 when etcd refuses the agent (its credentials may not act for this node).
 
 mod agent;
 mod bench;
+mod reconcile;
 
 use std::process::ExitCode;
 
@@ -28,6 +31,9 @@ enum Command {
     /// Run the node agent on a GPU machine: register the node in etcd, apply the actions the
     /// control plane addresses to it, run its workloads, report what it observes.
     Agent(Box<agent::AgentArgs>),
+    /// Run one control-plane replica on etcd (`--store etcd://HOST:PORT[,...]`): it leads, or
+    /// stands by serving reads until it does. The flags are `tessera reconcile`'s.
+    Reconcile(Box<tessera_service_cli::ReconcileArgs>),
     /// Benchmarks that print figures (they never assert).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -45,6 +51,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Agent(args) => match agent::run(*args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Reconcile(args) => match reconcile::run(*args) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("error: {e:#}");

@@ -18,6 +18,7 @@ pub mod restart;
 pub mod run;
 pub mod standing;
 pub mod status;
+pub mod store_source;
 mod usage;
 pub mod view;
 
@@ -41,6 +42,7 @@ use crate::store::{Origin, StateStore, StoreError};
 pub use cycle::{CycleReport, Reconciler};
 pub use run::{OnceOptions, ServeError, ServeOptions, run_once, serve};
 pub use status::{Condition, Health, Status, StatusView, Sync};
+pub use store_source::{OpenStore, StoreSource};
 pub use view::{DecisionIndex, EventView, WorkloadView};
 
 /// How the service runs.
@@ -162,6 +164,9 @@ impl From<StoreError> for ServiceError {
         match e {
             StoreError::NotFound(_) => ServiceError::NotFound(e.to_string()),
             StoreError::Conflict(_) => ServiceError::Conflict(e.to_string()),
+            // Fleet mode: a standby (or a deposed leader) refuses writes; the client retries at
+            // the leader the message names.
+            StoreError::NotLeader { .. } => ServiceError::NotReady(e.to_string()),
             other => ServiceError::Internal(other.to_string()),
         }
     }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use notify::{RecursiveMode, Watcher};
 
 use super::status::Condition;
+use super::store_source::StoreSource;
 use super::{Config, Handle, Reconciler, Shared, Wake};
 use crate::auth::Tokens;
 use crate::driver::NodeDriver;
@@ -44,7 +45,9 @@ pub enum ServeError {
 /// Everything `tessera reconcile` passes in.
 pub struct ServeOptions {
     pub config: Config,
-    pub db: PathBuf,
+    /// Where the state is kept: SQLite (`tessera reconcile`) or a backend the caller opens
+    /// (fleet mode's etcd).
+    pub store: StoreSource,
     pub listen: SocketAddr,
     pub tokens: Tokens,
     pub driver: Box<dyn NodeDriver>,
@@ -61,7 +64,7 @@ pub struct ServeOptions {
 pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let ServeOptions {
         config,
-        db,
+        store: source,
         listen,
         tokens,
         driver,
@@ -71,18 +74,18 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     } = options;
     private_dir(&config.state_dir)?;
     let open_store = || {
-        Store::open(&db).map_err(|source| ServeError::Store {
-            path: db.display().to_string(),
-            source,
+        source.open().map_err(|e| ServeError::Store {
+            path: source.name(),
+            source: e,
         })
     };
     let store = open_store()?;
     let api_store = open_store()?;
     let mirror = Mirror::open(config.source.clone(), &config.state_dir.join("mirror.git"))?;
-    let runtime = runtime(&config, &db)?;
+    let runtime = runtime(&config, source.local_file())?;
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
-    let handle = Handle::new(shared.clone(), Box::new(api_store), config.limits);
+    let handle = Handle::new(shared.clone(), api_store, config.limits);
     let branch = config.source.branch.clone();
 
     // A commit to a repository on this machine is seen at once, not at the next fetch.
@@ -121,14 +124,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let loop_thread = std::thread::Builder::new()
         .name("reconcile".into())
         .spawn(move || {
-            let reconciler = Reconciler::new(
-                config,
-                Box::new(store),
-                driver,
-                runtime,
-                mirror,
-                loop_shared,
-            );
+            let reconciler = Reconciler::new(config, store, driver, runtime, mirror, loop_shared);
             run_loop(reconciler, rx)
         })?;
 
@@ -306,7 +302,7 @@ pub fn run_once(
         source,
     })?;
     let mirror = Mirror::open(config.source.clone(), &config.state_dir.join("mirror.git"))?;
-    let runtime = runtime(&config, &db)?;
+    let runtime = runtime(&config, Some(&db))?;
     let (tx, _rx) = mpsc::channel();
     let shared = Arc::new(Shared::new(driver.kind(), tx));
     let mut reconciler = Reconciler::new(
@@ -342,13 +338,13 @@ pub fn run_once(
 
 /// The workload runtime, confined unless the operator chose otherwise; the sandbox hides the
 /// state directory and the store wherever they are.
-fn runtime(config: &Config, db: &std::path::Path) -> Result<Runtime, ServeError> {
+fn runtime(config: &Config, db: Option<&std::path::Path>) -> Result<Runtime, ServeError> {
     let confinement = match &config.confinement {
         Confinement::Insecure => Confinement::Insecure,
         Confinement::Sandbox(sandbox) => {
             let mut sandbox = sandbox.clone();
             sandbox.hidden.push(config.state_dir.clone());
-            sandbox.hidden.push(db.to_path_buf());
+            sandbox.hidden.extend(db.map(std::path::Path::to_path_buf));
             Confinement::Sandbox(sandbox)
         }
     };

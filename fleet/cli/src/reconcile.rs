@@ -1,0 +1,312 @@
+//! `tessera-fleet reconcile`: one control-plane replica on etcd. `tessera reconcile --store
+//! etcd://…` execs it with its own arguments, parsed by the same `ReconcileArgs`.
+//!
+//! A replica campaigns for leadership. While it stands by it serves the API's reads from etcd
+//! (`EtcdStore::reader`) and answers every other request with 503 and where the leader is;
+//! it touches no node, runtime or mirror. Once it leads it runs the service (`serve`) on an
+//! `EtcdStore` fenced by its term, with the local driver; when the term may be over it stops
+//! the service (writes of the old term are refused by the fence in any case) and stands by
+//! again. Only one phase listens at a time, on the same address.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use etcd_client::Client;
+use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, current_leader};
+use tessera_fleet::keys::Keys;
+use tessera_fleet::store::{EtcdStore, StoreRuntime};
+use tessera_reconciler::api::hooks::HookSecret;
+use tessera_reconciler::auth::Tokens;
+use tessera_reconciler::service::{
+    Condition, Config, Handle, ServeOptions, Shared, StoreSource, serve,
+};
+use tessera_service_cli::{ReconcileArgs, StoreArg, setup};
+
+/// How long a replica waits before campaigning again after etcd failed it.
+const RETRY: Duration = Duration::from_secs(1);
+
+pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    crate::agent::init_logging("info");
+    let StoreArg::Etcd(endpoints) = args.store() else {
+        bail!(
+            "tessera-fleet reconcile keeps its state in etcd: give --store \
+             etcd://HOST:PORT[,HOST:PORT...] (SQLite is `tessera reconcile`'s)"
+        );
+    };
+    if args.once {
+        bail!("--once runs without replicas: use `tessera reconcile --store sqlite:PATH`");
+    }
+    let keys = Keys::new(&args.fleet.cluster)?;
+    let config = setup::config(&args)?;
+    setup::prepare_state_dir(&args.state_dir)?;
+    let tokens = match &args.tokens {
+        Some(path) => Tokens::load(path)?,
+        None => Tokens::default(),
+    };
+    let info = LeaderInfo {
+        id: match &args.fleet.replica_id {
+            Some(id) => id.clone(),
+            None => format!("{}/{}", host_name(), args.listen),
+        },
+        advertise: Some(
+            args.fleet
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", args.listen)),
+        ),
+    };
+    let ttl = i64::try_from(args.fleet.lease_ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+    let store_runtime = StoreRuntime::new().context("cannot start the store's runtime")?;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    tokio.block_on(async {
+        let client = tessera_fleet::access::connect(&endpoints, None).await?;
+        let replica = Replica {
+            args: &args,
+            config,
+            tokens,
+            keys,
+            client,
+            store_runtime,
+            candidate_info: info,
+            ttl,
+        };
+        replica.run().await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Replica<'a> {
+    args: &'a ReconcileArgs,
+    config: Config,
+    tokens: Tokens,
+    keys: Keys,
+    client: Client,
+    store_runtime: Arc<StoreRuntime>,
+    candidate_info: LeaderInfo,
+    ttl: i64,
+}
+
+impl Replica<'_> {
+    /// Stands by and leads in turn until SIGTERM or SIGINT.
+    async fn run(&self) -> anyhow::Result<()> {
+        loop {
+            let Some(leadership) = self.stand_by().await? else {
+                return Ok(());
+            };
+            if !self.lead(leadership).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Serves reads until this replica leads (`Some`) or a signal stops it (`None`).
+    async fn stand_by(&self) -> anyhow::Result<Option<Leadership>> {
+        let listener = tokio::net::TcpListener::bind(self.args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", self.args.listen))?;
+        let bound = listener.local_addr()?;
+        println!("tessera-fleet reconcile: standing by; API (reads) listening on http://{bound}");
+        let reader = EtcdStore::reader(
+            self.store_runtime.clone(),
+            self.client.clone(),
+            self.keys.clone(),
+        );
+        // No loop runs here: what the API would wake goes nowhere.
+        let (wake, _asleep) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared::new("none (standing by)", wake));
+        // What the operator's /status says here: no cycle runs on this replica.
+        shared
+            .status
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_conditions(vec![Condition::service(
+                "this replica stands by: it runs no cycle and serves reads from etcd; the \
+                 leader's /status describes the fleet",
+            )]);
+        let handle = Handle::new(shared, Box::new(reader), self.config.limits);
+        let leader = LeaderLookup {
+            client: self.client.clone(),
+            keys: self.keys.clone(),
+        };
+        let app = tessera_reconciler::api::router(handle, self.tokens.clone())
+            .layer(axum::middleware::from_fn_with_state(leader, refuse_writes));
+        let (elected_tx, elected_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = elected_rx.await;
+                })
+                .await
+        });
+        let candidate = Candidate::new(
+            self.client.clone(),
+            self.keys.clone(),
+            self.candidate_info.clone(),
+            self.ttl,
+        );
+        let outcome = tokio::select! {
+            leadership = campaign(&candidate) => Some(leadership),
+            () = signalled() => None,
+        };
+        // The listener is released before the service binds the same address.
+        let _ = elected_tx.send(());
+        server
+            .await
+            .context("the standby's API stopped")?
+            .context("the standby's API failed")?;
+        Ok(outcome)
+    }
+
+    /// Runs the service for one term. `Ok(true)`: the term ended and the replica stands by
+    /// again; `Ok(false)`: a signal stopped the service.
+    async fn lead(&self, mut leadership: Leadership) -> anyhow::Result<bool> {
+        let term = leadership.fence().term();
+        let fence = leadership.fence().clone();
+        let (runtime, client, keys) = (
+            self.store_runtime.clone(),
+            self.client.clone(),
+            self.keys.clone(),
+        );
+        let store = StoreSource::Custom {
+            name: format!("etcd ({})", self.keys.root()),
+            open: Box::new(move || {
+                Ok(Box::new(EtcdStore::leader(
+                    runtime.clone(),
+                    client.clone(),
+                    keys.clone(),
+                    fence.clone(),
+                )))
+            }),
+        };
+        let hooks = match &self.args.webhook_secret_file {
+            Some(path) => Some(HookSecret::load(path)?),
+            None => None,
+        };
+        // Each term starts from what the nodes are now, as a restarted service does.
+        let driver = setup::driver(self.args)?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+        let options = ServeOptions {
+            config: self.config.clone(),
+            store,
+            listen: self.args.listen,
+            tokens: self.tokens.clone(),
+            driver,
+            hooks,
+            on_listen: Some(Box::new(move |addr: SocketAddr| {
+                println!(
+                    "tessera-fleet reconcile: leading (term {term}); API listening on http://{addr}"
+                );
+            })),
+            stop: Some(stop_rx),
+        };
+        std::thread::Builder::new()
+            .name("service".into())
+            .spawn(move || {
+                let _ = done_tx.send(serve(options));
+            })?;
+        tokio::select! {
+            () = leadership.lost() => {
+                tracing::warn!(term, "leadership lost: stopping the service and standing by");
+                let _ = stop_tx.send(());
+                // The loop finishes the cycle it is in, whose writes the fence refuses.
+                let served = done_rx.await.context("the service's thread ended")?;
+                served.context("the service failed")?;
+                Ok(true)
+            }
+            served = &mut done_rx => {
+                // The service stopped by itself: a signal, or a failure. Either way another
+                // replica leads at once rather than after the lease period.
+                let resigned = leadership.resign().await;
+                served.context("the service's thread ended")?.context("the service failed")?;
+                resigned.context("cannot resign the leadership")?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Campaigns until this replica leads; a failing etcd is retried, the standby serving on.
+async fn campaign(candidate: &Candidate) -> Leadership {
+    loop {
+        match candidate.campaign().await {
+            Ok(leadership) => return leadership,
+            Err(e) => {
+                tracing::warn!("campaign: {e}; trying again");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct LeaderLookup {
+    client: Client,
+    keys: Keys,
+}
+
+/// A standby passes reads on to the API and answers everything else with 503 and where the
+/// leader is (`leader`: its advertised URL), to retry there. Forwarding is not done.
+async fn refuse_writes(
+    State(lookup): State<LeaderLookup>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if matches!(*request.method(), Method::GET | Method::HEAD) {
+        return next.run(request).await;
+    }
+    let (message, at) = match current_leader(&lookup.client, &lookup.keys).await {
+        Ok(Some(leader)) => (
+            format!("this replica stands by: {leader} leads; send writes there"),
+            leader.advertise,
+        ),
+        Ok(None) => (
+            "this replica stands by and no replica leads now; retry shortly".to_string(),
+            None,
+        ),
+        Err(e) => (
+            format!("this replica stands by and cannot read who leads: {e}"),
+            None,
+        ),
+    };
+    let body = serde_json::json!({ "error": message, "leader": at });
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    response
+}
+
+/// Resolves at SIGTERM or SIGINT.
+async fn signalled() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "replica".to_string())
+}

@@ -1,0 +1,319 @@
+//! `tessera-fleet reconcile` replicas as real processes on a real etcd, following a real Git
+//! repository with the `sim` driver: one leads and the other stands by, serving reads and
+//! answering a write with where the leader is; a workload submitted to the leader runs; the
+//! leader SIGKILLed, the standby leads and finds the workload as it was, started once; a leader
+//! paused past its lease stops leading when it resumes and stands by.
+//!
+//! Both replicas share one state directory: it stands for the nodes (the sim driver keeps the
+//! GPUs' state there), which outlive any control-plane replica. A standby touches none of it.
+//! Every wait is bounded by a deadline that guards against a hang, never asserts on time.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use git2::{Repository, RepositoryInitOptions, Signature};
+use serde_json::{Value, json};
+use tessera_fleet::keys::Keys;
+use tessera_fleet::store::{EtcdStore, StoreRuntime};
+use tessera_fleet::testing::TestEtcd;
+use tessera_reconciler::store::StateStore;
+
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const PRODUCT: &str = "product-token-0123456789abcdef";
+const CLUSTER: &str = "replicas";
+/// The leader's lease period (`--lease-ttl`).
+const LEASE: Duration = Duration::from_secs(2);
+const PATIENCE: Duration = Duration::from_secs(90);
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/reconcile")
+        .join(name)
+}
+
+/// A Git repository holding the policy of `tests/reconcile.rs` under `policy/`, on `main`.
+fn policy_repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init_opts(
+        dir.path(),
+        RepositoryInitOptions::new().initial_head("main"),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("policy")).unwrap();
+    for f in ["fleet.yaml", "tenants.yaml"] {
+        std::fs::copy(data("policy").join(f), dir.path().join("policy").join(f)).unwrap();
+    }
+    let mut index = repo.index().unwrap();
+    index
+        .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
+        .unwrap();
+    let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
+    let sig = Signature::now("Policy Author", "author@example.invalid").unwrap();
+    repo.commit(Some("HEAD"), &sig, &sig, "policy", &tree, &[])
+        .unwrap();
+    dir
+}
+
+/// A loopback port no one listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One `tessera-fleet reconcile` process; killed on drop. Its stdout lines arrive on `lines`.
+struct Replica {
+    child: Child,
+    base: String,
+    lines: Receiver<String>,
+}
+
+impl Replica {
+    fn start(etcd: &TestEtcd, repo: &Path, work: &Path, id: &str) -> Replica {
+        let port = free_port();
+        let endpoint = etcd.endpoint();
+        let member = endpoint.strip_prefix("http://").unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-fleet"))
+            .arg("reconcile")
+            .args(["--store", &format!("etcd://{member}")])
+            .args(["--cluster", CLUSTER, "--replica-id", id])
+            .args(["--lease-ttl", &format!("{}s", LEASE.as_secs())])
+            .arg("--repo")
+            .arg(repo)
+            .args(["--branch", "main", "--path", "policy", "--driver", "sim"])
+            .arg("--nodes")
+            .arg(data("nodes.yaml"))
+            .arg("--state-dir")
+            .arg(work.join("state"))
+            .arg("--tokens")
+            .arg(work.join("tokens.yaml"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--cycle-period", "1s", "--fetch-interval", "1s"])
+            .args(["--runtime", "none", "--insecure-runtime"])
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("tessera-fleet runs");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Replica {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            lines,
+        }
+    }
+
+    /// Waits for a stdout line starting with `prefix`.
+    fn await_line(&self, prefix: &str) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no line `{prefix}…` from the replica: {e}"),
+            }
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into();
+        let url = format!("{}{path}", self.base);
+        let auth = format!("Bearer {token}");
+        let response = match body {
+            Some(body) => agent
+                .post(&url)
+                .header("Authorization", &auth)
+                .content_type("application/json")
+                .send(body.to_string()),
+            None if method == "GET" => agent.get(&url).header("Authorization", &auth).call(),
+            None => panic!("{method} without a body"),
+        };
+        let mut response = response.expect("the replica answers");
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    fn workload(&self, name: &str) -> Value {
+        self.call("GET", &format!("/v1/workloads/{name}"), ADMIN, None)
+            .1
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    }
+
+    fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.sigkill();
+    }
+}
+
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The events of kind `kind` about workload `name`, read from etcd directly.
+fn events(etcd: &TestEtcd, name: &str, kind: &str) -> usize {
+    let runtime = StoreRuntime::new().unwrap();
+    let endpoint = etcd.endpoint();
+    let client = runtime
+        .block_on(etcd_client::Client::connect([endpoint], None))
+        .unwrap();
+    let store = EtcdStore::reader(runtime, client, Keys::new(CLUSTER).unwrap());
+    store
+        .events(0, 10_000)
+        .unwrap()
+        .iter()
+        .filter(|e| e.kind == kind && e.workload.as_deref() == Some(name))
+        .count()
+}
+
+#[test]
+fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
+    let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let repo = policy_repo();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        work.path().join("tokens.yaml"),
+        format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n"),
+    )
+    .unwrap();
+
+    let mut first = Replica::start(&etcd, repo.path(), work.path(), "first");
+    first.await_line("tessera-fleet reconcile: leading (term ");
+    let second = Replica::start(&etcd, repo.path(), work.path(), "second");
+    second.await_line("tessera-fleet reconcile: standing by");
+
+    // A write to the standby is refused, naming the leader; nothing of it is kept.
+    let job = json!({
+        "tenant": "product",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 1},
+        "command": ["sleep", "1000"],
+    });
+    let (status, body) = second.call(
+        "POST",
+        "/v1/workloads",
+        PRODUCT,
+        Some(json!({"name": "refused", "spec": job})),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["leader"], json!(first.base), "{body}");
+    assert!(body["error"].as_str().unwrap().contains("first"), "{body}");
+
+    // Submitted to the leader, it runs; the standby reads it from etcd.
+    let (status, body) = first.call(
+        "POST",
+        "/v1/workloads",
+        PRODUCT,
+        Some(json!({"name": "train", "spec": job})),
+    );
+    assert_eq!(status, 201, "{body}");
+    eventually("train running", || {
+        (first.workload("train")["phase"] == "running").then_some(())
+    });
+    let before = second.workload("train");
+    assert_eq!(before["phase"], "running", "{before}");
+    let (status, refused) = second.call("GET", "/v1/workloads/refused", ADMIN, None);
+    assert_eq!(status, 404, "the refused write left nothing: {refused}");
+    let standing = second.call("GET", "/status", ADMIN, None).1;
+    assert!(
+        standing["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("stands by")),
+        "{standing}"
+    );
+    assert_eq!(events(&etcd, "train", "running"), 1);
+
+    // The leader dies without resigning: the standby leads once its lease expires.
+    first.sigkill();
+    let killed = Instant::now();
+    second.await_line("tessera-fleet reconcile: leading (term ");
+    eprintln!(
+        "failover: {:.1} s after SIGKILL (lease period {} s)",
+        killed.elapsed().as_secs_f64(),
+        LEASE.as_secs()
+    );
+    // Several cycles of the new leader later, the workload runs as it did, started once.
+    eventually("three cycles of the new leader", || {
+        let status = second.call("GET", "/status", ADMIN, None).1;
+        (status["cycles"].as_u64() >= Some(3)).then_some(())
+    });
+    let after = second.workload("train");
+    assert_eq!(after["phase"], "running", "{after}");
+    assert_eq!(after["started"], before["started"], "{after}");
+    assert_eq!(after["attempts"], before["attempts"], "{after}");
+    assert_eq!(events(&etcd, "train", "running"), 1, "no second start");
+    // The new leader takes writes.
+    let (status, body) = second.call(
+        "POST",
+        "/v1/workloads",
+        PRODUCT,
+        Some(json!({"name": "second", "spec": job})),
+    );
+    assert_eq!(status, 201, "{body}");
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_stands_by_when_it_resumes() {
+    use nix::sys::signal::Signal;
+    let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let repo = policy_repo();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        work.path().join("tokens.yaml"),
+        format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n"),
+    )
+    .unwrap();
+    let first = Replica::start(&etcd, repo.path(), work.path(), "first");
+    first.await_line("tessera-fleet reconcile: leading (term ");
+    let second = Replica::start(&etcd, repo.path(), work.path(), "second");
+    second.await_line("tessera-fleet reconcile: standing by");
+
+    // Paused, the leader stops renewing its lease; etcd expires it and the standby leads.
+    first.signal(Signal::SIGSTOP);
+    second.await_line("tessera-fleet reconcile: leading (term ");
+    first.signal(Signal::SIGCONT);
+    // Resumed, it finds its term over, stops its service and stands by.
+    first.await_line("tessera-fleet reconcile: standing by");
+    let (status, body) = first.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["leader"], json!(second.base), "{body}");
+    let (status, body) = second.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
+    assert!(status < 300, "the new leader takes writes: {status} {body}");
+}
