@@ -248,7 +248,7 @@ impl Standing {
     }
 
     /// The arrival path started `runs` (admitted by [`Standing::decide`]): the session stands
-    /// for the fleet with them running, when it can move on (see [`rebase`]); otherwise they
+    /// for the fleet with them running, when it can move on (see `rebase`); otherwise they
     /// are kept and carried with the next batch's.
     ///
     /// The snapshot handed to the session holds only these runs: `Session::carried_out` reads
