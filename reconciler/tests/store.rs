@@ -68,7 +68,8 @@ fn journal_survives_a_killed_service(durability: Durability) {
     assert_eq!(open[1].begun_at, 13);
     assert_eq!(store.workload(&a("w")).unwrap().phase, Phase::Pending);
 
-    // Closing twice is refused; an unknown id is not found.
+    // The closed entries survived too, each in the state it was closed in. (Closing,
+    // pruning and ids on a live store are the contract's, `store::contract`.)
     assert!(matches!(
         store.complete_action(done, 20),
         Err(StoreError::ActionClosed {
@@ -83,22 +84,8 @@ fn journal_survives_a_killed_service(durability: Durability) {
             ..
         })
     ));
-    assert!(matches!(
-        store.complete_action(9999, 20),
-        Err(StoreError::NotFound(_))
-    ));
-
-    store.fail_action(open1, "interrupted", 21).unwrap();
-    store.complete_action(open2, 21).unwrap();
-    assert!(store.open_actions().unwrap().is_empty());
-    assert_eq!(
-        store.prune_journal(15).unwrap(),
-        1,
-        "only the entry closed before 15"
-    );
-    assert_eq!(store.prune_journal(100).unwrap(), 3);
     let next = store.begin_action(9, &json!(null), 30).unwrap();
-    assert!(next > open2, "ids are never reused");
+    assert!(next > open2, "ids are never reused after a reopen");
     assert!(matches!(
         store.begin_action(u64::MAX, &json!(null), 30),
         Err(StoreError::OutOfRange { .. })
