@@ -6,14 +6,15 @@
 //! state's digest and the head's diagnostics into a versioned [`Plan`], which [`render`] turns
 //! into a terminal view, a pull-request comment or GitHub annotations, and [`SavedPlan`] reads
 //! back and checks against the current commit and state (a stale plan is refused).
-//!
-//! The decision diff (who is admitted, preempted, moved, which GPUs re-partition) is not
-//! computed yet: [`Plan::decisions`] says so, and will carry it once the solver lands.
+//! [`decision_diff()`] compares the solver's decisions for the same state under both revisions
+//! (who is admitted, preempted, moved, which GPUs re-partition); [`Plan::decisions`] carries it,
+//! or says why it could not be computed.
 
 pub mod decision_diff;
 pub mod plan;
 pub mod policy_diff;
 pub mod render;
+pub mod workflow_command;
 
 pub use decision_diff::{DecisionDiff, decision_diff};
 pub use plan::{

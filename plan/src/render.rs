@@ -9,6 +9,7 @@ use std::fmt::Write;
 use crate::decision_diff::{Change, DecisionDiff, FairShareChange, Fate, Standing};
 use crate::plan::{Plan, Revision, groups, plural};
 use crate::policy_diff::{FieldChange, ItemChange};
+use crate::workflow_command::{escape_data, escape_property};
 
 /// Values longer than this are shortened in the terminal view (`--output json` has them whole).
 const HUMAN_VALUE_CHARS: usize = 120;
@@ -676,16 +677,6 @@ fn markdown_change(plan: &Plan, item: &str, c: &ItemChange, out: &mut String) {
     }
 }
 
-fn escape_data(s: &str) -> String {
-    s.replace('%', "%25")
-        .replace('\r', "%0D")
-        .replace('\n', "%0A")
-}
-
-fn escape_property(s: &str) -> String {
-    escape_data(s).replace(':', "%3A").replace(',', "%2C")
-}
-
 /// GitHub Actions workflow commands: the head's diagnostics as error/warning annotations, then
 /// each located policy change as a notice on its document; at most [`MAX_ANNOTATIONS`] in all
 /// (the rest counted in one line), then the summary as plain log lines. The full plan belongs
@@ -824,12 +815,6 @@ mod tests {
     fn markdown_cells_cannot_break_the_table() {
         assert_eq!(cell("a|b\nc<d>"), "a\\|b c&lt;d&gt;");
         assert_eq!(code("x`y"), "`` x`y ``");
-    }
-
-    #[test]
-    fn annotation_escapes_follow_the_toolkit() {
-        assert_eq!(escape_data("100%\nnext\r"), "100%25%0Anext%0D");
-        assert_eq!(escape_property("a:b,c%"), "a%3Ab%2Cc%25");
     }
 
     #[test]

@@ -487,14 +487,22 @@ impl Problem {
                         .or_else(|| {
                             mig::builtin_model(&g.model)
                                 .and_then(|m| m.resolve_profile(&inst.profile))
-                        })
-                        .ok_or_else(|| ProblemError::UnknownInstanceProfile {
-                            node: spec.name.clone(),
-                            index: g.index,
-                            profile: inst.profile.clone(),
-                            model: g.model.clone(),
-                        })?;
-                    instances.push(Placement::new(id, inst.start));
+                        });
+                    match id {
+                        Some(id) => instances.push(Placement::new(id, inst.start)),
+                        // An instance made by hand in a profile the catalog lacks: the
+                        // reconciler reports its GPU unhealthy, which keeps the GPU out of
+                        // placement and re-partitioning, so the rest of the fleet is decided.
+                        None if g.health != Health::Healthy => {}
+                        None => {
+                            return Err(ProblemError::UnknownInstanceProfile {
+                                node: spec.name.clone(),
+                                index: g.index,
+                                profile: inst.profile.clone(),
+                                model: g.model.clone(),
+                            });
+                        }
+                    }
                 }
                 instances.sort();
                 mig::validate(&instances).map_err(|e| ProblemError::InvalidGeometry {

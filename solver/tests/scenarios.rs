@@ -325,6 +325,43 @@ fn a_mig_request_reconfigures_an_idle_part_and_keeps_busy_instances() {
 }
 
 #[test]
+fn a_degraded_gpu_is_left_as_it_is_and_the_rest_of_the_fleet_is_decided() {
+    // GPU 0 holds an instance made by hand in a profile the catalog lacks (NVML shows its
+    // profile ID, and the reconciler reports the GPU degraded); GPU 1 is degraded with half a
+    // layout. Neither may be re-partitioned or receive work; GPU 2 takes the request.
+    let degraded = |yaml: String, index: u32| {
+        let at = format!("        - index: {index}\n");
+        let (head, tail) = yaml.split_at(yaml.find(&at).expect("the GPU"));
+        let tail = tail.replacen(
+            "          mig: {enabled: true}\n",
+            "          health: degraded\n          mig: {enabled: true}\n",
+            1,
+        );
+        format!("{head}{tail}")
+    };
+    let node = mig_node(
+        "m0",
+        "infer",
+        &[&[("'10'", 0), ("3g.40gb", 4)], &[("3g.40gb", 4)], BALANCED],
+    );
+    let nodes = [degraded(degraded(node, 0), 1)];
+    let pend = pending(
+        "chat",
+        "{tenant: a, sloClass: serving, gpu: {migProfile: 3g.40gb}}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, "", &pend));
+    let b = &admitted(&d, "chat")[0];
+    assert_eq!((b.gpus.clone(), b.mig_start), (vec![2], Some(4)));
+    for g in d.geometry.iter().filter(|g| g.gpu < 2) {
+        assert!(
+            g.create.is_empty() && g.destroy.is_empty() && !g.enable_mig,
+            "a degraded GPU was re-partitioned: {g:?}"
+        );
+    }
+}
+
+#[test]
 fn reconfiguration_budget_is_per_gpu_per_decision() {
     // GPU 0 is empty, GPU 1 holds a busy 7g. The first 2g lays GPU 0 out as `balanced`; the
     // second would need it re-laid out again as `three-2g` around the busy 2g, but the pool

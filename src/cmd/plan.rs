@@ -279,7 +279,7 @@ fn plan(args: Args) -> anyhow::Result<ExitCode> {
                 let level = if v.is_trusted() { "notice" } else { "error" };
                 text.push_str(&format!(
                     "::{level} title=Signature::{}\n",
-                    output::github::escape_data(&signature_line(v))
+                    tessera_plan::workflow_command::escape_data(&signature_line(v))
                 ));
             }
             text.push_str(&tessera_plan::render::github(&plan));

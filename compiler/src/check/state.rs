@@ -12,7 +12,7 @@ use crate::compiled::GpuDemand;
 use crate::diagnostic::{Code, Diagnostic, did_you_mean};
 use crate::key::{WorkloadKey, resolve_reference};
 use crate::load::LoadedDocument;
-use crate::model::{Binding, ClusterStateSpec, Document, Kind, UsageRecord};
+use crate::model::{Binding, ClusterStateSpec, Document, Health, Kind, UsageRecord};
 use crate::units::Gpus;
 use crate::yaml::escape;
 
@@ -135,6 +135,24 @@ fn check_one(ctx: &Ctx, doc: &LoadedDocument, spec: &ClusterStateSpec, sink: &mu
                             start: inst.start,
                         });
                         by_start.insert(inst.start, id);
+                    }
+                    None if gpu.health != Health::Healthy => {
+                        // What the reconciler writes for an instance made by hand in a
+                        // profile the catalog lacks: the GPU is reported unhealthy, and kept
+                        // out of placement and re-partitioning rather than failing the fleet.
+                        resolved = false;
+                        sink.push(
+                            Diagnostic::new(
+                                Code::IgnoredClusterState,
+                                format!(
+                                    "GPU {} holds an instance of `{}`, a profile {} does not offer: the GPU is kept as it is, out of placement",
+                                    gpu.uuid, inst.profile, model.info.name
+                                ),
+                            )
+                            .at(doc.value_loc(&format!("{ip}/profile")))
+                            .field(crate::schema::dotted(&format!("{ip}/profile")))
+                            .help("destroy the instance by hand (nvidia-smi mig -dgi) to give the GPU back to tessera"),
+                        );
                     }
                     None => {
                         resolved = false;

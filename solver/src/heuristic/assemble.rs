@@ -319,7 +319,13 @@ pub(super) fn gpu_plan(p: &Problem, fleet: &Fleet, g: usize) -> Option<GeometryP
     }
     let state = &fleet.gpu[g];
     let current = &info.instances;
-    let completed = complete_layout(&p.pools[pool], &state.geometry, state.changes);
+    // An unhealthy GPU is left as it is: completing its layout would re-partition a GPU
+    // that tessera places nothing on (and may not fully see).
+    let completed = if info.healthy {
+        complete_layout(&p.pools[pool], &state.geometry, state.changes)
+    } else {
+        None
+    };
     let target = completed.as_ref().unwrap_or(&state.geometry);
     let destroy: Vec<Placement> = current
         .iter()
