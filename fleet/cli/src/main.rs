@@ -9,6 +9,7 @@
 
 mod agent;
 mod bench;
+mod forward;
 mod reconcile;
 
 use std::process::ExitCode;

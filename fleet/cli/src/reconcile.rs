@@ -2,8 +2,9 @@
 //! etcd://…` execs it with its own arguments, parsed by the same `ReconcileArgs`.
 //!
 //! A replica campaigns for leadership. While it stands by it serves the API's reads from etcd
-//! (`EtcdStore::reader`) and answers every other request with 503 and where the leader is;
-//! it touches no node, runtime or mirror. Once it leads it runs the service (`serve`) on an
+//! (`EtcdStore::reader`) and forwards every other request to the leader (`forward`), or, where
+//! no leader is known or it does not answer, answers 503 with where the leader is; it touches
+//! no node, runtime or mirror. Once it leads it runs the service (`serve`) on an
 //! `EtcdStore` fenced by its term, with the local driver; when the term may be over it stops
 //! the service (writes of the old term are refused by the fence in any case) and stands by
 //! again. Only one phase listens at a time, on the same address.
@@ -29,8 +30,13 @@ use tessera_reconciler::service::{
 };
 use tessera_service_cli::{ReconcileArgs, StoreArg, setup};
 
+use crate::forward::{Forwarder, was_forwarded};
+
 /// How long a replica waits before campaigning again after etcd failed it.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// How long a standby waits for the leader's answer to a write it forwarded.
+const FORWARD_ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     crate::agent::init_logging("info");
@@ -138,6 +144,8 @@ impl Replica<'_> {
         let leader = LeaderLookup {
             client: self.client.clone(),
             keys: self.keys.clone(),
+            me: self.candidate_info.id.clone(),
+            forwarder: Forwarder::new(&self.candidate_info.id, FORWARD_ANSWER_WITHIN),
         };
         let app = tessera_reconciler::api::router(handle, self.tokens.clone())
             .layer(axum::middleware::from_fn_with_state(leader, refuse_writes));
@@ -254,10 +262,15 @@ async fn campaign(candidate: &Candidate) -> Leadership {
 struct LeaderLookup {
     client: Client,
     keys: Keys,
+    /// This replica's id: a leader key naming it is stale and not forwarded to.
+    me: String,
+    forwarder: Forwarder,
 }
 
-/// A standby passes reads on to the API and answers everything else with 503 and where the
-/// leader is (`leader`: its advertised URL), to retry there. Forwarding is not done.
+/// A standby passes reads on to the API and forwards everything else to the leader, whose
+/// answer it returns. Where no leader is known, the request was forwarded to this replica
+/// already, or the leader cannot be reached, it answers 503 with where the leader is
+/// (`leader`: its advertised URL) and `Retry-After`.
 async fn refuse_writes(
     State(lookup): State<LeaderLookup>,
     request: Request,
@@ -267,10 +280,23 @@ async fn refuse_writes(
         return next.run(request).await;
     }
     let (message, at) = match current_leader(&lookup.client, &lookup.keys).await {
-        Ok(Some(leader)) => (
-            format!("this replica stands by: {leader} leads; send writes there"),
-            leader.advertise,
-        ),
+        Ok(Some(leader)) => {
+            let url = leader.advertise.clone();
+            let message = match (&url, was_forwarded(&request)) {
+                (_, Some(by)) => format!(
+                    "this replica stands by and takes no write forwarded by {by}: {leader} \
+                     leads; send writes there"
+                ),
+                (Some(url), None) if leader.id != lookup.me => {
+                    match lookup.forwarder.forward(url, request).await {
+                        Ok(answer) => return answer,
+                        Err(e) => format!("this replica stands by: {leader} leads, but {e}"),
+                    }
+                }
+                _ => format!("this replica stands by: {leader} leads; send writes there"),
+            };
+            (message, url)
+        }
         Ok(None) => (
             "this replica stands by and no replica leads now; retry shortly".to_string(),
             None,

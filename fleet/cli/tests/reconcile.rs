@@ -1,6 +1,7 @@
 //! `tessera-fleet reconcile` replicas as real processes on a real etcd, following a real Git
 //! repository with the `sim` driver: one leads and the other stands by, serving reads and
-//! answering a write with where the leader is; a workload submitted to the leader runs; the
+//! forwarding writes to the leader (which authorizes the caller), or answering with where the
+//! leader is a write forwarded to it already; a workload submitted through the standby runs; the
 //! leader SIGKILLed, the standby leads and finds the workload as it was, started once; a leader
 //! paused past its lease stops leading when it resumes and stands by.
 //!
@@ -129,6 +130,18 @@ impl Replica {
     }
 
     fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_with(method, path, token, body, &[])
+    }
+
+    /// `call` with extra request headers.
+    fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(20)))
@@ -137,11 +150,15 @@ impl Replica {
         let url = format!("{}{path}", self.base);
         let auth = format!("Bearer {token}");
         let response = match body {
-            Some(body) => agent
-                .post(&url)
-                .header("Authorization", &auth)
-                .content_type("application/json")
-                .send(body.to_string()),
+            Some(body) => {
+                let mut request = agent.post(&url).header("Authorization", &auth);
+                for (name, value) in headers {
+                    request = request.header(*name, *value);
+                }
+                request
+                    .content_type("application/json")
+                    .send(body.to_string())
+            }
             None if method == "GET" => agent.get(&url).header("Authorization", &auth).call(),
             None => panic!("{method} without a body"),
         };
@@ -203,7 +220,7 @@ fn events(etcd: &TestEtcd, name: &str, kind: &str) -> usize {
 }
 
 #[test]
-fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
+fn a_standby_serves_reads_forwards_writes_and_takes_over_a_running_workload() {
     let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
     let repo = policy_repo();
     let work = tempfile::tempdir().unwrap();
@@ -218,7 +235,6 @@ fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
     let second = Replica::start(&etcd, repo.path(), work.path(), "second");
     second.await_line("tessera-fleet reconcile: standing by");
 
-    // A write to the standby is refused, naming the leader; nothing of it is kept.
     let job = json!({
         "tenant": "product",
         "sloClass": "training",
@@ -226,31 +242,52 @@ fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
         "gpu": {"count": 1},
         "command": ["sleep", "1000"],
     });
+    // A write sent to the standby is forwarded: the leader creates it, once.
     let (status, body) = second.call(
-        "POST",
-        "/v1/workloads",
-        PRODUCT,
-        Some(json!({"name": "refused", "spec": job})),
-    );
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["leader"], json!(first.base), "{body}");
-    assert!(body["error"].as_str().unwrap().contains("first"), "{body}");
-
-    // Submitted to the leader, it runs; the standby reads it from etcd.
-    let (status, body) = first.call(
         "POST",
         "/v1/workloads",
         PRODUCT,
         Some(json!({"name": "train", "spec": job})),
     );
     assert_eq!(status, 201, "{body}");
+    let (status, listed) = first.call("GET", "/v1/workloads", ADMIN, None);
+    assert_eq!(status, 200, "{listed}");
+    let named_train = listed["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["name"] == "train")
+        .count();
+    assert_eq!(named_train, 1, "{listed}");
+    // The leader, not the standby, judges the caller's token.
+    let (status, body) = second.call(
+        "POST",
+        "/v1/workloads",
+        "not-a-token-of-anyone",
+        Some(json!({"name": "intruder", "spec": job})),
+    );
+    assert_eq!(status, 401, "{body}");
+    // A write another replica forwarded already is not forwarded again: 503 naming the leader.
+    let (status, body) = second.call_with(
+        "POST",
+        "/v1/workloads",
+        PRODUCT,
+        Some(json!({"name": "refused", "spec": job})),
+        &[("x-tessera-forwarded-by", "third")],
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["leader"], json!(first.base), "{body}");
+    assert!(body["error"].as_str().unwrap().contains("first"), "{body}");
+
     eventually("train running", || {
         (first.workload("train")["phase"] == "running").then_some(())
     });
     let before = second.workload("train");
     assert_eq!(before["phase"], "running", "{before}");
-    let (status, refused) = second.call("GET", "/v1/workloads/refused", ADMIN, None);
-    assert_eq!(status, 404, "the refused write left nothing: {refused}");
+    for name in ["refused", "intruder"] {
+        let (status, left) = second.call("GET", &format!("/v1/workloads/{name}"), ADMIN, None);
+        assert_eq!(status, 404, "the refused write left nothing: {left}");
+    }
     let standing = second.call("GET", "/status", ADMIN, None).1;
     assert!(
         standing["lastError"]
@@ -311,9 +348,9 @@ fn a_leader_paused_past_its_lease_stands_by_when_it_resumes() {
     first.signal(Signal::SIGCONT);
     // Resumed, it finds its term over, stops its service and stands by.
     first.await_line("tessera-fleet reconcile: standing by");
-    let (status, body) = first.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["leader"], json!(second.base), "{body}");
     let (status, body) = second.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
     assert!(status < 300, "the new leader takes writes: {status} {body}");
+    // The old leader, standing by, forwards them to the new one.
+    let (status, body) = first.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
+    assert!(status < 300, "forwarded to the new leader: {status} {body}");
 }
