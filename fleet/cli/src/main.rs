@@ -7,10 +7,12 @@
 //! Exit codes: 0 after a clean shutdown (SIGTERM or SIGINT); 2 for a usage or start-up error;
 //! 3 when etcd refuses the agent (its credentials may not act for this node).
 
+mod access;
 mod agent;
 mod bench;
 mod forward;
 mod reconcile;
+mod secret;
 
 use std::process::ExitCode;
 
@@ -35,6 +37,10 @@ enum Command {
     /// Run one control-plane replica on etcd (`--store etcd://HOST:PORT[,...]`): it leads, or
     /// stands by serving reads until it does. The flags are `tessera reconcile`'s.
     Reconcile(Box<tessera_service_cli::ReconcileArgs>),
+    /// etcd's users and roles for fleet mode (access control on, the control plane's user,
+    /// one user per node), made with etcd's `root`.
+    #[command(subcommand)]
+    Access(access::AccessCommand),
     /// Benchmarks that print figures (they never assert).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -60,6 +66,13 @@ fn main() -> ExitCode {
         },
         Command::Reconcile(args) => match reconcile::run(*args) {
             Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Access(command) => match access::run(command) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(2)

@@ -50,6 +50,10 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         bail!("--once runs without replicas: use `tessera reconcile --store sqlite:PATH`");
     }
     let keys = Keys::new(&args.fleet.cluster)?;
+    let credentials = crate::secret::credentials(
+        args.fleet.etcd_user.as_deref(),
+        args.fleet.etcd_password_file.as_deref(),
+    )?;
     let config = setup::config(&args)?;
     setup::prepare_state_dir(&args.state_dir)?;
     let tokens = match &args.tokens {
@@ -76,7 +80,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     tokio.block_on(async {
-        let client = tessera_fleet::access::connect(&endpoints, None).await?;
+        let client = tessera_fleet::access::connect(&endpoints, credentials.as_ref()).await?;
         let replica = Replica {
             args: &args,
             config,
