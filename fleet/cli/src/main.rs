@@ -10,6 +10,7 @@
 mod access;
 mod agent;
 mod bench;
+mod bench_metering;
 mod forward;
 mod reconcile;
 mod secret;
@@ -52,6 +53,8 @@ enum BenchCommand {
     /// and watch: registration, a MIG layout on every GPU, time until all is journaled, and
     /// etcd's writes and bytes.
     Agents(bench::BenchAgentsArgs),
+    /// The control plane's metering of a steady fleet on a real etcd: puts per steady cycle.
+    Metering(bench_metering::BenchMeteringArgs),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +75,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Access(command) => match access::run(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Bench(BenchCommand::Metering(args)) => match bench_metering::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
