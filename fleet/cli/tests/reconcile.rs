@@ -1,7 +1,8 @@
 //! `tessera-fleet reconcile` replicas as real processes on a real etcd, following a real Git
 //! repository with the `sim` driver: one leads and the other stands by, serving reads and
 //! forwarding writes to the leader (which authorizes the caller), or answering with where the
-//! leader is a write forwarded to it already; a workload submitted through the standby runs; the
+//! leader is a write forwarded to it already, and showing the leader's status in its own; a
+//! workload submitted through the standby runs; the
 //! leader SIGKILLed, the standby leads and finds the workload as it was, started once; a leader
 //! paused past its lease stops leading when it resumes and stands by.
 //!
@@ -306,6 +307,12 @@ fn a_standby_serves_reads_forwards_writes_and_takes_over_a_running_workload() {
         standing["lastError"]
             .as_str()
             .is_some_and(|e| e.contains("stands by")),
+        "{standing}"
+    );
+    // The standby's /status carries the leader's, with the cycles only the leader runs.
+    assert_eq!(standing["cycles"], 0, "{standing}");
+    assert!(
+        standing["leaderStatus"]["cycles"].as_u64() >= Some(1),
         "{standing}"
     );
     assert_eq!(events(&etcd, "train", "running"), 1);
