@@ -35,19 +35,52 @@ impl std::fmt::Debug for Credentials {
 }
 
 /// Connects to etcd at `endpoints` (URLs such as `http://127.0.0.1:2379`), as `credentials`
-/// where access control is on.
+/// where access control is on. A wrong user name or password is `Unauthenticated`, and
+/// credentials given to an etcd whose access control is off `AuthDisabled`: neither is
+/// worth retrying.
 pub async fn connect(
     endpoints: &[String],
     credentials: Option<&Credentials>,
 ) -> Result<Client, FleetError> {
-    let options =
-        credentials.map(|c| ConnectOptions::new().with_user(c.user.clone(), c.password.clone()));
+    // etcd's token expires after `--auth-token-ttl` unused (300 s by default): a standby that
+    // only campaigns, or an idle agent, would find it gone on its next request.
+    let options = credentials.map(|c| {
+        ConnectOptions::new()
+            .with_user(c.user.clone(), c.password.clone())
+            .with_auto_token_refresh(true)
+    });
     Client::connect(endpoints, options)
         .await
-        .map_err(|source| FleetError::Connect {
-            endpoints: endpoints.join(","),
-            source,
-        })
+        .map_err(|source| connect_error(endpoints, credentials, source))
+}
+
+/// Sorts a failed connection: etcd answers a wrong password with `INVALID_ARGUMENT`
+/// ("authentication failed") and a user given while access control is off with
+/// `FAILED_PRECONDITION` ("authentication is not enabled").
+fn connect_error(
+    endpoints: &[String],
+    credentials: Option<&Credentials>,
+    source: etcd_client::Error,
+) -> FleetError {
+    let endpoints = endpoints.join(",");
+    if let (Some(who), etcd_client::Error::GRpcStatus(status)) = (credentials, &source) {
+        let message = status.message();
+        if status.code() == tonic::Code::InvalidArgument
+            && message.contains("authentication failed")
+        {
+            return FleetError::Unauthenticated {
+                endpoints,
+                user: who.user.clone(),
+                message: message.to_string(),
+            };
+        }
+        if status.code() == tonic::Code::FailedPrecondition
+            && message.contains("authentication is not enabled")
+        {
+            return FleetError::AuthDisabled { endpoints };
+        }
+    }
+    FleetError::Connect { endpoints, source }
 }
 
 /// The etcd user (and role) of one node's agent: `tessera.<cluster>.node.<node>`.

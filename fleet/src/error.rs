@@ -16,6 +16,24 @@ pub enum FleetError {
         source: etcd_client::Error,
     },
 
+    /// etcd's access control refused the user name or password at connection.
+    #[error(
+        "etcd at {endpoints} refused user {user}: wrong user name or password (etcd says: \
+         {message})"
+    )]
+    Unauthenticated {
+        endpoints: String,
+        user: String,
+        message: String,
+    },
+
+    /// Credentials were given but etcd's access control is off, so etcd takes no user.
+    #[error(
+        "etcd at {endpoints} has access control off and takes no user: connect without \
+         credentials, or turn access control on first (`tessera-fleet access enable`)"
+    )]
+    AuthDisabled { endpoints: String },
+
     /// etcd's access control refused the request: the credentials in use have no permission
     /// on the key (an agent writing outside its node's prefix).
     #[error("etcd refused {op} on {key}: permission denied ({message})")]

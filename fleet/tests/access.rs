@@ -190,9 +190,55 @@ async fn a_node_writes_its_own_keys_and_no_one_elses() {
     // A revoked node cannot connect any more.
     access::revoke_node(&root, &keys, "node-a").await.unwrap();
     match access::connect(&[etcd.endpoint()], Some(&a_creds)).await {
-        Err(FleetError::Connect { endpoints, .. }) => assert_eq!(endpoints, etcd.endpoint()),
-        Err(other) => panic!("expected a refused connection, got {other}"),
+        Err(FleetError::Unauthenticated {
+            endpoints, user, ..
+        }) => {
+            assert_eq!(endpoints, etcd.endpoint());
+            assert_eq!(user, a_creds.user);
+        }
+        Err(other) => panic!("expected a refused user, got {other}"),
         Ok(_) => panic!("a revoked node's user authenticated"),
+    }
+    // A wrong password is refused the same way, naming the user.
+    let wrong = Credentials {
+        user: control.user.clone(),
+        password: "not-cp-secret".to_string(),
+    };
+    match access::connect(&[etcd.endpoint()], Some(&wrong)).await {
+        Err(e @ FleetError::Unauthenticated { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&control.user) && text.contains("wrong user name or password"),
+                "{text}"
+            );
+        }
+        Err(other) => panic!("expected a refused user, got {other}"),
+        Ok(_) => panic!("a wrong password authenticated"),
+    }
+    // The control plane's user is limited to its cluster's prefix.
+    let mut cp_client = cp.clone();
+    assert_denied(
+        cp_client
+            .put("/tessera/another-cluster/leader", "x", None)
+            .await
+            .map(|_| ()),
+        "the control plane writing another cluster's keys",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_given_to_an_etcd_without_access_control_are_refused_clearly() {
+    let etcd = etcd();
+    let someone = Credentials {
+        user: "someone".to_string(),
+        password: "secret".to_string(),
+    };
+    match access::connect(&[etcd.endpoint()], Some(&someone)).await {
+        Err(e @ FleetError::AuthDisabled { .. }) => {
+            assert!(e.to_string().contains("access control off"), "{e}")
+        }
+        Err(other) => panic!("expected access control off, got {other}"),
+        Ok(_) => panic!("a user was accepted by an etcd without access control"),
     }
 }
 

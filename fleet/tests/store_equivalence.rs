@@ -14,9 +14,11 @@ use serde_json::json;
 use support::{TTL_SECS, etcd};
 use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{Binding, WorkloadSpec};
+use tessera_compiler::units::Gpus;
 use tessera_fleet::election::{Candidate, LeaderInfo};
 use tessera_fleet::keys::Keys;
 use tessera_fleet::store::{EtcdStore, StoreRuntime};
+use tessera_reconciler::store::usage::{NewRun, RunKey};
 use tessera_reconciler::store::{
     EndReason, Ended, Origin, ReplicaProcess, StateStore, StateStoreExt, Store,
 };
@@ -217,6 +219,131 @@ fn etcd_and_sqlite_answer_every_sequence_alike() {
             );
         }
         prop_assert_eq!(contents(&on_etcd), contents(&on_sqlite));
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Runs metered in the property below, one per workload.
+const RUNS: usize = 4;
+
+fn metered_run(i: usize) -> RunKey {
+    RunKey {
+        tenant: TENANTS[i % TENANTS.len()].to_string(),
+        workload: format!("r{i}"),
+        submitted_at: 50,
+        started_at: 90 + 5 * i as i64,
+    }
+}
+
+fn described(i: usize) -> NewRun {
+    NewRun {
+        key: metered_run(i),
+        pool: "train".into(),
+        model: "A100".into(),
+        profile: (i % 2 == 1).then(|| "3g.40gb".to_string()),
+        gpus: Gpus::whole(1 + i as i64),
+        cpu_millicores: 1000,
+        memory_mib: 512,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Metering {
+    /// `meter_runs` with the runs of `extend` and the described runs of `create` (bit masks),
+    /// `step` seconds after the previous call (negative: a clock behind).
+    Meter {
+        extend: u8,
+        create: u8,
+        step: i64,
+    },
+    Admit {
+        run: usize,
+    },
+}
+
+fn metering() -> impl Strategy<Value = Metering> {
+    let mask = 0..(1u8 << RUNS);
+    prop_oneof![
+        6 => (mask.clone(), mask, -15..40i64)
+            .prop_map(|(extend, create, step)| Metering::Meter { extend, create, step }),
+        1 => (0..RUNS).prop_map(|run| Metering::Admit { run }),
+    ]
+}
+
+/// Usage in windows before, across and after the metered instants, as the report reads it.
+fn reports(store: &dyn StateStore) -> String {
+    [(0, i64::MAX), (0, 100), (95, 130), (120, 180), (170, 400)]
+        .iter()
+        .map(|&(since, until)| format!("{:?}", store.usage(since, until).unwrap()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The etcd store meters runs with a watermark (a steady cycle writes one key) where SQLite
+/// writes each run's row: any sequence of meterings (runs named, left out and named again,
+/// described again, a clock going back) reports the same usage in every window on both.
+#[test]
+fn metering_reports_the_same_usage_on_etcd_and_sqlite() {
+    let etcd = etcd();
+    let runtime = StoreRuntime::new().unwrap();
+    let client = runtime
+        .block_on(Client::connect([etcd.endpoint()], None))
+        .unwrap();
+    let case = Cell::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&proptest::collection::vec(metering(), 1..25), |ops| {
+        case.set(case.get() + 1);
+        let keys = Keys::new(&format!("metering-{}", case.get())).unwrap();
+        let info = LeaderInfo {
+            id: "leader".into(),
+            advertise: None,
+        };
+        let candidate = Candidate::new(client.clone(), keys.clone(), info, TTL_SECS);
+        let term = runtime.block_on(candidate.campaign()).unwrap();
+        let on_etcd =
+            EtcdStore::leader(runtime.clone(), client.clone(), keys, term.fence().clone());
+        let on_sqlite = Store::open_in_memory().unwrap();
+        let mut now = 100;
+        for op in &ops {
+            let stores: [&dyn StateStore; 2] = [&on_etcd, &on_sqlite];
+            match op {
+                Metering::Meter {
+                    extend,
+                    create,
+                    step,
+                } => {
+                    now += step;
+                    let named = |mask: u8| (0..RUNS).filter(move |i| mask & (1 << i) != 0);
+                    let extend: Vec<RunKey> = named(*extend).map(metered_run).collect();
+                    let create: Vec<NewRun> = named(*create).map(described).collect();
+                    for store in stores {
+                        store.meter_runs(&extend, &create, now).unwrap();
+                    }
+                }
+                Metering::Admit { run } => {
+                    let r = metered_run(*run);
+                    for store in stores {
+                        store
+                            .record_admission(
+                                &r.tenant,
+                                &r.workload,
+                                r.submitted_at,
+                                Gpus::whole(1),
+                                Gpus::whole(*run as i64),
+                            )
+                            .unwrap();
+                    }
+                }
+            }
+            prop_assert_eq!(reports(&on_etcd), reports(&on_sqlite), "after {:?}", op);
+        }
         Ok(())
     });
     if let Err(e) = result {

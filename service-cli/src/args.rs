@@ -131,6 +131,15 @@ pub struct FleetArgs {
     /// after the leader stops renewing (etcd raises it to its minimum, about 2 s).
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub lease_ttl: Duration,
+    /// With `--store etcd://` and etcd's access control on: the etcd user this replica
+    /// connects as, `tessera.<cluster>.control` (`tessera-fleet access control-plane` makes
+    /// it, with read-write on the cluster's prefix and nothing else).
+    #[arg(long, value_name = "USER", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// The `--etcd-user`'s password: the first line of FILE (never given on the command
+    /// line, where other users of the machine could read it).
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -222,5 +231,24 @@ mod tests {
             bad.contains("--store") && bad.contains("HOST:PORT"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn an_etcd_user_comes_with_a_password_file_and_never_a_password() {
+        let parse = |flags: &[&str]| {
+            let argv = [&["reconcile", "--repo", "policy"][..], flags].concat();
+            Cli::try_parse_from(argv).map(|cli| cli.args.fleet)
+        };
+        let both = parse(&["--etcd-user", "cp", "--etcd-password-file", "/run/cp"]).unwrap();
+        assert_eq!(both.etcd_user.as_deref(), Some("cp"));
+        assert_eq!(both.etcd_password_file, Some(PathBuf::from("/run/cp")));
+        for half in [
+            &["--etcd-user", "cp"][..],
+            &["--etcd-password-file", "/run/cp"],
+        ] {
+            let e = parse(half).unwrap_err().to_string();
+            assert!(e.contains("required"), "{e}");
+        }
+        assert!(parse(&["--etcd-password", "x"]).is_err());
     }
 }

@@ -402,13 +402,13 @@ fn layout(node: &str, gpus: u32) -> Vec<Action> {
 }
 
 /// What etcd's `/metrics` counts: puts applied, and bytes received from clients over gRPC.
-struct Metrics {
-    puts: u64,
-    received_bytes: u64,
+pub(crate) struct Metrics {
+    pub(crate) puts: u64,
+    pub(crate) received_bytes: u64,
 }
 
 impl Metrics {
-    fn read(endpoint: &str) -> anyhow::Result<Metrics> {
+    pub(crate) fn read(endpoint: &str) -> anyhow::Result<Metrics> {
         let address = endpoint
             .strip_prefix("http://")
             .with_context(|| format!("{endpoint}: only http:// etcd URLs are measured"))?;

@@ -7,9 +7,13 @@
 //! Exit codes: 0 after a clean shutdown (SIGTERM or SIGINT); 2 for a usage or start-up error;
 //! 3 when etcd refuses the agent (its credentials may not act for this node).
 
+mod access;
 mod agent;
 mod bench;
+mod bench_metering;
+mod forward;
 mod reconcile;
+mod secret;
 
 use std::process::ExitCode;
 
@@ -34,6 +38,10 @@ enum Command {
     /// Run one control-plane replica on etcd (`--store etcd://HOST:PORT[,...]`): it leads, or
     /// stands by serving reads until it does. The flags are `tessera reconcile`'s.
     Reconcile(Box<tessera_service_cli::ReconcileArgs>),
+    /// etcd's users and roles for fleet mode (access control on, the control plane's user,
+    /// one user per node), made with etcd's `root`.
+    #[command(subcommand)]
+    Access(access::AccessCommand),
     /// Benchmarks that print figures (they never assert).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -45,6 +53,8 @@ enum BenchCommand {
     /// and watch: registration, a MIG layout on every GPU, time until all is journaled, and
     /// etcd's writes and bytes.
     Agents(bench::BenchAgentsArgs),
+    /// The control plane's metering of a steady fleet on a real etcd: puts per steady cycle.
+    Metering(bench_metering::BenchMeteringArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +69,20 @@ fn main() -> ExitCode {
         },
         Command::Reconcile(args) => match reconcile::run(*args) {
             Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Access(command) => match access::run(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Bench(BenchCommand::Metering(args)) => match bench_metering::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(2)

@@ -2,8 +2,9 @@
 //! etcd://…` execs it with its own arguments, parsed by the same `ReconcileArgs`.
 //!
 //! A replica campaigns for leadership. While it stands by it serves the API's reads from etcd
-//! (`EtcdStore::reader`) and answers every other request with 503 and where the leader is;
-//! it touches no node, runtime or mirror. Once it leads it runs the service (`serve`) on an
+//! (`EtcdStore::reader`) and forwards every other request to the leader (`forward`), or, where
+//! no leader is known or it does not answer, answers 503 with where the leader is; its
+//! `/status` carries the leader's (`leaderStatus`). It touches no node, runtime or mirror. Once it leads it runs the service (`serve`) on an
 //! `EtcdStore` fenced by its term, with the local driver; when the term may be over it stops
 //! the service (writes of the old term are refused by the fence in any case) and stands by
 //! again. Only one phase listens at a time, on the same address.
@@ -29,8 +30,19 @@ use tessera_reconciler::service::{
 };
 use tessera_service_cli::{ReconcileArgs, StoreArg, setup};
 
+use crate::forward::{Forwarder, was_forwarded};
+
 /// How long a replica waits before campaigning again after etcd failed it.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// How long a standby waits for the leader's answer to a write it forwarded.
+const FORWARD_ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long a standby's `/status` waits for the leader's, which it includes.
+const LEADER_STATUS_WITHIN: Duration = Duration::from_secs(2);
+
+/// The most bytes of a `/status` answer a standby reads to add the leader's to it.
+const MAX_STATUS_BYTES: usize = 4 << 20;
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     crate::agent::init_logging("info");
@@ -44,6 +56,10 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         bail!("--once runs without replicas: use `tessera reconcile --store sqlite:PATH`");
     }
     let keys = Keys::new(&args.fleet.cluster)?;
+    let credentials = crate::secret::credentials(
+        args.fleet.etcd_user.as_deref(),
+        args.fleet.etcd_password_file.as_deref(),
+    )?;
     let config = setup::config(&args)?;
     setup::prepare_state_dir(&args.state_dir)?;
     let tokens = match &args.tokens {
@@ -70,7 +86,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     tokio.block_on(async {
-        let client = tessera_fleet::access::connect(&endpoints, None).await?;
+        let client = tessera_fleet::access::connect(&endpoints, credentials.as_ref()).await?;
         let replica = Replica {
             args: &args,
             config,
@@ -138,6 +154,9 @@ impl Replica<'_> {
         let leader = LeaderLookup {
             client: self.client.clone(),
             keys: self.keys.clone(),
+            me: self.candidate_info.id.clone(),
+            forwarder: Forwarder::new(&self.candidate_info.id, FORWARD_ANSWER_WITHIN),
+            status_forwarder: Forwarder::new(&self.candidate_info.id, LEADER_STATUS_WITHIN),
         };
         let app = tessera_reconciler::api::router(handle, self.tokens.clone())
             .layer(axum::middleware::from_fn_with_state(leader, refuse_writes));
@@ -254,23 +273,51 @@ async fn campaign(candidate: &Candidate) -> Leadership {
 struct LeaderLookup {
     client: Client,
     keys: Keys,
+    /// This replica's id: a leader key naming it is stale and not forwarded to.
+    me: String,
+    forwarder: Forwarder,
+    /// Asks the leader for its `/status` (a shorter wait than a write's).
+    status_forwarder: Forwarder,
 }
 
-/// A standby passes reads on to the API and answers everything else with 503 and where the
-/// leader is (`leader`: its advertised URL), to retry there. Forwarding is not done.
+/// A standby passes reads on to the API and forwards everything else to the leader, whose
+/// answer it returns. Where no leader is known, the request was forwarded to this replica
+/// already, or the leader cannot be reached, it answers 503 with where the leader is
+/// (`leader`: its advertised URL) and `Retry-After`.
 async fn refuse_writes(
     State(lookup): State<LeaderLookup>,
     request: Request,
     next: Next,
 ) -> Response {
+    if *request.method() == Method::GET
+        && request.uri().path() == "/status"
+        && was_forwarded(&request).is_none()
+    {
+        let asked = request.headers().clone();
+        let own = next.run(request).await;
+        return with_leader_status(&lookup, asked, own).await;
+    }
     if matches!(*request.method(), Method::GET | Method::HEAD) {
         return next.run(request).await;
     }
     let (message, at) = match current_leader(&lookup.client, &lookup.keys).await {
-        Ok(Some(leader)) => (
-            format!("this replica stands by: {leader} leads; send writes there"),
-            leader.advertise,
-        ),
+        Ok(Some(leader)) => {
+            let url = leader.advertise.clone();
+            let message = match (&url, was_forwarded(&request)) {
+                (_, Some(by)) => format!(
+                    "this replica stands by and takes no write forwarded by {by}: {leader} \
+                     leads; send writes there"
+                ),
+                (Some(url), None) if leader.id != lookup.me => {
+                    match lookup.forwarder.forward(url, request).await {
+                        Ok(answer) => return answer,
+                        Err(e) => format!("this replica stands by: {leader} leads, but {e}"),
+                    }
+                }
+                _ => format!("this replica stands by: {leader} leads; send writes there"),
+            };
+            (message, url)
+        }
         Ok(None) => (
             "this replica stands by and no replica leads now; retry shortly".to_string(),
             None,
@@ -286,6 +333,66 @@ async fn refuse_writes(
         .headers_mut()
         .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
     response
+}
+
+/// A standby's `/status` with the leader's own under `leaderStatus` (asked with the caller's
+/// headers, so it is the view the caller would get there): the fleet's last cycle, which a
+/// standby does not run. Where the leader cannot be asked, `leaderStatus` says why.
+async fn with_leader_status(
+    lookup: &LeaderLookup,
+    asked: axum::http::HeaderMap,
+    own: Response,
+) -> Response {
+    if own.status() != StatusCode::OK {
+        return own;
+    }
+    let (parts, body) = own.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_STATUS_BYTES).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let Ok(serde_json::Value::Object(mut status)) = serde_json::from_slice(&bytes) else {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    };
+    let leader_status = match leader_status(lookup, asked).await {
+        Ok(value) => value,
+        Err(why) => serde_json::json!({ "error": why }),
+    };
+    status.insert("leaderStatus".to_string(), leader_status);
+    (parts.status, axum::Json(serde_json::Value::Object(status))).into_response()
+}
+
+/// The leader's `/status`, or why it cannot be had.
+async fn leader_status(
+    lookup: &LeaderLookup,
+    asked: axum::http::HeaderMap,
+) -> Result<serde_json::Value, String> {
+    let leader = match current_leader(&lookup.client, &lookup.keys).await {
+        Ok(Some(leader)) => leader,
+        Ok(None) => return Err("no replica leads now".to_string()),
+        Err(e) => return Err(format!("cannot read who leads: {e}")),
+    };
+    let Some(url) = leader
+        .advertise
+        .as_deref()
+        .filter(|_| leader.id != lookup.me)
+    else {
+        return Err(format!("{leader} leads; its address is not known here"));
+    };
+    let mut request = Request::new(axum::body::Body::empty());
+    *request.uri_mut() = axum::http::Uri::from_static("/status");
+    *request.headers_mut() = asked;
+    let answer = lookup
+        .status_forwarder
+        .forward(url, request)
+        .await
+        .map_err(|e| e.to_string())?;
+    if answer.status() != StatusCode::OK {
+        return Err(format!("{leader} answered {}", answer.status()));
+    }
+    let bytes = axum::body::to_bytes(answer.into_body(), MAX_STATUS_BYTES)
+        .await
+        .map_err(|e| format!("reading {leader}'s status: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{leader}'s status is not JSON: {e}"))
 }
 
 /// Resolves at SIGTERM or SIGINT.

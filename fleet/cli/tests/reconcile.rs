@@ -1,6 +1,8 @@
 //! `tessera-fleet reconcile` replicas as real processes on a real etcd, following a real Git
 //! repository with the `sim` driver: one leads and the other stands by, serving reads and
-//! answering a write with where the leader is; a workload submitted to the leader runs; the
+//! forwarding writes to the leader (which authorizes the caller), or answering with where the
+//! leader is a write forwarded to it already, and showing the leader's status in its own; a
+//! workload submitted through the standby runs; the
 //! leader SIGKILLed, the standby leads and finds the workload as it was, started once; a leader
 //! paused past its lease stops leading when it resumes and stands by.
 //!
@@ -76,27 +78,14 @@ struct Replica {
 
 impl Replica {
     fn start(etcd: &TestEtcd, repo: &Path, work: &Path, id: &str) -> Replica {
+        Replica::start_with(etcd, repo, work, id, &[])
+    }
+
+    /// `start` with further flags.
+    fn start_with(etcd: &TestEtcd, repo: &Path, work: &Path, id: &str, extra: &[&str]) -> Replica {
         let port = free_port();
-        let endpoint = etcd.endpoint();
-        let member = endpoint.strip_prefix("http://").unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-fleet"))
-            .arg("reconcile")
-            .args(["--store", &format!("etcd://{member}")])
-            .args(["--cluster", CLUSTER, "--replica-id", id])
-            .args(["--lease-ttl", &format!("{}s", LEASE.as_secs())])
-            .arg("--repo")
-            .arg(repo)
-            .args(["--branch", "main", "--path", "policy", "--driver", "sim"])
-            .arg("--nodes")
-            .arg(data("nodes.yaml"))
-            .arg("--state-dir")
-            .arg(work.join("state"))
-            .arg("--tokens")
-            .arg(work.join("tokens.yaml"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--cycle-period", "1s", "--fetch-interval", "1s"])
-            .args(["--runtime", "none", "--insecure-runtime"])
-            .env("NO_COLOR", "1")
+        let mut child = replica_command(etcd, repo, work, id, port)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -129,6 +118,18 @@ impl Replica {
     }
 
     fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_with(method, path, token, body, &[])
+    }
+
+    /// `call` with extra request headers.
+    fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(20)))
@@ -137,11 +138,15 @@ impl Replica {
         let url = format!("{}{path}", self.base);
         let auth = format!("Bearer {token}");
         let response = match body {
-            Some(body) => agent
-                .post(&url)
-                .header("Authorization", &auth)
-                .content_type("application/json")
-                .send(body.to_string()),
+            Some(body) => {
+                let mut request = agent.post(&url).header("Authorization", &auth);
+                for (name, value) in headers {
+                    request = request.header(*name, *value);
+                }
+                request
+                    .content_type("application/json")
+                    .send(body.to_string())
+            }
             None if method == "GET" => agent.get(&url).header("Authorization", &auth).call(),
             None => panic!("{method} without a body"),
         };
@@ -175,6 +180,32 @@ impl Drop for Replica {
     }
 }
 
+/// A `tessera-fleet reconcile` command line for replica `id` listening on `port`.
+fn replica_command(etcd: &TestEtcd, repo: &Path, work: &Path, id: &str, port: u16) -> Command {
+    let endpoint = etcd.endpoint();
+    let member = endpoint.strip_prefix("http://").unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera-fleet"));
+    command
+        .arg("reconcile")
+        .args(["--store", &format!("etcd://{member}")])
+        .args(["--cluster", CLUSTER, "--replica-id", id])
+        .args(["--lease-ttl", &format!("{}s", LEASE.as_secs())])
+        .arg("--repo")
+        .arg(repo)
+        .args(["--branch", "main", "--path", "policy", "--driver", "sim"])
+        .arg("--nodes")
+        .arg(data("nodes.yaml"))
+        .arg("--state-dir")
+        .arg(work.join("state"))
+        .arg("--tokens")
+        .arg(work.join("tokens.yaml"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--cycle-period", "1s", "--fetch-interval", "1s"])
+        .args(["--runtime", "none", "--insecure-runtime"])
+        .env("NO_COLOR", "1");
+    command
+}
+
 fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -203,7 +234,7 @@ fn events(etcd: &TestEtcd, name: &str, kind: &str) -> usize {
 }
 
 #[test]
-fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
+fn a_standby_serves_reads_forwards_writes_and_takes_over_a_running_workload() {
     let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
     let repo = policy_repo();
     let work = tempfile::tempdir().unwrap();
@@ -218,7 +249,6 @@ fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
     let second = Replica::start(&etcd, repo.path(), work.path(), "second");
     second.await_line("tessera-fleet reconcile: standing by");
 
-    // A write to the standby is refused, naming the leader; nothing of it is kept.
     let job = json!({
         "tenant": "product",
         "sloClass": "training",
@@ -226,36 +256,63 @@ fn a_standby_serves_reads_names_the_leader_and_takes_over_a_running_workload() {
         "gpu": {"count": 1},
         "command": ["sleep", "1000"],
     });
+    // A write sent to the standby is forwarded: the leader creates it, once.
     let (status, body) = second.call(
-        "POST",
-        "/v1/workloads",
-        PRODUCT,
-        Some(json!({"name": "refused", "spec": job})),
-    );
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["leader"], json!(first.base), "{body}");
-    assert!(body["error"].as_str().unwrap().contains("first"), "{body}");
-
-    // Submitted to the leader, it runs; the standby reads it from etcd.
-    let (status, body) = first.call(
         "POST",
         "/v1/workloads",
         PRODUCT,
         Some(json!({"name": "train", "spec": job})),
     );
     assert_eq!(status, 201, "{body}");
+    let (status, listed) = first.call("GET", "/v1/workloads", ADMIN, None);
+    assert_eq!(status, 200, "{listed}");
+    let named_train = listed["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["name"] == "train")
+        .count();
+    assert_eq!(named_train, 1, "{listed}");
+    // The leader, not the standby, judges the caller's token.
+    let (status, body) = second.call(
+        "POST",
+        "/v1/workloads",
+        "not-a-token-of-anyone",
+        Some(json!({"name": "intruder", "spec": job})),
+    );
+    assert_eq!(status, 401, "{body}");
+    // A write another replica forwarded already is not forwarded again: 503 naming the leader.
+    let (status, body) = second.call_with(
+        "POST",
+        "/v1/workloads",
+        PRODUCT,
+        Some(json!({"name": "refused", "spec": job})),
+        &[("x-tessera-forwarded-by", "third")],
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["leader"], json!(first.base), "{body}");
+    assert!(body["error"].as_str().unwrap().contains("first"), "{body}");
+
     eventually("train running", || {
         (first.workload("train")["phase"] == "running").then_some(())
     });
     let before = second.workload("train");
     assert_eq!(before["phase"], "running", "{before}");
-    let (status, refused) = second.call("GET", "/v1/workloads/refused", ADMIN, None);
-    assert_eq!(status, 404, "the refused write left nothing: {refused}");
+    for name in ["refused", "intruder"] {
+        let (status, left) = second.call("GET", &format!("/v1/workloads/{name}"), ADMIN, None);
+        assert_eq!(status, 404, "the refused write left nothing: {left}");
+    }
     let standing = second.call("GET", "/status", ADMIN, None).1;
     assert!(
         standing["lastError"]
             .as_str()
             .is_some_and(|e| e.contains("stands by")),
+        "{standing}"
+    );
+    // The standby's /status carries the leader's, with the cycles only the leader runs.
+    assert_eq!(standing["cycles"], 0, "{standing}");
+    assert!(
+        standing["leaderStatus"]["cycles"].as_u64() >= Some(1),
         "{standing}"
     );
     assert_eq!(events(&etcd, "train", "running"), 1);
@@ -311,9 +368,219 @@ fn a_leader_paused_past_its_lease_stands_by_when_it_resumes() {
     first.signal(Signal::SIGCONT);
     // Resumed, it finds its term over, stops its service and stands by.
     first.await_line("tessera-fleet reconcile: standing by");
-    let (status, body) = first.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["leader"], json!(second.base), "{body}");
     let (status, body) = second.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
     assert!(status < 300, "the new leader takes writes: {status} {body}");
+    // The old leader, standing by, forwards them to the new one.
+    let (status, body) = first.call("POST", "/v1/reconcile", ADMIN, Some(json!({})));
+    assert!(status < 300, "forwarded to the new leader: {status} {body}");
+}
+
+/// Runs `tessera-fleet ARGS` to its end: its exit code, stdout and stderr.
+fn fleet(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tessera-fleet"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("tessera-fleet runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A put and a delete as `client` makes them, `Err` with etcd's status code where refused.
+fn write_as(client: &etcd_client::Client, key: &str) -> Result<(), tonic::Code> {
+    let runtime = StoreRuntime::new().unwrap();
+    let code = |e: etcd_client::Error| match e {
+        etcd_client::Error::GRpcStatus(status) => status.code(),
+        other => panic!("expected a refusal from etcd, got {other}"),
+    };
+    let mut client = client.clone();
+    runtime.block_on(async {
+        client.put(key, "x", None).await.map_err(code)?;
+        client.delete(key, None).await.map_err(code)?;
+        Ok(())
+    })
+}
+
+#[test]
+fn with_access_control_on_a_replica_works_as_its_own_user_and_an_agents_user_cannot_touch_its_state()
+ {
+    let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let repo = policy_repo();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        work.path().join("tokens.yaml"),
+        format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n"),
+    )
+    .unwrap();
+    let secret = |name: &str, password: &str| {
+        let path = work.path().join(name);
+        std::fs::write(&path, format!("{password}\n")).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (root, control, node, wrong) = (
+        secret("root", "root-secret"),
+        secret("control", "control-secret"),
+        secret("node", "node-secret"),
+        secret("wrong", "not-the-control-secret"),
+    );
+    let url = etcd.endpoint();
+
+    // Access control on, and the users made, by `tessera-fleet access` (no etcdctl).
+    let (code, _, err) = fleet(&[
+        "access",
+        "enable",
+        "--etcd",
+        &url,
+        "--root-password-file",
+        &root,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let admin = [
+        "--etcd",
+        &url,
+        "--cluster",
+        CLUSTER,
+        "--root-password-file",
+        &root,
+    ];
+    let (code, out, err) = fleet(
+        &[
+            &["access", "control-plane"][..],
+            &admin,
+            &["--password-file", &control],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let control_user = format!("tessera.{CLUSTER}.control");
+    assert!(out.contains(&control_user), "{out}");
+    let (code, out, err) = fleet(
+        &[
+            &["access", "node", "t0"][..],
+            &admin,
+            &["--password-file", &node],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let node_user = format!("tessera.{CLUSTER}.node.t0");
+    assert!(out.contains(&node_user), "{out}");
+
+    // A wrong password: one clear error naming the user, exit 2, before anything runs.
+    let output = replica_command(&etcd, repo.path(), work.path(), "wrong", free_port())
+        .args(["--etcd-user", &control_user, "--etcd-password-file", &wrong])
+        .output()
+        .expect("tessera-fleet runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains(&format!(
+            "refused user {control_user}: wrong user name or password"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("not-the-control-secret"),
+        "the password is never printed"
+    );
+
+    // With its own user the replica leads and runs a workload.
+    let replica = Replica::start_with(
+        &etcd,
+        repo.path(),
+        work.path(),
+        "first",
+        &[
+            "--etcd-user",
+            &control_user,
+            "--etcd-password-file",
+            &control,
+        ],
+    );
+    replica.await_line("tessera-fleet reconcile: leading (term ");
+    let job = json!({
+        "tenant": "product",
+        "sloClass": "training",
+        "pool": "train",
+        "gpu": {"count": 1},
+        "command": ["sleep", "1000"],
+    });
+    // Submissions wait for its first revision in force (503 until then).
+    let (status, body) = eventually("the policy in force", || {
+        let answer = replica.call(
+            "POST",
+            "/v1/workloads",
+            PRODUCT,
+            Some(json!({"name": "train", "spec": job})),
+        );
+        (answer.0 != 503).then_some(answer)
+    });
+    assert_eq!(status, 201, "{body}");
+    eventually("train running", || {
+        (replica.workload("train")["phase"] == "running").then_some(())
+    });
+
+    // The agent's user of node t0 cannot change the control plane's state (the workloads,
+    // the policy's revisions), the leader key or another node's keys.
+    let runtime = StoreRuntime::new().unwrap();
+    let as_node = runtime
+        .block_on(tessera_fleet::access::connect(
+            std::slice::from_ref(&url),
+            Some(&tessera_fleet::access::Credentials {
+                user: node_user.clone(),
+                password: "node-secret".into(),
+            }),
+        ))
+        .unwrap();
+    let keys = Keys::new(CLUSTER).unwrap();
+    let as_control = runtime
+        .block_on(tessera_fleet::access::connect(
+            std::slice::from_ref(&url),
+            Some(&tessera_fleet::access::Credentials {
+                user: control_user.clone(),
+                password: "control-secret".into(),
+            }),
+        ))
+        .unwrap();
+    let state = runtime
+        .block_on(
+            as_control.clone().get(
+                keys.state_prefix(),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            ),
+        )
+        .unwrap();
+    let mut targets: Vec<String> = state
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_string())
+        .collect();
+    assert!(
+        targets.iter().any(|k| k.contains("train")),
+        "the workload is in the control plane's state: {targets:?}"
+    );
+    targets.extend([
+        keys.leader(),
+        keys.action("t1", 1).unwrap(),
+        keys.bound("t0").unwrap(),
+    ]);
+    for key in targets {
+        assert_eq!(
+            write_as(&as_node, &key),
+            Err(tonic::Code::PermissionDenied),
+            "node t0's user writing {key}"
+        );
+    }
+    assert_eq!(write_as(&as_node, &keys.observed("t0").unwrap()), Ok(()));
+    // And the workload the control plane keeps is as it was.
+    assert_eq!(replica.workload("train")["phase"], "running");
 }

@@ -259,10 +259,14 @@ async fn take(
 }
 
 /// Sorts an etcd failure into one to retry (returned) and one that ends the agent: a
-/// refusal by access control or a name that cannot be a key, which waiting cannot fix.
+/// refusal by access control (of a key, or of the credentials themselves) or a name that
+/// cannot be a key, which waiting cannot fix.
 fn fatal(e: FleetError) -> Result<FleetError, AgentError> {
     match e {
-        e @ (FleetError::PermissionDenied { .. } | FleetError::Name(_)) => {
+        e @ (FleetError::PermissionDenied { .. }
+        | FleetError::Unauthenticated { .. }
+        | FleetError::AuthDisabled { .. }
+        | FleetError::Name(_)) => {
             error!("{e}");
             Err(AgentError::Refused(e))
         }

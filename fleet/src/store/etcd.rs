@@ -165,7 +165,26 @@ impl Etcd {
         limit: Option<usize>,
         newest_first: bool,
     ) -> Result<Vec<KeyValue>, StoreError> {
-        self.pages(prefix, prefix.as_bytes().to_vec(), limit, newest_first)
+        Ok(self
+            .pages(prefix, prefix.as_bytes().to_vec(), limit, newest_first, 0)?
+            .0)
+    }
+
+    /// `key` and the revision it was read at, so that a later read can be pinned to it.
+    pub fn get_with_revision(&self, key: &str) -> Result<(Option<KeyValue>, i64), StoreError> {
+        let mut client = self.client.clone();
+        let answer = self
+            .block(client.get(key, None))
+            .map_err(|e| backend("read", key, e))?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        Ok((answer.kvs().first().cloned(), revision))
+    }
+
+    /// Every key under `prefix`, ascending, at `revision` (as etcd held it then).
+    pub fn range_at(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
+        Ok(self
+            .pages(prefix, prefix.as_bytes().to_vec(), None, false, revision)?
+            .0)
     }
 
     /// Like [`Etcd::range`] ascending, from `start` (inclusive, a key under `prefix`) on.
@@ -175,7 +194,9 @@ impl Etcd {
         start: &str,
         limit: Option<usize>,
     ) -> Result<Vec<KeyValue>, StoreError> {
-        self.pages(prefix, start.as_bytes().to_vec(), limit, false)
+        Ok(self
+            .pages(prefix, start.as_bytes().to_vec(), limit, false, 0)?
+            .0)
     }
 
     fn pages(
@@ -184,10 +205,10 @@ impl Etcd {
         mut low: Vec<u8>,
         limit: Option<usize>,
         newest_first: bool,
-    ) -> Result<Vec<KeyValue>, StoreError> {
+        mut revision: i64,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
         let mut high = prefix_end(prefix);
         let mut out: Vec<KeyValue> = Vec::new();
-        let mut revision = 0;
         loop {
             let want = limit.map_or(PAGE, |l| (l - out.len()).min(PAGE as usize) as i64);
             if want == 0 {
@@ -228,7 +249,7 @@ impl Etcd {
                 break;
             }
         }
-        Ok(out)
+        Ok((out, revision))
     }
 
     /// Applies `writes` if this store's term still leads and every guard holds. Refuses what

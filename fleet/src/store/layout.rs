@@ -169,6 +169,30 @@ impl Layout {
         )
     }
 
+    /// Where the open runs are listed: one empty key per run whose row the watermark
+    /// ([`Layout::runs_watermark`]) extends, named as its row is under [`Layout::runs_prefix`].
+    pub fn open_runs_prefix(&self) -> String {
+        self.key(format_args!("usage/open/"))
+    }
+
+    pub fn open_run(&self, run: &RunKey) -> String {
+        let row = self.run(run);
+        let suffix = &row[self.runs_prefix().len()..];
+        format!("{}{suffix}", self.open_runs_prefix())
+    }
+
+    /// The row of the run an open-run key lists.
+    pub fn run_of_open(&self, open: &[u8]) -> Option<String> {
+        let open = std::str::from_utf8(open).ok()?;
+        let suffix = open.strip_prefix(&self.open_runs_prefix())?;
+        Some(format!("{}{suffix}", self.runs_prefix()))
+    }
+
+    /// The instant every open run is metered up to (the runs' watermark).
+    pub fn runs_watermark(&self) -> String {
+        self.key(format_args!("usage/runs-metered-until"))
+    }
+
     pub fn admission(&self, tenant: &str, workload: &str, submitted_at: i64) -> String {
         self.key(format_args!(
             "usage/admissions/{}/{}/{submitted_at}",

@@ -16,6 +16,8 @@
 //! state/revisions/last-applied                    the revision in force
 //! state/carried                                   what one decision hands to the next
 //! state/usage/runs/<tenant>/<workload>/<submitted>/<started>   one metered run
+//! state/usage/open/<tenant>/<workload>/<submitted>/<started>   a run the watermark extends
+//! state/usage/runs-metered-until                  the runs' watermark
 //! state/usage/admissions/<tenant>/<workload>/<submitted>      an admission's split
 //! state/usage/preemptions/<tenant>/<workload>/<submitted>/<started>
 //! state/usage/reserved/all/<id>                   a reserved-idle spell
@@ -41,8 +43,9 @@
 //!
 //! etcd's limits (`--max-txn-ops` 128, 1.5 MiB per request) bound one transaction. The
 //! writes that carry one key per row of a table are chunked, where each chunk is safe on its
-//! own: metering runs (each row's `metered_until` only moves forward, so a crash between
-//! chunks leaves some rows metered to the earlier instant, never a second counted twice),
+//! own: metering the runs that start or end (`state/runs.rs`: a steady cycle writes only the
+//! runs' watermark; a crash between chunks leaves some runs metered to the earlier instant,
+//! never a second counted twice),
 //! pruning the journal (each closed entry is deleted independently) and reserved-idle spells
 //! (a spell is extended only over what it does not cover yet, and the watermark moves with
 //! the last chunk). Every other write is a handful of keys; one that would exceed a limit

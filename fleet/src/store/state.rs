@@ -25,6 +25,7 @@ use super::layout::{Layout, Sequence, id_of};
 use super::lifecycle::{self, Draft};
 use crate::election::{Guard, Write};
 
+mod runs;
 mod starts;
 
 /// One commit in the making: what it compares and what it writes.
@@ -170,6 +171,10 @@ struct StoredRun {
     cpu_millicores: i64,
     memory_mib: i64,
     metered_until: i64,
+    /// Extended by the runs' watermark (`runs.rs`); a row written before there was one is
+    /// closed.
+    #[serde(default)]
+    open: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -198,10 +203,6 @@ struct StoredSpell {
     start: i64,
     until: i64,
 }
-
-/// The most runs metered in one commit: a guard and a write each, within
-/// [`MAX_TXN_OPS`](super::MAX_TXN_OPS).
-const RUNS_PER_COMMIT: usize = 60;
 
 /// The most reserved-idle spells charged in one commit: two guards and two writes each, and
 /// the counter and the watermark.
@@ -434,81 +435,6 @@ impl EtcdStore {
 
     fn event_list(&self, kvs: Vec<KeyValue>) -> Result<Vec<Event>, StoreError> {
         kvs.iter().map(decode).collect()
-    }
-
-    /// Meters one chunk of runs: extends existing rows, creates missing ones of `create`.
-    fn meter_chunk(
-        &self,
-        extend: &[&RunKey],
-        create: &[&NewRun],
-        now: i64,
-    ) -> Result<(), StoreError> {
-        self.etcd.retrying("metering", || {
-            let mut keys: Vec<String> = extend.iter().map(|k| self.layout.run(k)).collect();
-            keys.extend(create.iter().map(|r| self.layout.run(&r.key)));
-            keys.extend(create.iter().map(|r| {
-                self.layout
-                    .admission(&r.key.tenant, &r.key.workload, r.key.submitted_at)
-            }));
-            let found = self.etcd.get_many(&keys)?;
-            let (rows, admissions) = found.split_at(extend.len() + create.len());
-            let mut batch = Batch::default();
-            // One write per run key, whichever list names it (and however often).
-            let mut written: BTreeMap<String, StoredRun> = BTreeMap::new();
-            let mut guarded: BTreeSet<String> = BTreeSet::new();
-            let runs: Vec<(&RunKey, Option<&NewRun>)> = extend
-                .iter()
-                .map(|k| (*k, None))
-                .chain(create.iter().map(|r| (&r.key, Some(*r))))
-                .collect();
-            for (i, (run, new)) in runs.iter().enumerate() {
-                let key = self.layout.run(run);
-                let until = now.max(run.started_at);
-                let existing = match written.get(&key) {
-                    Some(row) => Some(row.clone()),
-                    None => rows[i].as_ref().map(decode::<StoredRun>).transpose()?,
-                };
-                if guarded.insert(key.clone()) {
-                    batch.guard(&key, rows[i].as_ref());
-                }
-                let row = match (existing, new) {
-                    (Some(mut row), _) => {
-                        if row.metered_until >= until {
-                            continue;
-                        }
-                        row.metered_until = until;
-                        row
-                    }
-                    (None, None) => continue,
-                    (None, Some(new)) => {
-                        let units = new.gpus.units().max(0);
-                        let admission = admissions[i - extend.len()]
-                            .as_ref()
-                            .map(decode::<StoredAdmission>)
-                            .transpose()?;
-                        StoredRun {
-                            tenant: run.tenant.clone(),
-                            workload: run.workload.clone(),
-                            started_at: run.started_at,
-                            pool: new.pool.clone(),
-                            model: new.model.clone(),
-                            profile: new.profile.clone(),
-                            gpu_units: units,
-                            guaranteed_units: admission.map(|a| a.guaranteed_units.clamp(0, units)),
-                            cpu_millicores: to_i64("cpu millicores", new.cpu_millicores)?,
-                            memory_mib: to_i64("memory MiB", new.memory_mib)?,
-                            metered_until: until,
-                        }
-                    }
-                };
-                written.insert(key, row);
-            }
-            for (key, row) in &written {
-                batch.put(key.clone(), row)?;
-            }
-            self.etcd.commit(&batch.guards, &batch.writes)?;
-            Ok(())
-        })
     }
 
     /// Charges one chunk of spells over `[start, now)`; `last` moves the watermark too.
@@ -1136,15 +1062,7 @@ impl StateStore for EtcdStore {
     }
 
     fn meter_runs(&self, extend: &[RunKey], create: &[NewRun], now: i64) -> Result<(), StoreError> {
-        let extend: Vec<&RunKey> = extend.iter().collect();
-        let create: Vec<&NewRun> = create.iter().collect();
-        for chunk in extend.chunks(RUNS_PER_COMMIT) {
-            self.meter_chunk(chunk, &[], now)?;
-        }
-        for chunk in create.chunks(RUNS_PER_COMMIT / 2) {
-            self.meter_chunk(&[], chunk, now)?;
-        }
-        Ok(())
+        self.meter_with_watermark(extend, create, now)
     }
 
     fn record_admission(
@@ -1222,12 +1140,11 @@ impl StateStore for EtcdStore {
         let mut rows: BTreeMap<RowKey, UsageRow> = BTreeMap::new();
         // Seconds of `[start, end)` inside the window.
         let inside = |start: i64, end: i64| 0.max(end.min(until) - start.max(since));
-        for kv in self.etcd.range(&self.layout.runs_prefix(), None, false)? {
-            let r: StoredRun = decode(&kv)?;
-            if !(r.metered_until > since && r.started_at < until) {
+        for (r, end) in self.metered_rows()? {
+            if !(end > since && r.started_at < until) {
                 continue;
             }
-            let o = inside(r.started_at, r.metered_until);
+            let o = inside(r.started_at, end);
             let (guaranteed, borrowed, unclassified) = match r.guaranteed_units {
                 Some(g) => (g, r.gpu_units - g, 0),
                 None => (0, 0, r.gpu_units),
