@@ -25,7 +25,7 @@ use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_reconciler::api::hooks::HookSecret;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::service::{
-    Condition, Config, Handle, ServeOptions, Shared, StoreSource, serve,
+    Condition, Config, Handle, NodeSource, ServeOptions, Shared, StoreSource, serve,
 };
 use tessera_service_cli::{ReconcileArgs, StoreArg, setup};
 
@@ -202,7 +202,7 @@ impl Replica<'_> {
             store,
             listen: self.args.listen,
             tokens: self.tokens.clone(),
-            driver,
+            nodes: NodeSource::Local(driver),
             hooks,
             on_listen: Some(Box::new(move |addr: SocketAddr| {
                 println!(

@@ -117,6 +117,29 @@ impl std::fmt::Display for ExitStatus {
     }
 }
 
+/// An exit status written by [`ExitStatus`]'s `Display` is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an exit status (`exit code N`, `signal N` or `unknown exit`)")]
+pub struct NotAnExitStatus(pub String);
+
+/// Reads back what `Display` writes: fleet mode's agents report exits as text.
+impl std::str::FromStr for ExitStatus {
+    type Err = NotAnExitStatus;
+
+    fn from_str(s: &str) -> Result<ExitStatus, NotAnExitStatus> {
+        let number = |rest: &str| rest.parse::<i32>().map_err(|_| NotAnExitStatus(s.to_string()));
+        if let Some(rest) = s.strip_prefix("exit code ") {
+            Ok(ExitStatus::Code(number(rest)?))
+        } else if let Some(rest) = s.strip_prefix("signal ") {
+            Ok(ExitStatus::Signal(number(rest)?))
+        } else if s == "unknown exit" {
+            Ok(ExitStatus::Unknown)
+        } else {
+            Err(NotAnExitStatus(s.to_string()))
+        }
+    }
+}
+
 /// A process that ended, as [`Runtime::poll`] reports it (once).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exited {
