@@ -131,6 +131,22 @@ pub struct FleetArgs {
     /// after the leader stops renewing (etcd raises it to its minimum, about 2 s).
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub lease_ttl: Duration,
+    /// With `--store etcd://`: where the leader runs the workloads: `agents` (each node's
+    /// `tessera agent`, through etcd) or `local` (this machine through `--driver` and
+    /// `--nodes`, as `tessera reconcile` does).
+    #[arg(long, value_enum, default_value = "agents")]
+    pub fleet_nodes: NodesKind,
+    /// With `--fleet-nodes agents`: how long a node's agent may be away (its registration gone)
+    /// before the node is lost and its workloads are placed elsewhere.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub node_grace: Duration,
+}
+
+/// Where a fleet-mode leader runs the workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodesKind {
+    Agents,
+    Local,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -4,7 +4,8 @@
 //! A replica campaigns for leadership. While it stands by it serves the API's reads from etcd
 //! (`EtcdStore::reader`) and answers every other request with 503 and where the leader is;
 //! it touches no node, runtime or mirror. Once it leads it runs the service (`serve`) on an
-//! `EtcdStore` fenced by its term, with the local driver; when the term may be over it stops
+//! `EtcdStore` fenced by its term, its actions carried out by the nodes' agents
+//! (`AgentNodes`; `--fleet-nodes local`: this machine's driver); when the term may be over it stops
 //! the service (writes of the old term are refused by the fence in any case) and stands by
 //! again. Only one phase listens at a time, on the same address.
 
@@ -21,16 +22,25 @@ use axum::response::{IntoResponse, Response};
 use etcd_client::Client;
 use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, current_leader};
 use tessera_fleet::keys::Keys;
+use tessera_fleet::nodes::{AgentNodes, AgentOptions};
 use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_reconciler::api::hooks::HookSecret;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::service::{
     Condition, Config, Handle, NodeSource, ServeOptions, Shared, StoreSource, serve,
 };
-use tessera_service_cli::{ReconcileArgs, StoreArg, setup};
+use tessera_service_cli::{NodesKind, ReconcileArgs, StoreArg, setup};
 
 /// How long a replica waits before campaigning again after etcd failed it.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// How long a cycle waits for the agents to settle its actions before it leaves them in
+/// flight: long enough for a start or a geometry step on a node, short enough that a node
+/// away holds the cycle up only briefly.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// etcd's default `--max-txn-ops`, which the dispatcher's transactions keep within.
+const MAX_TXN_OPS: usize = 128;
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     crate::agent::init_logging("info");
@@ -194,7 +204,22 @@ impl Replica<'_> {
             None => None,
         };
         // Each term starts from what the nodes are now, as a restarted service does.
-        let driver = setup::driver(self.args)?;
+        let nodes = match self.args.fleet.fleet_nodes {
+            NodesKind::Local => NodeSource::Local(setup::driver(self.args)?),
+            NodesKind::Agents => NodeSource::Custom(Box::new(
+                AgentNodes::new(
+                    self.client.clone(),
+                    self.keys.clone(),
+                    leadership.fence().clone(),
+                    AgentOptions {
+                        grace: self.args.fleet.node_grace,
+                        settle: SETTLE,
+                        max_txn_ops: MAX_TXN_OPS,
+                    },
+                )
+                .context("cannot start the fleet's node side")?,
+            )),
+        };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
         let options = ServeOptions {
@@ -202,7 +227,7 @@ impl Replica<'_> {
             store,
             listen: self.args.listen,
             tokens: self.tokens.clone(),
-            nodes: NodeSource::Local(driver),
+            nodes,
             hooks,
             on_listen: Some(Box::new(move |addr: SocketAddr| {
                 println!(

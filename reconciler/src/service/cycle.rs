@@ -624,9 +624,7 @@ impl Reconciler {
             records: &records,
             observation: &mut observation,
         };
-        let unsettled = self
-            .nodes
-            .carry_out(&plan.actions, &mut cx, &mut settled)?;
+        let unsettled = self.nodes.carry_out(&plan.actions, &mut cx, &mut settled)?;
         report.failed = failed;
         report.skipped = unsettled.skipped;
         report.in_flight = unsettled.in_flight;

@@ -25,6 +25,10 @@ use crate::store::{ActionId, ReplicaProcess, StateStore, StoreError, WorkloadRec
 
 pub use local::LocalNodes;
 
+/// Told each action's outcome as soon as it is known (`Err`: the node's message); what it
+/// records fails the cycle if it cannot be stored.
+pub type OnSettled<'a> = dyn FnMut(&Action, &Result<(), String>) -> Result<(), StoreError> + 'a;
+
 /// The nodes as the service drives them. Called only from the reconcile loop's thread.
 pub trait NodeSide: Send {
     /// What the status names the node side by (the driver's kind, or the fleet's).
@@ -36,7 +40,11 @@ pub trait NodeSide: Send {
     /// At start, before recovery closes the journal's open intents as interrupted: those of
     /// actions the nodes may still carry out (and their workloads), which recovery leaves open
     /// for the node side to settle. Nothing survives a restart of the single-process service.
-    fn in_flight_at_start(&mut self, store: &dyn StateStore, now: i64) -> Result<InFlight, StoreError>;
+    fn in_flight_at_start(
+        &mut self,
+        store: &dyn StateStore,
+        now: i64,
+    ) -> Result<InFlight, StoreError>;
 
     /// At start: takes back the processes of a workload the store says runs. The messages of
     /// what could not be taken back.
@@ -56,7 +64,7 @@ pub trait NodeSide: Send {
         &mut self,
         plan: &[Action],
         cx: &mut Carry<'_>,
-        settled: &mut dyn FnMut(&Action, &Result<(), String>) -> Result<(), StoreError>,
+        settled: &mut OnSettled<'_>,
     ) -> Result<Unsettled, CycleError>;
 
     /// Starts the arrival path's batch, whose intents and `Starting` are recorded

@@ -40,8 +40,8 @@ use tessera_solver::session::{Admission, FullCycle};
 use tracing::{info, warn};
 
 use super::{CycleReport, Decided as HowDecided, Reconciler, log_outcome};
-use crate::service::nodes::{Carry, Launched, Launching};
 use crate::actions::{Action, ActionPlan};
+use crate::service::nodes::{Carry, Launched, Launching};
 use crate::service::standing::Stale;
 use crate::snapshot;
 use crate::store::starts::{StartDone, StartIntent};

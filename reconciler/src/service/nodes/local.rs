@@ -9,7 +9,7 @@ use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::Binding;
 use tracing::{Span, info_span};
 
-use super::{Carry, InFlight, Launched, Launching, NodeSide, Unsettled, WorkloadExit};
+use super::{Carry, InFlight, Launched, Launching, NodeSide, OnSettled, Unsettled, WorkloadExit};
 use crate::actions::Action;
 use crate::driver::{DriverError, GpuRef, NodeDriver, Observation};
 use crate::runtime::{Exited, Runtime};
@@ -97,7 +97,7 @@ impl NodeSide for LocalNodes {
         &mut self,
         plan: &[Action],
         cx: &mut Carry<'_>,
-        settled: &mut dyn FnMut(&Action, &Result<(), String>) -> Result<(), StoreError>,
+        settled: &mut OnSettled<'_>,
     ) -> Result<Unsettled, CycleError> {
         let mut out = Unsettled::default();
         let mut created = BTreeMap::new();
