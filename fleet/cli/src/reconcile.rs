@@ -39,9 +39,6 @@ const RETRY: Duration = Duration::from_secs(1);
 /// away holds the cycle up only briefly.
 const SETTLE: Duration = Duration::from_secs(5);
 
-/// etcd's default `--max-txn-ops`, which the dispatcher's transactions keep within.
-const MAX_TXN_OPS: usize = 128;
-
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     crate::agent::init_logging("info");
     let StoreArg::Etcd(endpoints) = args.store() else {
@@ -214,7 +211,7 @@ impl Replica<'_> {
                     AgentOptions {
                         grace: self.args.fleet.node_grace,
                         settle: SETTLE,
-                        max_txn_ops: MAX_TXN_OPS,
+                        max_txn_ops: tessera_fleet::dispatch::DEFAULT_MAX_TXN_OPS,
                     },
                 )
                 .context("cannot start the fleet's node side")?,
