@@ -105,6 +105,9 @@ pub struct AgentNodes {
     /// Open intents not known to be in etcd (a dispatch failed part-way): matched against
     /// what is in flight by the next call that reaches etcd.
     unsure: bool,
+    /// Settled copies the arrival path records after `launch` returns: pruned by the next
+    /// call, once recorded.
+    to_prune: Vec<EarlierOutcome>,
 }
 
 impl AgentNodes {
@@ -129,6 +132,7 @@ impl AgentNodes {
             seen_exits: BTreeSet::new(),
             last_bound: BTreeMap::new(),
             unsure: false,
+            to_prune: Vec::new(),
         })
     }
 
@@ -182,6 +186,7 @@ impl AgentNodes {
             .map_err(|e| format!("reading the workloads: {e}"))?;
         let quiet = plan.is_empty()
             && self.housekeeping.is_empty()
+            && self.to_prune.is_empty()
             && bound == self.last_bound
             && self
                 .started
@@ -196,7 +201,13 @@ impl AgentNodes {
         all.extend(plan);
         let settle = self.options.settle;
         let runtime = self.runtime.clone();
-        let started = self.ensure(BTreeSet::new())?;
+        if let Err(e) = self.ensure(BTreeSet::new()) {
+            // Intents may be open for what was not sent: matched once etcd answers.
+            self.housekeeping = housekeeping;
+            self.unsure = true;
+            return Err(e);
+        }
+        let started = self.started.as_mut().expect("ensured");
         let report = {
             let runner = &mut started.runner;
             let deadline = tokio::time::Instant::now() + settle;
@@ -225,6 +236,7 @@ impl AgentNodes {
             .collect();
         self.note_earlier(store, &report.earlier, &mut consumable, now)
             .map_err(|e| format!("recording the agents' outcomes: {e}"))?;
+        consumable.append(&mut self.to_prune);
         self.consume_now(consumable)?;
         Ok(outcomes)
     }
@@ -456,8 +468,8 @@ impl NodeSide for AgentNodes {
             .flat_map(|r| r.bindings.iter().map(|b| b.node.clone()))
             .collect();
         if let Err(e) = self.ensure(expected) {
-            // Nothing can be known in flight: the open intents are left open for now, and
-            // matched once etcd answers.
+            // Nothing can be known in flight: every open intent stays open until etcd
+            // answers, and is matched then.
             warn!("{e}");
             self.unsure = true;
             return everything_open(store);
@@ -587,6 +599,8 @@ impl NodeSide for AgentNodes {
         let report = self
             .run(cx.store, planned, &own, cx.now)
             .map_err(CycleError::Nodes)?;
+        // Pruned together once every settled action is recorded.
+        let mut consumable = Vec::new();
         for (((action, _), id), outcome) in routed.iter().zip(ids).zip(report) {
             match outcome.settled {
                 Settled::Pending => {
@@ -605,17 +619,16 @@ impl NodeSide for AgentNodes {
                         .collect();
                     self.record(cx.store, id, action, &result, &copies, cx.now)?;
                     settled(action, &result)?;
-                    if !outcome.copies.is_empty() {
-                        let consumable = outcome
+                    consumable.extend(
+                        outcome
                             .copies
                             .iter()
-                            .filter_map(|c| settled_copy(&c.node, c.id, &c.settled))
-                            .collect();
-                        self.consume_now(consumable).map_err(CycleError::Nodes)?;
-                    }
+                            .filter_map(|c| settled_copy(&c.node, c.id, &c.settled)),
+                    );
                 }
             }
         }
+        self.consume_now(consumable).map_err(CycleError::Nodes)?;
         Ok(out)
     }
 
@@ -641,7 +654,8 @@ impl NodeSide for AgentNodes {
                 return starts.iter().map(|_| Launched::InFlight).collect();
             }
         };
-        starts
+        let mut consumable = Vec::new();
+        let launched: Vec<Launched> = starts
             .iter()
             .zip(routed)
             .map(|(s, at)| {
@@ -651,14 +665,15 @@ impl NodeSide for AgentNodes {
                 let outcome = &report[at];
                 match &outcome.settled {
                     Settled::Done => {
-                        let consumable = outcome
-                            .copies
-                            .iter()
-                            .filter_map(|c| settled_copy(&c.node, c.id, &c.settled))
-                            .collect();
-                        if let Err(e) = self.consume_now(consumable) {
-                            warn!("{e}");
-                        }
+                        // Recorded by the arrival path (`finish_starts`) right after: pruned
+                        // once it is, by the next call (an outcome is only ever reported
+                        // again, never lost).
+                        consumable.extend(
+                            outcome
+                                .copies
+                                .iter()
+                                .filter_map(|c| settled_copy(&c.node, c.id, &c.settled)),
+                        );
                         Launched::Started(replicas(s.action))
                     }
                     Settled::Failed(message) => {
@@ -672,7 +687,9 @@ impl NodeSide for AgentNodes {
                     }
                 }
             })
-            .collect()
+            .collect();
+        self.to_prune.extend(consumable);
+        launched
     }
 
     fn has_exits(&mut self) -> bool {
@@ -781,7 +798,8 @@ impl AgentNodes {
             .map_err(|e| format!("pruning recorded outcomes: {e}"))
     }
 
-    /// A failed start the arrival path records: its copies that did start are stopped.
+    /// A failed start the arrival path records: its copies that did start are stopped, and
+    /// its outcome pruned by the next call, once recorded.
     fn remember_failed(&mut self, outcome: &crate::runner::ActionOutcome) {
         let copies: BTreeMap<(String, u64), Option<Result<(), String>>> = outcome
             .copies
@@ -807,14 +825,12 @@ impl AgentNodes {
                 self.housekeeping.push(stop);
             }
         }
-        let consumable = outcome
-            .copies
-            .iter()
-            .filter_map(|c| settled_copy(&c.node, c.id, &c.settled))
-            .collect();
-        if let Err(e) = self.consume_now(consumable) {
-            warn!("{e}");
-        }
+        self.to_prune.extend(
+            outcome
+                .copies
+                .iter()
+                .filter_map(|c| settled_copy(&c.node, c.id, &c.settled)),
+        );
     }
 }
 
