@@ -742,6 +742,17 @@ impl NodeSide for AgentNodes {
         Ok(out)
     }
 
+    fn alive(&self, record: &WorkloadRecord) -> Option<usize> {
+        // What the agents last reported, whether or not the node is reachable now (a node
+        // away keeps its workloads until it is lost).
+        let snapshot = self.started.as_ref()?.view.snapshot();
+        let reports = snapshot
+            .nodes()
+            .filter_map(|v| Some((v.name.as_str(), v.observed.as_ref()?)))
+            .flat_map(|(n, o)| o.workloads.iter().map(move |w| (n, w)));
+        Some(exits::alive(record, reports))
+    }
+
     fn lost(&mut self) -> Vec<(String, String)> {
         let Some(snapshot) = self.snapshot() else {
             return Vec::new();

@@ -81,6 +81,27 @@ pub fn ended<'a>(
     out
 }
 
+/// How many replicas of `record`'s current attempt the nodes (`reports`) report running on
+/// the nodes it is bound to.
+pub fn alive<'a>(
+    record: &WorkloadRecord,
+    reports: impl IntoIterator<Item = (&'a str, &'a ReplicaState)>,
+) -> usize {
+    let key = record.key().to_string();
+    reports
+        .into_iter()
+        .filter(|(node, s)| {
+            s.workload == key
+                && s.attempt == record.attempts
+                && s.state == RunState::Running
+                && record
+                    .bindings
+                    .get(s.replica as usize)
+                    .is_some_and(|b| b.node == *node)
+        })
+        .count()
+}
+
 /// Every (workload, attempt) some node reports exited: what [`ended`] has looked at.
 pub fn exited<'a>(
     reports: impl IntoIterator<Item = (&'a str, &'a ReplicaState)>,
@@ -188,5 +209,18 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn the_replicas_alive_are_those_of_the_attempt_on_its_nodes() {
+        let gang = record("gang", Phase::Running, 1, &["a", "b"]);
+        let reports = [
+            ("a", state("t/gang", 1, 0, None)),
+            ("b", state("t/gang", 1, 1, Some("exit code 0"))),
+            // An earlier attempt, and a replica reported by a node it is not bound to.
+            ("a", state("t/gang", 0, 1, None)),
+            ("c", state("t/gang", 1, 1, None)),
+        ];
+        assert_eq!(alive(&gang, reports.iter().map(|(n, s)| (*n, s))), 1);
     }
 }

@@ -543,7 +543,16 @@ impl Reconciler {
             self.store.set_carried(&carried_next, now)?;
         }
 
-        let views: Vec<WorkloadView> = records.iter().map(|r| view(r, &applied.policy)).collect();
+        let views: Vec<WorkloadView> = records
+            .iter()
+            .map(|r| {
+                let mut v = view(r, &applied.policy);
+                if let Some(alive) = self.nodes.alive(r) {
+                    v.alive_processes = alive;
+                }
+                v
+            })
+            .collect();
         let plan = actions::plan(&decision, &observation, &views, &self.throttle, now);
         self.track_drains(&plan, &applied.policy, &observation, now);
         // A failure the decision no longer needs overcome (the workload left, the GPU's target

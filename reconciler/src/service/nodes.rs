@@ -77,6 +77,12 @@ pub trait NodeSide: Send {
     /// The workloads whose last replica ended since the last call, each once.
     fn exits(&mut self, store: &dyn StateStore, now: i64) -> Result<Vec<WorkloadExit>, StoreError>;
 
+    /// How many of a placed workload's replicas run now, where the store's pids do not say
+    /// (fleet mode: the processes are the agents'); `None`: count the store's pids.
+    fn alive(&self, _record: &WorkloadRecord) -> Option<usize> {
+        None
+    }
+
     /// Nodes gone for longer than their grace, with why: their workloads are requeued.
     fn lost(&mut self) -> Vec<(String, String)>;
 
