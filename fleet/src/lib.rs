@@ -8,9 +8,9 @@
 //! carried out on the nodes with each action's outcome ([`runner`], over [`dispatch`]); the
 //! agents' utilisation written apart from the state decided on ([`utilization`]).
 //!
-//! `tessera-fleet reconcile` runs the service on [`store`] under [`election`]; it does not yet
-//! drive its nodes through [`view`] and [`runner`]. See ARCHITECTURE.md ("Fleet mode on etcd") for the protocol and the fencing
-//! argument.
+//! `tessera-fleet reconcile` runs the service on [`store`] under [`election`], its node side
+//! the agents through [`view`] and [`runner`] ([`nodes`]). See ARCHITECTURE.md ("Fleet mode on
+//! etcd") for the protocol and the fencing argument.
 
 pub mod access;
 pub mod actions;
@@ -21,6 +21,7 @@ pub mod error;
 pub mod keys;
 mod lease;
 pub mod liveness;
+pub mod nodes;
 pub mod protocol;
 pub mod registration;
 pub mod runner;

@@ -432,6 +432,32 @@ impl PlanRunner {
     pub fn in_flight(&self) -> &BTreeMap<String, BTreeSet<u64>> {
         self.dispatcher.outstanding()
     }
+
+    /// Every action in flight with what it says (`None` where it could not be read back),
+    /// by node and id: what a new term matches its journal's open intents against.
+    pub async fn in_flight_messages(
+        &self,
+    ) -> Result<BTreeMap<(String, u64), Option<ActionMessage>>, FleetError> {
+        let mut out = BTreeMap::new();
+        let mut unread = Vec::new();
+        for (node, ids) in self.dispatcher.outstanding() {
+            for &id in ids {
+                let key = (node.clone(), id);
+                match self.written.get(&key) {
+                    Some(message) => {
+                        out.insert(key, Some(message.clone()));
+                    }
+                    None => unread.push(key),
+                }
+            }
+        }
+        let bodies = self.read_actions(&unread).await?;
+        for key in unread {
+            let body = bodies.get(&key).cloned();
+            out.insert(key, body);
+        }
+        Ok(out)
+    }
 }
 
 /// An action's outcome from its copies': failed if any failed, done if all are, else pending.

@@ -140,6 +140,22 @@ pub struct FleetArgs {
     /// line, where other users of the machine could read it).
     #[arg(long, value_name = "FILE", requires = "etcd_user")]
     pub etcd_password_file: Option<PathBuf>,
+    /// With `--store etcd://`: where the leader runs the workloads: `agents` (each node's
+    /// `tessera agent`, through etcd) or `local` (this machine through `--driver` and
+    /// `--nodes`, as `tessera reconcile` does).
+    #[arg(long, value_enum, default_value = "agents")]
+    pub fleet_nodes: NodesKind,
+    /// With `--fleet-nodes agents`: how long a node's agent may be away (its registration gone)
+    /// before the node is lost and its workloads are placed elsewhere.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub node_grace: Duration,
+}
+
+/// Where a fleet-mode leader runs the workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodesKind {
+    Agents,
+    Local,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

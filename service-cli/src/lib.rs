@@ -12,6 +12,8 @@ pub mod args;
 pub mod setup;
 pub mod store;
 
-pub use args::{DriverKind, FleetArgs, ReconcileArgs, RuntimeKind, SignatureArgs, TextOrJson};
+pub use args::{
+    DriverKind, FleetArgs, NodesKind, ReconcileArgs, RuntimeKind, SignatureArgs, TextOrJson,
+};
 pub use setup::{SetupError, config, driver, load_trust};
 pub use store::{StoreArg, StoreArgError};

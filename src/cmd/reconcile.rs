@@ -8,7 +8,7 @@ use anyhow::bail;
 use tessera_reconciler::actions::Action;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::service::{
-    CycleReport, OnceOptions, ServeOptions, Status, StoreSource, run_once, serve,
+    CycleReport, NodeSource, OnceOptions, ServeOptions, Status, StoreSource, run_once, serve,
 };
 use tessera_service_cli::{StoreArg, setup};
 
@@ -97,7 +97,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         store: StoreSource::Sqlite(db),
         listen: args.listen,
         tokens,
-        driver,
+        nodes: NodeSource::Local(driver),
         hooks,
         on_listen: Some(Box::new(|addr| {
             // Tests and scripts read this line to find a port chosen with :0.

@@ -4,8 +4,10 @@
 //! A replica campaigns for leadership. While it stands by it serves the API's reads from etcd
 //! (`EtcdStore::reader`) and forwards every other request to the leader (`forward`), or, where
 //! no leader is known or it does not answer, answers 503 with where the leader is; its
-//! `/status` carries the leader's (`leaderStatus`). It touches no node, runtime or mirror. Once it leads it runs the service (`serve`) on an
-//! `EtcdStore` fenced by its term, with the local driver; when the term may be over it stops
+//! `/status` carries the leader's (`leaderStatus`). It touches no node, runtime or mirror.
+//! Once it leads it runs the service (`serve`) on an `EtcdStore` fenced by its term, its
+//! actions carried out by the nodes' agents (`AgentNodes`; `--fleet-nodes local`: this
+//! machine's driver); when the term may be over it stops
 //! the service (writes of the old term are refused by the fence in any case) and stands by
 //! again. Only one phase listens at a time, on the same address.
 
@@ -22,13 +24,14 @@ use axum::response::{IntoResponse, Response};
 use etcd_client::Client;
 use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, current_leader};
 use tessera_fleet::keys::Keys;
+use tessera_fleet::nodes::{AgentNodes, AgentOptions};
 use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_reconciler::api::hooks::HookSecret;
 use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::service::{
-    Condition, Config, Handle, ServeOptions, Shared, StoreSource, serve,
+    Condition, Config, Handle, NodeSource, ServeOptions, Shared, StoreSource, serve,
 };
-use tessera_service_cli::{ReconcileArgs, StoreArg, setup};
+use tessera_service_cli::{NodesKind, ReconcileArgs, StoreArg, setup};
 
 use crate::forward::{Forwarder, was_forwarded};
 
@@ -43,6 +46,11 @@ const LEADER_STATUS_WITHIN: Duration = Duration::from_secs(2);
 
 /// The most bytes of a `/status` answer a standby reads to add the leader's to it.
 const MAX_STATUS_BYTES: usize = 4 << 20;
+
+/// How long a cycle waits for the agents to settle its actions before it leaves them in
+/// flight: long enough for a start or a geometry step on a node, short enough that a node
+/// away holds the cycle up only briefly.
+const SETTLE: Duration = Duration::from_secs(5);
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     crate::agent::init_logging("info");
@@ -213,7 +221,22 @@ impl Replica<'_> {
             None => None,
         };
         // Each term starts from what the nodes are now, as a restarted service does.
-        let driver = setup::driver(self.args)?;
+        let nodes = match self.args.fleet.fleet_nodes {
+            NodesKind::Local => NodeSource::Local(setup::driver(self.args)?),
+            NodesKind::Agents => NodeSource::Custom(Box::new(
+                AgentNodes::new(
+                    self.client.clone(),
+                    self.keys.clone(),
+                    leadership.fence().clone(),
+                    AgentOptions {
+                        grace: self.args.fleet.node_grace,
+                        settle: SETTLE,
+                        max_txn_ops: tessera_fleet::dispatch::DEFAULT_MAX_TXN_OPS,
+                    },
+                )
+                .context("cannot start the fleet's node side")?,
+            )),
+        };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
         let options = ServeOptions {
@@ -221,7 +244,7 @@ impl Replica<'_> {
             store,
             listen: self.args.listen,
             tokens: self.tokens.clone(),
-            driver,
+            nodes,
             hooks,
             on_listen: Some(Box::new(move |addr: SocketAddr| {
                 println!(

@@ -6,14 +6,16 @@
 //! node; a paused agent's node is NotReady and comes back Ready with nothing lost, a killed
 //! one's is Lost after the grace.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use nix::sys::signal::Signal;
 use serde_json::json;
+use support::Agent;
 use tessera_fleet::access::{self, Credentials};
 use tessera_fleet::actions::JournalRecord;
 use tessera_fleet::agent::INTERRUPTED;
@@ -60,74 +62,17 @@ fn nodes_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nodes/quickstart.yaml")
 }
 
-/// One `tessera-fleet agent` process; killed on drop.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(etcd: &TestEtcd, state: &Path, node: &str, extra: &[&str]) -> Agent {
-        let log = state.with_extension(format!("{}.log", std::process::id()));
-        let log = log.with_file_name(format!(
-            "agent-{}.log",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tessera-fleet"))
-            .args(["agent", "--node", node, "--etcd", &etcd.endpoint()])
-            .args(["--cluster", "test", "--driver", "sim", "--lease-ttl", "2s"])
-            .arg("--node-file")
-            .arg(nodes_file())
-            .arg("--state-dir")
-            .arg(state)
-            .args(extra)
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("tessera-fleet runs");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn sigkill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    /// Waits for the process to exit by itself; its exit code.
-    fn exit_code(&mut self) -> i32 {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not exit:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.sigkill();
-    }
+/// `tessera-fleet agent` for `node` of the quickstart fleet in cluster `test`, its state in
+/// `state` and its log beside it, with `extra` flags.
+fn start_agent(etcd: &TestEtcd, state: &Path, node: &str, extra: &[&str]) -> Agent {
+    let log = state.with_file_name(format!(
+        "agent-{}.log",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    Agent::spawn(etcd, "test", node, &nodes_file(), state, &log, extra)
 }
 
 fn gpu(index: u32) -> serde_json::Value {
@@ -275,7 +220,7 @@ async fn actions_are_applied_once_in_order_journaled_and_observed() {
     let client = connect(&etcd, None).await;
     let leader = lead(&client).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &etcd,
         &dir.path().join("state"),
         NODE,
@@ -390,7 +335,7 @@ async fn a_killed_agent_applies_nothing_twice_and_stops_what_is_no_longer_bound(
     let run = ["--runtime", "process", "--insecure-runtime"];
 
     // A workload that runs, bound to the node.
-    let mut agent = Agent::start(&etcd, &state, NODE, &run);
+    let mut agent = start_agent(&etcd, &state, NODE, &run);
     bind(&leader, &[("research/sleep", 0)]).await;
     post(
         &leader,
@@ -445,7 +390,7 @@ async fn a_killed_agent_applies_nothing_twice_and_stops_what_is_no_longer_bound(
         .await
         .unwrap();
 
-    let agent = Agent::start(&etcd, &state, NODE, &run);
+    let agent = start_agent(&etcd, &state, NODE, &run);
     let journal = settled(&client, &agent, 1..=open).await;
     assert_eq!(
         journal[&open],
@@ -487,7 +432,7 @@ async fn a_killed_agent_applies_nothing_twice_and_stops_what_is_no_longer_bound(
     // While the agent is away the workload is bound elsewhere: back, it stops it first.
     drop(agent);
     bind(&leader, &[]).await;
-    let agent = Agent::start(&etcd, &state, NODE, &run);
+    let agent = start_agent(&etcd, &state, NODE, &run);
     observed_until(&client, &agent, |o| o.workloads.is_empty()).await;
     let deadline = Instant::now() + PATIENCE;
     while pid_alive(pid) && !is_zombie_or_gone(pid) {
@@ -547,7 +492,7 @@ async fn an_agent_with_one_nodes_credentials_cannot_act_for_another() {
     let creds = creds.to_str().unwrap();
 
     // With its own node's credentials the agent registers and reports.
-    let agent = Agent::start(
+    let agent = start_agent(
         &etcd,
         &dir.path().join("a"),
         NODE,
@@ -556,7 +501,7 @@ async fn an_agent_with_one_nodes_credentials_cannot_act_for_another() {
     observed_until(&root, &agent, |o| o.node.name == NODE).await;
 
     // The same credentials for train-1: etcd refuses, and the agent says so and exits 3.
-    let mut other = Agent::start(
+    let mut other = start_agent(
         &etcd,
         &dir.path().join("b"),
         "train-1",
@@ -583,7 +528,7 @@ async fn workloads_keep_running_while_etcd_is_away_and_the_agent_catches_up() {
     let leader = lead(&client).await;
     let dir = tempfile::tempdir().unwrap();
     let run = ["--runtime", "process", "--insecure-runtime"];
-    let mut agent = Agent::start(&etcd, &dir.path().join("state"), NODE, &run);
+    let mut agent = start_agent(&etcd, &dir.path().join("state"), NODE, &run);
     post(
         &leader,
         1,
@@ -700,7 +645,7 @@ async fn a_paused_agent_is_not_ready_then_ready_with_nothing_lost_and_a_killed_o
         Some(Liveness::NotReady { .. })
     ));
 
-    let mut agent = Agent::start(&etcd, &state, NODE, &run);
+    let mut agent = start_agent(&etcd, &state, NODE, &run);
     assert_eq!(
         next_liveness(&mut watch, &mut liveness, &agent).await,
         Liveness::Ready

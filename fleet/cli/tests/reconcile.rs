@@ -10,15 +10,14 @@
 //! GPUs' state there), which outlive any control-plane replica. A standby touches none of it.
 //! Every wait is bounded by a deadline that guards against a hang, never asserts on time.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use git2::{Repository, RepositoryInitOptions, Signature};
 use serde_json::{Value, json};
+use support::eventually;
 use tessera_fleet::keys::Keys;
 use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_fleet::testing::TestEtcd;
@@ -29,7 +28,6 @@ const PRODUCT: &str = "product-token-0123456789abcdef";
 const CLUSTER: &str = "replicas";
 /// The leader's lease period (`--lease-ttl`).
 const LEASE: Duration = Duration::from_secs(2);
-const PATIENCE: Duration = Duration::from_secs(90);
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -37,43 +35,47 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A Git repository holding the policy of `tests/reconcile.rs` under `policy/`, on `main`.
 fn policy_repo() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init_opts(
-        dir.path(),
-        RepositoryInitOptions::new().initial_head("main"),
-    )
-    .unwrap();
-    std::fs::create_dir(dir.path().join("policy")).unwrap();
-    for f in ["fleet.yaml", "tenants.yaml"] {
-        std::fs::copy(data("policy").join(f), dir.path().join("policy").join(f)).unwrap();
+    support::policy_repo(&data("policy"))
+}
+
+/// The flags of every replica here: the simulated nodes of `tests/reconcile.rs`, run by the
+/// replica's own driver.
+fn flags() -> Vec<String> {
+    let nodes = data("nodes.yaml");
+    [
+        "--cluster",
+        CLUSTER,
+        "--lease-ttl",
+        &format!("{}s", LEASE.as_secs()),
+        "--driver",
+        "sim",
+        "--fleet-nodes",
+        "local",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--runtime",
+        "none",
+        "--insecure-runtime",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// A replica on the simulated nodes of `tests/reconcile.rs`, run by its own driver.
+struct Replica(support::Replica);
+
+impl std::ops::Deref for Replica {
+    type Target = support::Replica;
+    fn deref(&self) -> &support::Replica {
+        &self.0
     }
-    let mut index = repo.index().unwrap();
-    index
-        .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
-        .unwrap();
-    let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
-    let sig = Signature::now("Policy Author", "author@example.invalid").unwrap();
-    repo.commit(Some("HEAD"), &sig, &sig, "policy", &tree, &[])
-        .unwrap();
-    dir
 }
 
-/// A loopback port no one listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One `tessera-fleet reconcile` process; killed on drop. Its stdout lines arrive on `lines`.
-struct Replica {
-    child: Child,
-    base: String,
-    lines: Receiver<String>,
+impl std::ops::DerefMut for Replica {
+    fn deref_mut(&mut self) -> &mut support::Replica {
+        &mut self.0
+    }
 }
 
 impl Replica {
@@ -83,137 +85,14 @@ impl Replica {
 
     /// `start` with further flags.
     fn start_with(etcd: &TestEtcd, repo: &Path, work: &Path, id: &str, extra: &[&str]) -> Replica {
-        let port = free_port();
-        let mut child = replica_command(etcd, repo, work, id, port)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("tessera-fleet runs");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Replica {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            lines,
-        }
-    }
-
-    /// Waits for a stdout line starting with `prefix`.
-    fn await_line(&self, prefix: &str) -> String {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no line `{prefix}…` from the replica: {e}"),
-            }
-        }
-    }
-
-    fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
-        self.call_with(method, path, token, body, &[])
-    }
-
-    /// `call` with extra request headers.
-    fn call_with(
-        &self,
-        method: &str,
-        path: &str,
-        token: &str,
-        body: Option<Value>,
-        headers: &[(&str, &str)],
-    ) -> (u16, Value) {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(20)))
-            .build()
-            .into();
-        let url = format!("{}{path}", self.base);
-        let auth = format!("Bearer {token}");
-        let response = match body {
-            Some(body) => {
-                let mut request = agent.post(&url).header("Authorization", &auth);
-                for (name, value) in headers {
-                    request = request.header(*name, *value);
-                }
-                request
-                    .content_type("application/json")
-                    .send(body.to_string())
-            }
-            None if method == "GET" => agent.get(&url).header("Authorization", &auth).call(),
-            None => panic!("{method} without a body"),
-        };
-        let mut response = response.expect("the replica answers");
-        let status = response.status().as_u16();
-        let text = response.body_mut().read_to_string().unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        let flags = [flags(), extra.iter().map(|s| s.to_string()).collect()].concat();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Replica(support::Replica::spawn(etcd, repo, work, id, &flags))
     }
 
     fn workload(&self, name: &str) -> Value {
         self.call("GET", &format!("/v1/workloads/{name}"), ADMIN, None)
             .1
-    }
-
-    fn signal(&self, signal: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
-    }
-
-    fn sigkill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.sigkill();
-    }
-}
-
-/// A `tessera-fleet reconcile` command line for replica `id` listening on `port`.
-fn replica_command(etcd: &TestEtcd, repo: &Path, work: &Path, id: &str, port: u16) -> Command {
-    let endpoint = etcd.endpoint();
-    let member = endpoint.strip_prefix("http://").unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera-fleet"));
-    command
-        .arg("reconcile")
-        .args(["--store", &format!("etcd://{member}")])
-        .args(["--cluster", CLUSTER, "--replica-id", id])
-        .args(["--lease-ttl", &format!("{}s", LEASE.as_secs())])
-        .arg("--repo")
-        .arg(repo)
-        .args(["--branch", "main", "--path", "policy", "--driver", "sim"])
-        .arg("--nodes")
-        .arg(data("nodes.yaml"))
-        .arg("--state-dir")
-        .arg(work.join("state"))
-        .arg("--tokens")
-        .arg(work.join("tokens.yaml"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--cycle-period", "1s", "--fetch-interval", "1s"])
-        .args(["--runtime", "none", "--insecure-runtime"])
-        .env("NO_COLOR", "1");
-    command
-}
-
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -470,10 +349,18 @@ fn with_access_control_on_a_replica_works_as_its_own_user_and_an_agents_user_can
     assert!(out.contains(&node_user), "{out}");
 
     // A wrong password: one clear error naming the user, exit 2, before anything runs.
-    let output = replica_command(&etcd, repo.path(), work.path(), "wrong", free_port())
-        .args(["--etcd-user", &control_user, "--etcd-password-file", &wrong])
-        .output()
-        .expect("tessera-fleet runs");
+    let flags = flags();
+    let output = support::Replica::command(
+        &etcd,
+        repo.path(),
+        work.path(),
+        "wrong",
+        support::free_port(),
+    )
+    .args(&flags)
+    .args(["--etcd-user", &control_user, "--etcd-password-file", &wrong])
+    .output()
+    .expect("tessera-fleet runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();

@@ -4,13 +4,15 @@
 //! done, and reports them once it is back; a runner of a new term collects what its deposed
 //! predecessor left in flight, and the predecessor can write nothing more.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 use serde_json::json;
+use support::Agent;
 use tessera_fleet::FleetError;
 use tessera_fleet::actions::JournalRecord;
 use tessera_fleet::dispatch::DEFAULT_MAX_TXN_OPS;
@@ -60,53 +62,19 @@ fn nodes_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nodes/quickstart.yaml")
 }
 
-/// One `tessera-fleet agent` process on a simulated node of the quickstart fleet; killed on
-/// drop.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(etcd: &TestEtcd, dir: &Path, node: &str) -> Agent {
-        let state = dir.join(node);
-        let log = dir.join(format!("{node}-{}.log", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tessera-fleet"))
-            .args(["agent", "--node", node, "--etcd", &etcd.endpoint()])
-            .args(["--cluster", "test", "--driver", "sim", "--lease-ttl", "2s"])
-            .args(["--runtime", "none"])
-            .arg("--node-file")
-            .arg(nodes_file())
-            .arg("--state-dir")
-            .arg(state)
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("tessera-fleet runs");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn sigkill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.sigkill();
-    }
+/// `tessera-fleet agent` for `node` of the quickstart fleet in cluster `test`, running
+/// nothing (`--runtime none`), its state and log in `dir`.
+fn start_agent(etcd: &TestEtcd, dir: &Path, node: &str) -> Agent {
+    let log = dir.join(format!("{node}-{}.log", std::process::id()));
+    Agent::spawn(
+        etcd,
+        "test",
+        node,
+        &nodes_file(),
+        &dir.join(node),
+        &log,
+        &["--runtime", "none"],
+    )
 }
 
 /// Waits until `node` has written `observed`: it has joined and taken its actions' watch.
@@ -217,8 +185,8 @@ async fn outcomes_are_what_the_agents_journaled() {
     let etcd = etcd();
     let client = connect(&etcd).await;
     let dir = tempfile::tempdir().unwrap();
-    let a = Agent::start(&etcd, dir.path(), "train-0");
-    let b = Agent::start(&etcd, dir.path(), "train-1");
+    let a = start_agent(&etcd, dir.path(), "train-0");
+    let b = start_agent(&etcd, dir.path(), "train-1");
     joined(&client, &a, "train-0").await;
     joined(&client, &b, "train-1").await;
     let leader = lead(&client, "a").await;
@@ -273,8 +241,8 @@ async fn a_dead_agents_actions_stay_unsettled_the_others_are_done_and_it_reports
     let etcd = etcd();
     let client = connect(&etcd).await;
     let dir = tempfile::tempdir().unwrap();
-    let a = Agent::start(&etcd, dir.path(), "train-0");
-    let mut b = Agent::start(&etcd, dir.path(), "train-1");
+    let a = start_agent(&etcd, dir.path(), "train-0");
+    let mut b = start_agent(&etcd, dir.path(), "train-1");
     joined(&client, &a, "train-0").await;
     joined(&client, &b, "train-1").await;
     b.sigkill();
@@ -341,7 +309,7 @@ async fn a_dead_agents_actions_stay_unsettled_the_others_are_done_and_it_reports
     );
 
     // Back, train-1 applies them in order and the runner reports each with its action.
-    let _b = Agent::start(&etcd, dir.path(), "train-1");
+    let _b = start_agent(&etcd, dir.path(), "train-1");
     let gathered = earlier_until(&mut runner, "train-1's actions", |got| {
         b_ids
             .iter()
@@ -360,7 +328,7 @@ async fn a_new_terms_runner_collects_its_predecessors_outcomes_and_the_old_one_c
     let etcd = etcd();
     let client = connect(&etcd).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&etcd, dir.path(), "train-0");
+    let mut agent = start_agent(&etcd, dir.path(), "train-0");
     joined(&client, &agent, "train-0").await;
     agent.sigkill();
 
@@ -396,7 +364,7 @@ async fn a_new_terms_runner_collects_its_predecessors_outcomes_and_the_old_one_c
         .unwrap_err();
     assert!(matches!(refused, FleetError::Deposed { .. }), "{refused}");
 
-    let _agent = Agent::start(&etcd, dir.path(), "train-0");
+    let _agent = start_agent(&etcd, dir.path(), "train-0");
     let gathered = earlier_until(&mut successor, "the predecessor's actions", |got| {
         ids.iter()
             .all(|id| got.contains_key(&("train-0".to_string(), *id)))

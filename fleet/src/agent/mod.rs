@@ -138,7 +138,27 @@ pub async fn run(
                     batch.first().map_or(0, |p| p.id),
                     batch.last().map_or(0, |p| p.id)
                 );
-                match take(current, node, batch).await {
+                // A start is taken only while the control plane still binds its workload
+                // here: one it moved away while the start waited (this node was away) is
+                // refused, not run beside its new placement.
+                let bound = if batch.iter().any(|p| !p.interrupted && is_start(&p.body)) {
+                    match read_bound(&client, &config.keys, node.name()).await {
+                        Ok(bound) => bound,
+                        Err(e) => {
+                            warn!("reading this node's bound workloads: {e}; retrying");
+                            let wait = backoff.next();
+                            feed = None;
+                            tokio::select! {
+                                () = &mut shutdown => return Ok(()),
+                                () = tokio::time::sleep(wait) => {}
+                            }
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                match take(current, node, batch, bound.as_ref()).await {
                     // Reported once the actions that arrived together are through.
                     Ok(()) if current.has_queued() => None,
                     Ok(()) => publisher.publish(&client, node).await.err(),
@@ -180,21 +200,11 @@ async fn join(config: &AgentConfig, node: &mut NodeState) -> Result<(Client, Reg
     let registration = node.registration()?;
     let registrar =
         Registrar::start(&client, &config.keys, &registration, config.lease_ttl_secs).await?;
-    let key = config.keys.bound(node.name()).map_err(FleetError::from)?;
-    let answer = client
-        .clone()
-        .get(key.as_str(), None)
-        .await
-        .map_err(|e| etcd("get", &key, e))?;
-    let bound = match answer.kvs().first() {
-        Some(kv) => protocol::decode::<Bound>(kv.value()).map_err(|e| Joined::Bound {
-            key: key.clone(),
-            reason: e.to_string(),
-        })?,
-        // Nothing was ever bound here (a new node, or a control plane that has not bound
-        // anything yet).
-        None => Bound::default(),
-    };
+    // Nothing was ever bound here (a new node, or a control plane that has not bound
+    // anything yet): nothing it runs is bound.
+    let bound = read_bound(&client, &config.keys, node.name())
+        .await?
+        .unwrap_or_default();
     let stopped = node.stop_unbound(&bound)?;
     if !stopped.is_empty() {
         info!(
@@ -203,6 +213,37 @@ async fn join(config: &AgentConfig, node: &mut NodeState) -> Result<(Client, Reg
         );
     }
     Ok((client, registrar))
+}
+
+/// The workloads the control plane binds to `node` now; `None` where it never wrote any.
+async fn read_bound(client: &Client, keys: &Keys, node: &str) -> Result<Option<Bound>, Joined> {
+    let key = keys.bound(node).map_err(FleetError::from)?;
+    let answer = client
+        .clone()
+        .get(key.as_str(), None)
+        .await
+        .map_err(|e| etcd("get", &key, e))?;
+    answer
+        .kvs()
+        .first()
+        .map(|kv| {
+            protocol::decode::<Bound>(kv.value()).map_err(|e| Joined::Bound {
+                key: key.clone(),
+                reason: e.to_string(),
+            })
+        })
+        .transpose()
+}
+
+/// Whether an action's document is a start (one that cannot be read is not).
+fn is_start(body: &[u8]) -> bool {
+    matches!(
+        protocol::decode::<protocol::ActionMessage>(body),
+        Ok(protocol::ActionMessage {
+            action: tessera_reconciler::actions::Action::Start { .. },
+            ..
+        })
+    )
 }
 
 /// Why joining failed.
@@ -227,6 +268,7 @@ async fn take(
     feed: &mut ActionFeed,
     node: &mut NodeState,
     batch: Vec<PendingAction>,
+    bound: Option<&Bound>,
 ) -> Result<(), FleetError> {
     let fresh: Vec<u64> = batch
         .iter()
@@ -246,7 +288,7 @@ async fn take(
             }
             outcome
         } else {
-            let outcome = blocking(|| node.apply(&pending.body));
+            let outcome = blocking(|| node.apply_bound(&pending.body, bound));
             match &outcome {
                 Ok(()) => info!("applied"),
                 Err(e) => warn!("failed: {e}"),

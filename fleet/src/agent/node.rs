@@ -149,8 +149,25 @@ impl NodeState {
 
     /// Applies one action as the leader wrote it; the error is what the journal records.
     pub fn apply(&mut self, body: &[u8]) -> Result<(), String> {
+        self.apply_bound(body, None)
+    }
+
+    /// [`NodeState::apply`], a start for this node refused unless `bound` (what the control
+    /// plane binds to the node now, where it wrote any) holds its workload at its attempt: a
+    /// start that waited while the node was away may be for a workload placed elsewhere since.
+    pub fn apply_bound(&mut self, body: &[u8], bound: Option<&Bound>) -> Result<(), String> {
         let message: ActionMessage =
             protocol::decode(body).map_err(|e| format!("the action cannot be read: {e}"))?;
+        if let (Action::Start { workload, bindings }, Some(launch), Some(bound)) =
+            (&message.action, &message.launch, bound)
+            && bindings.iter().any(|b| b.node == self.name)
+            && !bound.holds(workload, launch.attempt)
+        {
+            return Err(format!(
+                "{workload} (attempt {}) is no longer bound to this node; not started",
+                launch.attempt
+            ));
+        }
         self.apply_message(&message).map_err(|e| e.to_string())
     }
 
@@ -254,10 +271,14 @@ impl NodeState {
             ))
         })?;
         if let Some(running) = self.record.workloads.get(workload) {
-            return Err(precondition(format!(
-                "{workload} already runs here (attempt {}); stop it first",
-                running.attempt
-            )));
+            // A run whose every replica ended is only remembered until its exit is reported;
+            // a new start replaces it.
+            if running.replicas.iter().any(|r| r.exited.is_none()) {
+                return Err(precondition(format!(
+                    "{workload} already runs here (attempt {}); stop it first",
+                    running.attempt
+                )));
+            }
         }
         let mine: Vec<(u32, &ReplicaBinding)> = bindings
             .iter()
@@ -491,5 +512,35 @@ mod tests {
         };
         assert_eq!(again.stop_unbound(&moved).unwrap(), ["a/w"]);
         assert!(node(dir.path()).record().workloads.is_empty());
+    }
+
+    /// A start is taken only while `bound` names its workload at its attempt (where the
+    /// control plane wrote any); a run whose replicas all exited is replaced by a new start.
+    #[test]
+    fn a_start_needs_its_binding_and_replaces_an_ended_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = node(dir.path());
+        let start = body(
+            json!({"action": "start", "workload": "a/w", "bindings": [{"node": "train-0", "gpus": [2]}]}),
+        );
+        let bound = |attempt: u32| Bound {
+            version: VERSION,
+            workloads: [("a/w".to_string(), attempt)].into(),
+        };
+        assert_eq!(
+            node.apply_bound(&start, Some(&bound(0))),
+            Err("a/w (attempt 1) is no longer bound to this node; not started".to_string())
+        );
+        assert!(node.record().workloads.is_empty());
+        node.apply_bound(&start, Some(&bound(1))).unwrap();
+        assert!(
+            node.apply_bound(&start, Some(&bound(1))).is_err(),
+            "runs already"
+        );
+        for r in &mut node.record.workloads.get_mut("a/w").unwrap().replicas {
+            r.exited = Some("exit code 0".into());
+        }
+        node.apply_bound(&start, Some(&bound(1))).unwrap();
+        assert_eq!(node.record().workloads["a/w"].replicas[0].exited, None);
     }
 }

@@ -117,6 +117,32 @@ impl std::fmt::Display for ExitStatus {
     }
 }
 
+/// An exit status written by [`ExitStatus`]'s `Display` is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an exit status (`exit code N`, `signal N` or `unknown exit`)")]
+pub struct NotAnExitStatus(pub String);
+
+/// Reads back what `Display` writes: fleet mode's agents report exits as text.
+impl std::str::FromStr for ExitStatus {
+    type Err = NotAnExitStatus;
+
+    fn from_str(s: &str) -> Result<ExitStatus, NotAnExitStatus> {
+        let number = |rest: &str| {
+            rest.parse::<i32>()
+                .map_err(|_| NotAnExitStatus(s.to_string()))
+        };
+        if let Some(rest) = s.strip_prefix("exit code ") {
+            Ok(ExitStatus::Code(number(rest)?))
+        } else if let Some(rest) = s.strip_prefix("signal ") {
+            Ok(ExitStatus::Signal(number(rest)?))
+        } else if s == "unknown exit" {
+            Ok(ExitStatus::Unknown)
+        } else {
+            Err(NotAnExitStatus(s.to_string()))
+        }
+    }
+}
+
 /// A process that ended, as [`Runtime::poll`] reports it (once).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exited {
@@ -616,5 +642,27 @@ fn from_wrapper_status(status: std::process::ExitStatus) -> ExitStatus {
         (Some(code), _) => wrapper::from_shell_status(code),
         (None, Some(signal)) => ExitStatus::Signal(signal),
         (None, None) => ExitStatus::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod exit_status_tests {
+    use super::*;
+
+    #[test]
+    fn an_exit_status_reads_back_as_written() {
+        for status in [
+            ExitStatus::Code(0),
+            ExitStatus::Code(-3),
+            ExitStatus::Signal(9),
+            ExitStatus::Unknown,
+        ] {
+            assert_eq!(status.to_string().parse::<ExitStatus>(), Ok(status));
+        }
+        let err = "exit code x".parse::<ExitStatus>().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`exit code x` is not an exit status")
+        );
     }
 }

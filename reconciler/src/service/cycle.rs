@@ -14,16 +14,17 @@ use tracing::{Span, info, info_span, warn};
 
 use super::backoff::Backoff;
 use super::error::{CycleError, FetchError, RecoveryError};
+use super::nodes::{Carry, LocalNodes, NodeSide};
 use super::standing::{Stale, Standing};
 use super::status::{Condition, Health, Status, Sync};
-use super::{Config, Shared, TenantView, apply};
+use super::{Config, Shared, TenantView};
 
 mod arrivals;
 use crate::actions::{self, Action, ActionPlan, LivePhase, Throttle, Wait, WorkloadView};
 use crate::driver::{GpuRef, NodeDriver, Observation};
 use crate::policy::{self, Offer, PolicyTracker};
 use crate::repo::Mirror;
-use crate::runtime::{ExitStatus, Exited, Runtime};
+use crate::runtime::{ExitStatus, Runtime};
 use crate::snapshot::{self, RunningFacts, Tracked};
 use crate::store::carried::Carried;
 use crate::store::{
@@ -59,6 +60,9 @@ pub struct CycleReport {
     pub failed: Vec<(Action, String)>,
     /// Actions not attempted because an earlier one on the same GPU failed.
     pub skipped: Vec<Action>,
+    /// Actions sent to the nodes and not settled by the end of the cycle (fleet mode): their
+    /// outcomes are recorded by a later cycle.
+    pub in_flight: Vec<Action>,
     /// Workloads whose processes ended this cycle, with how.
     pub exits: Vec<(String, String)>,
     pub decision: Option<Decision>,
@@ -97,8 +101,8 @@ pub enum Decided {
 pub struct Reconciler {
     config: Config,
     store: Box<dyn StateStore>,
-    driver: Box<dyn NodeDriver>,
-    runtime: Runtime,
+    /// The nodes: this machine's driver and runtime, or fleet mode's agents.
+    nodes: Box<dyn NodeSide>,
     mirror: Mirror,
     tracker: PolicyTracker,
     throttle: Throttle,
@@ -109,8 +113,6 @@ pub struct Reconciler {
     drain_deadline: BTreeMap<GpuRef, i64>,
     shared: Arc<Shared>,
     cycle: u64,
-    /// Exits polled between cycles, reaped by the next one.
-    exits: Vec<Exited>,
     /// Committed workloads that keep ending after short runs, with when they are queued again,
     /// how the last run ended and their tenant.
     restarts: BTreeMap<String, (i64, String, String)>,
@@ -151,11 +153,22 @@ impl Reconciler {
         mirror: Mirror,
         shared: Arc<Shared>,
     ) -> Reconciler {
+        let nodes = LocalNodes::new(driver, runtime, config.state_dir.clone());
+        Reconciler::with_nodes(config, store, Box::new(nodes), mirror, shared)
+    }
+
+    /// A reconciler whose actions reach the nodes through `nodes` (fleet mode's agents).
+    pub fn with_nodes(
+        config: Config,
+        store: Box<dyn StateStore>,
+        nodes: Box<dyn NodeSide>,
+        mirror: Mirror,
+        shared: Arc<Shared>,
+    ) -> Reconciler {
         Reconciler {
             config,
             store,
-            driver,
-            runtime,
+            nodes,
             mirror,
             tracker: PolicyTracker::default(),
             throttle: Throttle::default(),
@@ -163,7 +176,6 @@ impl Reconciler {
             drain_deadline: BTreeMap::new(),
             shared,
             cycle: 0,
-            exits: Vec::new(),
             restarts: BTreeMap::new(),
             standing: None,
             dropped: None,
@@ -181,8 +193,7 @@ impl Reconciler {
 
     /// Whether a process has ended since the last cycle (polled now).
     pub fn has_exits(&mut self) -> bool {
-        self.exits.extend(self.runtime.poll());
-        !self.exits.is_empty()
+        self.nodes.has_exits()
     }
 
     /// Reports a condition from outside a cycle (the recovery): logged now, in the status
@@ -206,10 +217,17 @@ impl Reconciler {
     /// marked interrupted (the next cycle re-plans from what the nodes show, which is the only
     /// truth about a half-applied step), and the processes of running workloads are adopted.
     pub fn recover(&mut self, now: i64) -> Result<usize, RecoveryError> {
-        let observation = self.driver.observe().ok();
+        // What the nodes may still carry out (fleet mode's agents) is the node side's to settle.
+        let in_flight = self.nodes.in_flight_at_start(&*self.store, now)?;
+        let observation = self.nodes.observe().ok();
         // The runs the store still holds kept their GPUs claimed while the service was down.
         self.meter(now, observation.as_ref().map(|o| o.nodes.clone()))?;
-        let open = self.store.open_actions()?;
+        let open: Vec<_> = self
+            .store
+            .open_actions()?
+            .into_iter()
+            .filter(|entry| !in_flight.actions.contains(&entry.id))
+            .collect();
         let mut interrupted_starts = BTreeSet::new();
         for entry in &open {
             self.store.fail_action(entry.id, INTERRUPTED, now)?;
@@ -220,36 +238,13 @@ impl Reconciler {
             }
         }
         for record in self.store.live()? {
-            for r in &record.replicas {
-                let Some(pid) = r.pid else { continue };
-                if let Err(e) = self.runtime.adopt(&runtime_id(&record), r.replica, pid) {
-                    self.note(Condition::tenant(
-                        record.tenant.clone(),
-                        format!("recovery: cannot adopt {}: {e}", record.key()),
-                    ));
-                }
-                if let Some(b) = record.bindings.get(r.replica as usize) {
-                    for &index in &b.gpus {
-                        let gpu = GpuRef {
-                            node: b.node.clone(),
-                            index,
-                        };
-                        let gi = b.mig_start.and_then(|start| {
-                            observation
-                                .as_ref()
-                                .and_then(|o| apply::find_gi(o, &gpu, start))
-                        });
-                        self.driver.process_started(pid, &gpu, gi);
-                    }
-                }
+            for message in self.nodes.adopt(&record, observation.as_ref()) {
+                self.note(Condition::tenant(record.tenant.clone(), message));
             }
-            if record.phase == Phase::Starting {
+            if record.phase == Phase::Starting && !in_flight.starts.contains(&record.key()) {
                 // Killed between recording the start and recording its processes: whatever
                 // started is stopped, and the workload waits for the next cycle.
-                for pid in self.runtime.pids_of(&runtime_id(&record)) {
-                    let _ = self.runtime.kill(pid);
-                    self.driver.process_ended(pid);
-                }
+                self.nodes.stop_strays(&record);
                 // A start journaled before names were per tenant names the workload alone.
                 if interrupted_starts.contains(&record.key().to_string())
                     || interrupted_starts.contains(&record.name)
@@ -473,8 +468,9 @@ impl Reconciler {
         report.revision = Some(applied.commit.clone());
         self.sync_committed(&applied.policy, now)?;
 
-        let mut observation = self.driver.observe().map_err(CycleError::Observe)?;
+        let mut observation = self.nodes.observe().map_err(CycleError::Observe)?;
         self.note_lost(&observation);
+        self.requeue_lost(now)?;
         // Before the snapshot is read: what is recorded from here on, the arrival path reads
         // (and a submission recorded meanwhile that the snapshot holds, it finds decided).
         let events_before = self.store.last_event_id()?;
@@ -547,7 +543,16 @@ impl Reconciler {
             self.store.set_carried(&carried_next, now)?;
         }
 
-        let views: Vec<WorkloadView> = records.iter().map(|r| view(r, &applied.policy)).collect();
+        let views: Vec<WorkloadView> = records
+            .iter()
+            .map(|r| {
+                let mut v = view(r, &applied.policy);
+                if let Some(alive) = self.nodes.alive(r) {
+                    v.alive_processes = alive;
+                }
+                v
+            })
+            .collect();
         let plan = actions::plan(&decision, &observation, &views, &self.throttle, now);
         self.track_drains(&plan, &applied.policy, &observation, now);
         // A failure the decision no longer needs overcome (the workload left, the GPU's target
@@ -570,64 +575,28 @@ impl Reconciler {
             report.plan = plan;
             return Ok(());
         }
-        let mut created = BTreeMap::new();
-        let mut observed_after_geometry = false;
-        // Once an action on a GPU fails, the rest of that GPU's steps (and the workloads that
-        // need it) wait for the next cycle, which re-plans from what the GPU then shows.
-        let mut failed_keys: BTreeSet<String> = BTreeSet::new();
         let mut reconfigured: BTreeSet<GpuRef> = BTreeSet::new();
-        // How the last applied action ended, recorded with the next one's intent (one commit
-        // for both) or after the loop.
-        let mut unrecorded: Option<(crate::store::ActionId, Result<(), String>)> = None;
         let mut started = BTreeSet::new();
-        for action in &plan.actions {
-            if depends_on_failed(action, &failed_keys) {
-                report.skipped.push(action.clone());
-                continue;
-            }
-            if matches!(action, Action::Start { .. }) && !observed_after_geometry {
-                // New compute instances have UUIDs only the driver knows.
-                if plan.actions.iter().any(Action::is_geometry) {
-                    observation = self.driver.observe().map_err(CycleError::Observe)?;
-                }
-                observed_after_geometry = true;
-            }
-            let id = match unrecorded.take() {
-                Some((last, how)) => {
-                    self.store
-                        .close_and_begin((last, ended(&how)), self.cycle, action, now)?
-                }
-                None => self.store.begin_action(self.cycle, action, now)?,
-            };
-            let span = action_span(id, action);
-            let _entered = span.enter();
-            let why = preempted_because(report.decision.as_ref(), action);
-            let mut cx = apply::Context {
-                driver: self.driver.as_mut(),
-                runtime: &mut self.runtime,
-                store: &*self.store,
-                state_dir: &self.config.state_dir,
-                now,
-                run_commands: self.config.run_commands,
-                observation: &mut observation,
-                created: &mut created,
-            };
-            let outcome = apply::apply(&mut cx, action);
+        let decision = report.decision.as_ref();
+        let mut failed = Vec::new();
+        let (failures, throttle, shared) = (&mut self.failures, &mut self.throttle, &self.shared);
+        let store = &*self.store;
+        let backoff = Backoff::new(self.config.backoff_base, self.config.backoff_max);
+        let mut settled = |action: &Action, outcome: &Result<(), String>| {
             let name = action_name(action);
             match outcome {
                 Ok(()) => {
-                    unrecorded = Some((id, Ok(())));
                     if let Action::Start { workload, .. } = action
                         && let Some(key) = WorkloadKey::parse(workload)
                     {
                         started.insert(key);
                     }
-                    match &why {
+                    match preempted_because(decision, action) {
                         Some(why) => info!("applied: {action}: {why}"),
                         None => info!("applied: {action}"),
                     }
-                    self.failures.remove(&action.key());
-                    self.throttle.backoff.remove(&action.key());
+                    failures.remove(&action.key());
+                    throttle.backoff.remove(&action.key());
                     if is_disruptive(action)
                         && let Some(gpu) = gpu_of(action)
                         && reconfigured.insert(gpu.clone())
@@ -636,37 +605,46 @@ impl Reconciler {
                         // however many steps the change takes, and stored at once: a service
                         // killed before the cycle ends still counts it after the restart.
                         carried_next.spend([(gpu.node.as_str(), gpu.index)], now);
-                        self.store.set_carried(&carried_next, now)?;
+                        store.set_carried(&carried_next, now)?;
                     }
-                    self.shared
+                    shared
                         .metrics
                         .record_action(name, true, action.is_geometry());
                 }
-                Err(e) => {
-                    let message = e.to_string();
-                    unrecorded = Some((id, Err(message.clone())));
+                Err(message) => {
                     let tenant = workload_of(action)
                         .and_then(|w| records.iter().find(|r| r.key().to_string() == w))
                         .map(|r| r.tenant.clone());
-                    self.back_off(action, &message, tenant, now);
+                    back_off(failures, throttle, backoff, action, message, tenant, now);
                     warn!("failed: {action}: {message}");
-                    failed_keys.insert(action.key());
-                    self.shared
+                    shared
                         .metrics
                         .record_action(name, false, action.is_geometry());
-                    report.failed.push((action.clone(), message));
+                    failed.push((action.clone(), message.clone()));
                 }
             }
-        }
-        if let Some((last, how)) = unrecorded.take() {
-            self.store.close(last, ended(&how), now)?;
-        }
+            Ok(())
+        };
+        let mut cx = Carry {
+            store,
+            cycle: self.cycle,
+            now,
+            run_commands: self.config.run_commands,
+            records: &records,
+            observation: &mut observation,
+        };
+        let unsettled = self.nodes.carry_out(&plan.actions, &mut cx, &mut settled)?;
+        report.failed = failed;
+        report.skipped = unsettled.skipped;
+        report.in_flight = unsettled.in_flight;
         if let Some(decision) = report.decision.as_ref() {
             let done: Vec<&Action> = plan
                 .actions
                 .iter()
                 .filter(|a| {
-                    !report.skipped.contains(a) && !report.failed.iter().any(|(f, _)| f == *a)
+                    !report.skipped.contains(a)
+                        && !report.in_flight.contains(a)
+                        && !report.failed.iter().any(|(f, _)| f == *a)
                 })
                 .collect();
             crate::metering::record_applied(&*self.store, decision, &done, &records, now)?;
@@ -676,14 +654,17 @@ impl Reconciler {
             self.meter(now, Some(observation.nodes.clone()))?;
         }
         // The decision stands for the fleet only if all of it was carried out.
-        let whole = report.failed.is_empty() && report.skipped.is_empty() && plan.waits.is_empty();
+        let whole = report.failed.is_empty()
+            && report.skipped.is_empty()
+            && report.in_flight.is_empty()
+            && plan.waits.is_empty();
         let keep = self.config.incremental && whole && !matches!(next, Next::None);
         if self.config.incremental && !whole {
             self.dropped = Some(Stale::Unfinished);
         }
         if !plan.actions.is_empty() || keep {
             // `/state` shows the fleet as this cycle left it, not as it found it.
-            let observation = self.driver.observe().map_err(CycleError::Observe)?;
+            let observation = self.nodes.observe().map_err(CycleError::Observe)?;
             let records = self.store.live()?;
             let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
             let after = snapshot::cluster_state(&observation, &tracked, &carried_next, now);
@@ -738,12 +719,12 @@ impl Reconciler {
         now: i64,
         nodes: Option<Vec<tessera_compiler::model::Node>>,
     ) -> Result<(), crate::store::StoreError> {
-        let driver = &mut self.driver;
+        let side = &mut self.nodes;
         crate::metering::meter_store(
             &*self.store,
             || match nodes {
                 Some(nodes) => Ok(nodes),
-                None => driver.observe().map(|o| o.nodes),
+                None => side.observe().map(|o| o.nodes),
             },
             now,
         )
@@ -751,28 +732,14 @@ impl Reconciler {
 
     /// Learns which processes ended and records how their workloads ended.
     fn reap(&mut self, now: i64, report: &mut CycleReport) -> Result<(), crate::store::StoreError> {
-        let mut exits = std::mem::take(&mut self.exits);
-        exits.extend(self.runtime.poll());
-        if exits.is_empty() {
-            return self.stop_cancelled(now);
-        }
-        for exit in exits {
-            self.driver.process_ended(exit.pid);
-            let Some(record) = self.store.workload_by_pid(exit.pid)? else {
-                continue;
-            };
+        for exit in self.nodes.exits(&*self.store, now)? {
+            let record = exit.record;
             let key = record.key();
-            let remaining = self.store.replica_exited(&key, exit.pid, now)?;
-            if remaining > 0 {
-                continue;
-            }
             let how = match (record.phase, exit.status) {
                 (Phase::Checkpointing, _) => {
-                    let dir = apply::checkpoint_dir(&self.config.state_dir, &key);
-                    if apply::dir_has_entries(&dir) {
+                    if let Some(dir) = &exit.checkpoint {
                         // What it saved bounds the work a later preemption loses.
-                        self.store
-                            .record_checkpoint(&key, &dir.display().to_string(), now)?;
+                        self.store.record_checkpoint(&key, dir, now)?;
                     }
                     self.store.requeue(&key, "checkpointed", now)?;
                     "checkpointed and requeued".to_string()
@@ -811,11 +778,9 @@ impl Reconciler {
             {
                 continue;
             }
-            for pid in apply::live_pids(&record) {
-                // A process already gone is what the limit wants.
-                let _ = self.runtime.kill(pid);
-                self.driver.process_ended(pid);
-            }
+            // A process already gone is what the limit wants.
+            self.nodes
+                .stop(&record.key(), &record.bindings, &record.replicas);
             let end = EndReason::TimedOut {
                 limit_seconds: limit,
             };
@@ -844,11 +809,9 @@ impl Reconciler {
 
     fn stop_cancelled(&mut self, now: i64) -> Result<(), crate::store::StoreError> {
         for record in self.store.cancel_requested()? {
-            for pid in apply::live_pids(&record) {
-                // A process already gone is what a cancel wants.
-                let _ = self.runtime.kill(pid);
-                self.driver.process_ended(pid);
-            }
+            // A process already gone is what a cancel wants.
+            self.nodes
+                .stop(&record.key(), &record.bindings, &record.replicas);
             self.store
                 .finish(&record.key(), EndReason::Cancelled, now)?;
         }
@@ -913,14 +876,41 @@ impl Reconciler {
     }
 
     fn back_off(&mut self, action: &Action, message: &str, tenant: Option<String>, now: i64) {
-        let key = action.key();
-        let entry = self.failures.entry(key.clone()).or_default();
-        entry.count += 1;
-        entry.message = format!("{}: {message}", action_name(action));
-        entry.tenant = tenant;
-        let count = entry.count;
-        let until = self.action_backoff().after(now, count);
-        self.throttle.backoff.insert(key, until);
+        let backoff = self.action_backoff();
+        back_off(
+            &mut self.failures,
+            &mut self.throttle,
+            backoff,
+            action,
+            message,
+            tenant,
+            now,
+        );
+    }
+
+    /// Moves the workloads placed on nodes gone for longer than their grace back to the
+    /// queue, each with the node and why, so that the solver places them elsewhere. Only
+    /// fleet mode's node side reports such nodes.
+    fn requeue_lost(&mut self, now: i64) -> Result<(), crate::store::StoreError> {
+        let lost = self.nodes.lost();
+        if lost.is_empty() {
+            return Ok(());
+        }
+        for record in self.store.live()? {
+            if !record.phase.holds_placement() {
+                continue;
+            }
+            let Some((node, why)) = lost
+                .iter()
+                .find(|(node, _)| record.bindings.iter().any(|b| &b.node == node))
+            else {
+                continue;
+            };
+            let reason = format!("node {node} lost: {why}");
+            self.store.requeue(&record.key(), &reason, now)?;
+            warn!(workload = %record.key(), node = %node, "requeued: its node is lost");
+        }
+        Ok(())
     }
 
     /// How long a failed action (or a start the service died during) waits to be retried.
@@ -963,6 +953,7 @@ impl Reconciler {
             .collect();
         let rejected = self.tracker.rejected().cloned();
         let notes = std::mem::take(&mut self.notes);
+        let node_conditions = self.nodes.conditions(self.config.run_commands);
         let mut s = self.status_mut();
         s.cycles = self.cycle;
         s.last_cycle_at = Some(snapshot::rfc3339(now));
@@ -1000,12 +991,10 @@ impl Reconciler {
                 self.lost.join(", ")
             )));
         }
-        // A host that cannot confine workloads runs none: the service is not healthy, whether
-        // or not a start was due this cycle.
-        if self.config.run_commands
-            && let Some(why) = self.runtime.refusal()
-        {
-            errors.push(Condition::service(format!("runtime: {why}")));
+        // A host that cannot confine workloads runs none, a node away takes no work, a
+        // coordination store away takes no action: the service is not healthy meanwhile.
+        for why in node_conditions {
+            errors.push(Condition::service(why));
         }
         // Failures not yet overcome, this cycle's and earlier ones waiting out their backoff.
         for (key, f) in &self.failures {
@@ -1104,30 +1093,25 @@ fn log_outcome(report: &CycleReport) {
     }
 }
 
-/// The journal's record of how an action ended.
-fn ended(how: &Result<(), String>) -> crate::store::Ended<'_> {
-    match how {
-        Ok(()) => crate::store::Ended::Done,
-        Err(message) => crate::store::Ended::Failed(message),
-    }
-}
-
-/// The span one action is applied in: its journal id, and the node and workload it is on.
-fn action_span(id: crate::store::ActionId, action: &Action) -> Span {
-    let node = match action {
-        Action::Start { bindings, .. } => {
-            let nodes: BTreeSet<&str> = bindings.iter().map(|b| b.node.as_str()).collect();
-            Some(nodes.into_iter().collect::<Vec<_>>().join(","))
-        }
-        other => gpu_of(other).map(|g| g.node.clone()),
-    };
-    info_span!(
-        "action",
-        id,
-        action = action_name(action),
-        node = node.as_deref(),
-        workload = workload_of(action)
-    )
+/// Counts a failure of `action`'s key and holds the key back for the back-off's wait: the
+/// service stays Degraded until the key's next action succeeds.
+fn back_off(
+    failures: &mut BTreeMap<String, Failure>,
+    throttle: &mut Throttle,
+    backoff: Backoff,
+    action: &Action,
+    message: &str,
+    tenant: Option<String>,
+    now: i64,
+) {
+    let key = action.key();
+    let entry = failures.entry(key.clone()).or_default();
+    entry.count += 1;
+    entry.message = format!("{}: {message}", action_name(action));
+    entry.tenant = tenant;
+    let count = entry.count;
+    let until = backoff.after(now, count);
+    throttle.backoff.insert(key, until);
 }
 
 /// For a checkpoint signal, the decision's sentence on why the workload is preempted, so that
@@ -1146,18 +1130,13 @@ fn preempted_because(decision: Option<&Decision>, action: &Action) -> Option<Str
         })
 }
 
-fn workload_of(action: &Action) -> Option<&str> {
+pub(super) fn workload_of(action: &Action) -> Option<&str> {
     match action {
         Action::Checkpoint { workload, .. }
         | Action::Stop { workload, .. }
         | Action::Start { workload, .. } => Some(workload),
         _ => None,
     }
-}
-
-/// The runtime's id of a stored workload ([`crate::runtime::workload_id`]).
-fn runtime_id(r: &WorkloadRecord) -> String {
-    crate::runtime::workload_id(&r.tenant, &r.name)
 }
 
 fn tracked(r: &WorkloadRecord) -> Tracked {
@@ -1208,28 +1187,6 @@ fn pool_of<'p>(
     policy.pools.iter().find(|p| p.name == node.pool)
 }
 
-/// Whether `action` needs a GPU (or is itself on a key) whose action failed this cycle.
-fn depends_on_failed(action: &Action, failed: &BTreeSet<String>) -> bool {
-    if failed.is_empty() {
-        return false;
-    }
-    if failed.contains(&action.key()) {
-        return true;
-    }
-    match action {
-        Action::Start { bindings, .. } => bindings.iter().any(|b| {
-            b.gpus.iter().any(|&index| {
-                let gpu = GpuRef {
-                    node: b.node.clone(),
-                    index,
-                };
-                failed.contains(&format!("gpu/{gpu}"))
-            })
-        }),
-        _ => false,
-    }
-}
-
 /// A geometry step that takes something away (counted against the reconfiguration budget).
 fn is_disruptive(action: &Action) -> bool {
     matches!(
@@ -1241,7 +1198,7 @@ fn is_disruptive(action: &Action) -> bool {
     )
 }
 
-fn gpu_of(action: &Action) -> Option<&GpuRef> {
+pub(super) fn gpu_of(action: &Action) -> Option<&GpuRef> {
     match action {
         Action::DestroyComputeInstance { gpu, .. }
         | Action::DestroyGpuInstance { gpu, .. }

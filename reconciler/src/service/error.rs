@@ -12,6 +12,9 @@ pub enum CycleError {
     Store(#[from] StoreError),
     #[error("observe: {0}")]
     Observe(#[source] DriverError),
+    /// The node side could not send the plan (fleet mode: etcd refused or was away).
+    #[error("nodes: {0}")]
+    Nodes(String),
     #[error("solve: {0}")]
     Solve(#[from] tessera_solver::SolveError),
     #[error("revision {commit} rejected; no earlier revision to keep")]

@@ -14,6 +14,7 @@ pub mod cycle;
 #[cfg(test)]
 mod cycle_tests;
 pub mod error;
+pub mod nodes;
 pub mod restart;
 pub mod run;
 pub mod standing;
@@ -40,7 +41,7 @@ use crate::runtime::{Confinement, SandboxConfig};
 use crate::store::{Origin, StateStore, StoreError};
 
 pub use cycle::{CycleReport, Reconciler};
-pub use run::{OnceOptions, ServeError, ServeOptions, run_once, serve};
+pub use run::{NodeSource, OnceOptions, ServeError, ServeOptions, run_once, serve};
 pub use status::{Condition, Health, Status, StatusView, Sync};
 pub use store_source::{OpenStore, StoreSource};
 pub use view::{DecisionIndex, EventView, WorkloadView};

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
 
+use super::nodes::{LocalNodes, NodeSide};
 use super::status::Condition;
 use super::store_source::StoreSource;
 use super::{Config, Handle, Reconciler, Shared, Wake};
@@ -42,6 +43,14 @@ pub enum ServeError {
     LoopPanicked,
 }
 
+/// The service's node side.
+pub enum NodeSource {
+    /// This machine: its driver, with the embedded runtime `serve` builds.
+    Local(Box<dyn NodeDriver>),
+    /// One the caller built (fleet mode's agents).
+    Custom(Box<dyn NodeSide>),
+}
+
 /// Everything `tessera reconcile` passes in.
 pub struct ServeOptions {
     pub config: Config,
@@ -50,7 +59,8 @@ pub struct ServeOptions {
     pub store: StoreSource,
     pub listen: SocketAddr,
     pub tokens: Tokens,
-    pub driver: Box<dyn NodeDriver>,
+    /// Where the workloads run.
+    pub nodes: NodeSource,
     /// Serve `POST /v1/hooks/git` with this shared secret; `None`: no webhook route.
     pub hooks: Option<crate::api::hooks::HookSecret>,
     /// Called with the bound address once the API listens (tests bind port 0).
@@ -67,7 +77,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         store: source,
         listen,
         tokens,
-        driver,
+        nodes,
         hooks,
         on_listen,
         stop,
@@ -82,9 +92,15 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let store = open_store()?;
     let api_store = open_store()?;
     let mirror = Mirror::open(config.source.clone(), &config.state_dir.join("mirror.git"))?;
-    let runtime = runtime(&config, source.local_file())?;
+    let nodes: Box<dyn NodeSide> = match nodes {
+        NodeSource::Local(driver) => {
+            let runtime = runtime(&config, source.local_file())?;
+            Box::new(LocalNodes::new(driver, runtime, config.state_dir.clone()))
+        }
+        NodeSource::Custom(nodes) => nodes,
+    };
     let (tx, rx) = mpsc::channel();
-    let shared = Arc::new(Shared::new(driver.kind(), tx));
+    let shared = Arc::new(Shared::new(&nodes.kind(), tx));
     let handle = Handle::new(shared.clone(), api_store, config.limits);
     let branch = config.source.branch.clone();
 
@@ -124,7 +140,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let loop_thread = std::thread::Builder::new()
         .name("reconcile".into())
         .spawn(move || {
-            let reconciler = Reconciler::new(config, store, driver, runtime, mirror, loop_shared);
+            let reconciler = Reconciler::with_nodes(config, store, nodes, mirror, loop_shared);
             run_loop(reconciler, rx)
         })?;
 

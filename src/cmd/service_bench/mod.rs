@@ -19,7 +19,7 @@ use tessera_reconciler::auth::Tokens;
 use tessera_reconciler::driver::sim::SimDriver;
 use tessera_reconciler::repo::Source;
 use tessera_reconciler::runtime::Confinement;
-use tessera_reconciler::service::{Config, ServeOptions, StoreSource, serve};
+use tessera_reconciler::service::{Config, NodeSource, ServeOptions, StoreSource, serve};
 
 use crate::cli::TextOrJson;
 use crate::output::emit;
@@ -102,7 +102,7 @@ pub fn run(args: ServiceBenchArgs) -> anyhow::Result<ExitCode> {
         store: StoreSource::Sqlite(state_dir.join("tessera.db")),
         listen: "127.0.0.1:0".parse()?,
         tokens: service_tokens,
-        driver: Box::new(driver),
+        nodes: NodeSource::Local(Box::new(driver)),
         hooks: None,
         on_listen: Some(Box::new(move |addr| {
             let _ = addr_tx.send(addr);

@@ -39,8 +39,9 @@ use tessera_solver::decision::{Outcome, ReplicaBinding, WorkloadDecision};
 use tessera_solver::session::{Admission, FullCycle};
 use tracing::{info, warn};
 
-use super::{CycleReport, Decided as HowDecided, Reconciler, apply, log_outcome};
+use super::{CycleReport, Decided as HowDecided, Reconciler, log_outcome};
 use crate::actions::{Action, ActionPlan};
+use crate::service::nodes::{Carry, Launched, Launching};
 use crate::service::standing::Stale;
 use crate::snapshot;
 use crate::store::starts::{StartDone, StartIntent};
@@ -207,7 +208,7 @@ impl Reconciler {
             )));
         }
         let observation = self
-            .driver
+            .nodes
             .observe()
             .map_err(|e| Stale::Apply(format!("observing the nodes: {e}")))?;
         if observation.nodes != self.watch.nodes {
@@ -473,24 +474,42 @@ impl Reconciler {
             .begin_starts(self.cycle, &intents, now)
             .map_err(|e| Stale::Apply(format!("recording the starts: {e}")))?;
 
+        let launching: Vec<Launching<'_>> = plans
+            .into_iter()
+            .enumerate()
+            .map(|(k, plans)| Launching {
+                id: ids[k],
+                key: &keys[k],
+                record: &records[starts[k].record],
+                action: &actions[k],
+                plans,
+            })
+            .collect();
+        let mut observation = observation.clone();
+        let cx = Carry {
+            store: &*self.store,
+            cycle: self.cycle,
+            now,
+            run_commands: self.config.run_commands,
+            records,
+            observation: &mut observation,
+        };
+        let outcomes = self.nodes.launch(&launching, &cx);
+        drop(launching);
         let mut launched: Vec<(usize, Vec<ReplicaProcess>)> = Vec::with_capacity(starts.len());
         let mut failed = false;
-        for (k, plan) in plans.into_iter().enumerate() {
+        for (k, outcome) in outcomes.into_iter().enumerate() {
             let record = &records[starts[k].record];
-            let outcome = apply::launch(
-                self.driver.as_mut(),
-                &mut self.runtime,
-                &self.config.state_dir,
-                self.config.run_commands,
-                &keys[k],
-                record,
-                plan,
-            );
             match outcome {
-                Ok(replicas) => launched.push((k, replicas)),
-                Err(e) => {
+                Launched::Started(replicas) => launched.push((k, replicas)),
+                Launched::InFlight => {
+                    // Recorded by the node side once it settles; a full cycle follows, which
+                    // finds the workload starting.
                     failed = true;
-                    let message = e.to_string();
+                    info!("sent: {}; not settled yet", actions[k]);
+                }
+                Launched::Failed(message) => {
+                    failed = true;
                     warn!("failed: {}: {message}", actions[k]);
                     let requeued =
                         self.store
@@ -519,10 +538,7 @@ impl Reconciler {
             let message = format!("recording the started workloads: {e}");
             // Not recorded as running: stopped, so that what runs is what the store says.
             for (k, replicas) in &launched {
-                for pid in replicas.iter().filter_map(|r| r.pid) {
-                    let _ = self.runtime.kill(pid);
-                    self.driver.process_ended(pid);
-                }
+                self.nodes.stop(&keys[*k], &plain[*k], replicas);
                 let _ = self.store.requeue(&keys[*k], &message, now);
                 let _ = self.store.close(ids[*k], Ended::Failed(&message), now);
             }
