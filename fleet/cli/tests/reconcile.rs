@@ -135,6 +135,11 @@ fn a_standby_serves_reads_forwards_writes_and_takes_over_a_running_workload() {
         "gpu": {"count": 1},
         "command": ["sleep", "1000"],
     });
+    // Submissions wait for the leader's first revision in force (503 until then).
+    eventually("the leader's first revision", || {
+        let (_, status) = first.call("GET", "/status", ADMIN, None);
+        status["revision"].as_str().map(|_| ())
+    });
     // A write sent to the standby is forwarded: the leader creates it, once.
     let (status, body) = second.call(
         "POST",
