@@ -373,7 +373,7 @@ fn main() {
         );
     }
 
-    // What the session stands for now: the fleet with every run, nothing waiting.
+    // What the session stands for at the end: the fleet with every run, nothing waiting.
     fleet.running.sort_by(|a, b| a.name.cmp(&b.name));
     let problem = tessera_solver::Problem::new(policy, &fleet, None).expect("the fleet solves");
     let full = tessera_solver::Heuristic.solve(&problem, std::time::Duration::ZERO);
