@@ -17,8 +17,8 @@ use jiff::Timestamp;
 use tessera_compiler::compiled::{Amounts, CompiledFairShare, PoolQuota};
 use tessera_compiler::mig::{self, Placement};
 use tessera_compiler::model::{
-    Binding, ClusterStateSpec, Health, ReconfigurationRecord, Sharing, TopologyMode, UsageRecord,
-    WorkloadSpec,
+    Binding, ClusterStateSpec, Health, PendingWorkload, ReconfigurationRecord, Sharing,
+    TopologyMode, UsageRecord, WorkloadSpec,
 };
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 use tessera_compiler::{CompiledPolicy, WorkloadKey};
@@ -654,6 +654,48 @@ impl Problem {
             problem.usage = Some(record);
         }
         Ok(problem)
+    }
+
+    /// Resolves one more pending workload as [`Problem::new`] would have with it in the
+    /// snapshot's queue: pushed on `workloads`, or on `orphans` when it names what `policy`
+    /// lacks. `policy` must be the one the problem was built from. What a session's arrival
+    /// costs: the policy's names looked up, rather than a problem built again from the whole
+    /// policy for one workload.
+    pub(crate) fn add_arrival(
+        &mut self,
+        policy: &CompiledPolicy,
+        arrival: &PendingWorkload,
+    ) -> Result<(), ProblemError> {
+        let pool_index: BTreeMap<&str, usize> = policy
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str(), i))
+            .collect();
+        let class_index: BTreeMap<&str, usize> = policy
+            .slo_classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.as_str(), i))
+            .collect();
+        let tenant_index: BTreeMap<&str, usize> = policy
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
+        let tables = Tables {
+            pool_index: &pool_index,
+            class_index: &class_index,
+            tenant_index: &tenant_index,
+            policy,
+        };
+        self.add_pending(
+            &tables,
+            &arrival.name,
+            &arrival.spec,
+            arrival.submitted_at.as_second(),
+        )
     }
 
     fn orphan(

@@ -161,6 +161,11 @@ pub struct Session {
     /// An upper bound on the standing decision's objective: the LP bound of the snapshot the
     /// session opened on, plus the most each decided arrival could add (see `bound.rs`).
     bound: Option<f64>,
+    /// Per pool, its running workloads in the order the cycle's first step weighs guarantees
+    /// ([`guarantee_order`]): built when a pool's guarantees are first counted again, then
+    /// kept as runs come and go, so that counting them again walks the pool once rather than
+    /// sorting every workload of the session.
+    by_guarantee: Vec<Option<Vec<usize>>>,
 }
 
 /// An amount that may go below zero while ledger changes are undone.
@@ -217,6 +222,7 @@ impl Session {
             .enumerate()
             .map(|(i, w)| (w.key.clone(), i))
             .collect();
+        let problem_pools = problem.pools.len();
         let session = Session {
             policy: policy.clone(),
             blank: Ledger::new(&problem),
@@ -224,6 +230,7 @@ impl Session {
             parts: Some(parts),
             names,
             bound,
+            by_guarantee: vec![None; problem_pools],
         };
         Ok((session, decision))
     }
@@ -385,39 +392,24 @@ impl Session {
         if self.names.contains_key(&key) || self.problem.orphans.iter().any(orphaned) {
             return Err(ProblemError::DuplicateWorkload(key.to_string()).into());
         }
-        // The arrival resolved on its own: pools, classes and tenants come from the policy in its
-        // order, so indices agree with the session's problem, and no node is needed.
-        let alone = ClusterStateSpec {
-            observed_at: self.problem.now_at,
-            nodes: Vec::new(),
-            running: Vec::new(),
-            pending: vec![arrival.clone()],
-            usage: None,
-            reservations: Vec::new(),
-            reconfigurations: Vec::new(),
-        };
-        let mut alone = Problem::new(&self.policy, &alone, Some(self.problem.now))?;
-        if let Some(i) = alone.orphans.iter().position(orphaned) {
-            let orphan = alone.orphans.swap_remove(i);
-            let decision = heuristic::orphan_decision(&self.problem, &orphan);
-            self.problem.orphans.push(orphan);
+        // The arrival resolved against the session's problem, whose pools, classes and
+        // tenants are the policy's in its order.
+        let orphans = self.problem.orphans.len();
+        self.problem.add_arrival(&self.policy, arrival)?;
+        if self.problem.orphans.len() > orphans {
+            let orphan = self.problem.orphans.last().expect("just pushed");
+            let decision = heuristic::orphan_decision(&self.problem, orphan);
             return Ok(Admission::Decided {
                 decision: Box::new(decision),
                 changed: Vec::new(),
                 geometry: Vec::new(),
             });
         }
-        let info = alone
-            .workloads
-            .into_iter()
-            .find(|w| w.key == key)
-            .expect("a pending workload is resolved or orphaned");
-
-        if let Some(pool) = self.reserving(&info.pools) {
+        let w = self.problem.workloads.len() - 1;
+        if let Some(pool) = self.reserving(&self.problem.workloads[w].pools) {
+            self.problem.workloads.pop();
             return Ok(Admission::NeedsFullCycle(FullCycle::Reservations { pool }));
         }
-        let w = self.problem.workloads.len();
-        self.problem.workloads.push(info);
         let place = self.position(w);
         let at = match place {
             Ok(at) => at,
@@ -705,6 +697,7 @@ impl Session {
             .as_mut()
             .expect("parts are put back after each call");
         let wl = &p.workloads[w];
+        let running = wl.is_running();
         parts.fleet.release(p, w, false);
         parts
             .ledger
@@ -715,6 +708,9 @@ impl Session {
         let status = &parts.status;
         parts.fleet.forget(p, |v| status[v].is_none());
         self.names.remove(key);
+        if running {
+            self.guarantee_index(pool, w, false);
+        }
         self.refresh_guarantees(pool);
         Ok(Removal::Removed)
     }
@@ -813,7 +809,7 @@ impl Session {
             .parts
             .as_mut()
             .expect("parts are put back after each call");
-        for (w, (slots, started_at, last_checkpoint_at)) in admitted.into_iter().zip(slots) {
+        for (&w, (slots, started_at, last_checkpoint_at)) in admitted.iter().zip(slots) {
             let wl = &mut self.problem.workloads[w];
             let pool = self.problem.nodes[slots[0].node]
                 .pool
@@ -831,21 +827,31 @@ impl Session {
                 last_checkpoint_at,
             };
             parts.status[w] = Some(Status::Keep);
-            parts.running_by_pool[pool].push(heuristic::Running {
-                workload: w,
-                tenant: wl.tenant,
-            });
             pools.insert(pool);
         }
         let p = &self.problem;
-        for &pool in &pools {
-            // By tenant and name, as a snapshot's running workloads are indexed.
-            parts.running_by_pool[pool].sort_by(|a, b| {
-                p.workloads[a.workload]
-                    .key
-                    .cmp(&p.workloads[b.workload].key)
-            });
+        for &w in &admitted {
+            // By tenant and name, as a snapshot's running workloads are indexed: each new run
+            // goes to its place, the pool's running set is not sorted again.
+            let running = &mut parts.running_by_pool[pool_of(p, w)];
+            let key = &p.workloads[w].key;
+            let at = running.partition_point(|r| p.workloads[r.workload].key < *key);
+            running.insert(
+                at,
+                heuristic::Running {
+                    workload: w,
+                    tenant: p.workloads[w].tenant,
+                },
+            );
         }
+        for &w in &admitted {
+            self.guarantee_index(pool_of(&self.problem, w), w, true);
+        }
+        let p = &self.problem;
+        let parts = self
+            .parts
+            .as_mut()
+            .expect("parts are put back after each call");
         // Every pick was an admission now carried out: the next cycle's queue starts empty.
         parts.trace.clear();
         // Placements are scored against the running set (`heuristic/fragmentation.rs`), which
@@ -866,29 +872,56 @@ impl Session {
             .parts
             .as_mut()
             .expect("parts are put back after each call");
-        let mut running: Vec<usize> = (0..p.workloads.len())
-            .filter(|&v| {
-                matches!(parts.status[v], Some(Status::Keep))
-                    && p.workloads[v].is_running()
-                    && pool_of(p, v) == pool
-            })
-            .collect();
-        running.sort_by_cached_key(|&v| {
-            let wl = &p.workloads[v];
-            let started = match wl.phase {
-                Phase::Running { started_at, .. } => started_at,
-                Phase::Pending { .. } => 0,
-            };
-            (-p.classes[wl.class].priority, started, wl.key.clone())
+        let order = self.by_guarantee[pool].get_or_insert_with(|| {
+            let mut running: Vec<usize> = parts.running_by_pool[pool]
+                .iter()
+                .map(|r| r.workload)
+                .filter(|&v| p.workloads[v].is_running())
+                .collect();
+            running.sort_by(|&a, &b| guarantee_order(p, a).cmp(&guarantee_order(p, b)));
+            running
         });
         let mut ledger = self.blank.clone();
-        for v in running {
+        for &v in order.iter() {
+            if !matches!(parts.status[v], Some(Status::Keep)) {
+                continue;
+            }
             let wl = &p.workloads[v];
             let before = ledger.usage(wl.tenant, pool).gpus;
             parts.within_guarantee[v] = before < Ledger::guarantee(p, wl.tenant, pool);
             ledger.add(p, wl.tenant, pool, wl.amount(wl.replicas));
         }
     }
+
+    /// Keeps [`Session::by_guarantee`] of `pool`, when built, holding running workload `w`
+    /// (`true`) or not.
+    fn guarantee_index(&mut self, pool: usize, w: usize, runs: bool) {
+        let p = &self.problem;
+        let Some(order) = self.by_guarantee[pool].as_mut() else {
+            return;
+        };
+        let key = guarantee_order(p, w);
+        let at = order.partition_point(|&v| guarantee_order(p, v) < key);
+        let there = order.get(at) == Some(&w);
+        match (runs, there) {
+            (true, false) => order.insert(at, w),
+            (false, true) => {
+                order.remove(at);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where running workload `w` comes when the cycle's first step counts guarantees: by
+/// priority desc, then start, then tenant and name.
+fn guarantee_order(p: &Problem, w: usize) -> (i64, i64, &WorkloadKey) {
+    let wl = &p.workloads[w];
+    let started = match wl.phase {
+        Phase::Running { started_at, .. } => started_at,
+        Phase::Pending { .. } => 0,
+    };
+    (-p.classes[wl.class].priority, started, &wl.key)
 }
 
 /// The queue key of `w` were the usage of its tenant and of each ancestor at `pools` the given

@@ -20,6 +20,7 @@ pub mod run;
 pub mod standing;
 pub mod status;
 pub mod store_source;
+mod submissions;
 mod usage;
 pub mod view;
 
@@ -137,7 +138,7 @@ pub enum Wake {
 }
 
 /// Why an API call was refused.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ServiceError {
     #[error("{0}")]
     NotFound(String),
@@ -270,6 +271,8 @@ impl Shared {
 pub struct Handle {
     shared: Arc<Shared>,
     store: Arc<Mutex<Box<dyn StateStore>>>,
+    /// Submissions waiting for their group commit (`submissions.rs`).
+    submissions: Arc<submissions::Queue>,
     limits: Limits,
 }
 
@@ -278,6 +281,7 @@ impl Handle {
         Handle {
             shared,
             store: Arc::new(Mutex::new(store)),
+            submissions: Arc::default(),
             limits,
         }
     }
@@ -300,24 +304,8 @@ impl Handle {
         }
         check_name(name)?;
         self.check_spec(name, &spec)?;
-        let record = {
-            // One lock over the count and the insert: concurrent submissions cannot both
-            // take the last place.
-            let store = self.store();
-            let cap = self.limits.max_live_submitted_per_tenant;
-            let live = store.live_submitted(&spec.tenant)?;
-            if live >= cap {
-                return Err(ServiceError::TooMany(format!(
-                    "tenant {:?} has {live} submitted workloads that have not ended, the most \
-                     it may have: wait for some to end or cancel some (`tessera cancel NAME`), \
-                     or ask the operator to raise --max-submitted-per-tenant",
-                    spec.tenant
-                )));
-            }
-            store.submit(name, &spec, Origin::Submitted, crate::snapshot::now())?
-        };
-        info!(workload = %record.key(), "submitted");
-        self.shared.wake(Wake::Workloads);
+        // Committed with every submission that arrives meanwhile; answered once durable.
+        let record = self.commit_submission(name, spec)?;
         Ok(WorkloadView::of(record, None))
     }
 

@@ -1,7 +1,8 @@
 //! The service's state in SQLite: workloads and their lifecycle ([`workloads`]), the policy
 //! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]), the event
 //! log ([`events`]), what one decision hands to the next ([`carried`]), metered usage
-//! ([`usage`]) and a batch of starts in two commits ([`starts`]).
+//! ([`usage`]), a batch of starts in two commits ([`starts`]) and a batch of submissions in
+//! one ([`submissions`]).
 //!
 //! [`StateStore`] ([`state`]) is that state as one interface: the service, the API and metering
 //! use it, and fleet mode implements it on etcd. What follows is the SQLite [`Store`].
@@ -24,6 +25,7 @@ pub mod revisions;
 mod schema;
 pub mod starts;
 pub mod state;
+pub mod submissions;
 pub mod usage;
 pub mod workloads;
 

@@ -20,6 +20,7 @@ use tessera_compiler::units::Gpus;
 
 use super::carried::Carried;
 use super::starts::{StartDone, StartIntent};
+use super::submissions::{NewSubmission, Submitted};
 use super::usage::{NewRun, ReservedSpell, RunKey, UsageRow};
 use super::{
     ActionId, EndReason, Ended, Event, JournalEntry, Origin, ReplicaProcess, RevisionRecord,
@@ -40,6 +41,15 @@ pub trait StateStore: Send {
         origin: Origin,
         now: i64,
     ) -> Result<WorkloadRecord, StoreError>;
+    /// Queues a batch of workloads, in one commit where the backend can; one answer per
+    /// submission, in order (`submissions.rs`). By default one commit each.
+    fn submit_many(
+        &self,
+        batch: &[NewSubmission<'_>],
+        now: i64,
+    ) -> Result<Vec<Submitted>, StoreError> {
+        super::submissions::submit_each(self, batch, now)
+    }
     /// The current record of `key` (the live one, else the latest ended one), if any.
     fn get(&self, key: &WorkloadKey) -> Result<Option<WorkloadRecord>, StoreError>;
     /// The current record of `key`; `NotFound` if there is none.
@@ -337,6 +347,13 @@ impl StateStore for Store {
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
         Store::submit(self, name, spec, origin, now)
+    }
+    fn submit_many(
+        &self,
+        batch: &[NewSubmission<'_>],
+        now: i64,
+    ) -> Result<Vec<Submitted>, StoreError> {
+        Store::submit_many(self, batch, now)
     }
     fn get(&self, key: &WorkloadKey) -> Result<Option<WorkloadRecord>, StoreError> {
         Store::get(self, key)

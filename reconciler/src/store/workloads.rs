@@ -265,42 +265,14 @@ impl Store {
         now: i64,
     ) -> Result<WorkloadRecord, StoreError> {
         let tx = self.write()?;
-        let live: Option<i64> = tx
-            .query_row(
-                "SELECT id FROM workloads WHERE tenant = ?1 AND name = ?2 AND ended_at IS NULL",
-                [spec.tenant.as_str(), name],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if live.is_some() {
-            return Err(StoreError::Conflict(format!(
-                "workload {name:?} of tenant {:?} exists and has not ended",
-                spec.tenant
-            )));
-        }
-        let key = WorkloadKey::new(&spec.tenant, name);
-        tx.execute(
-            "INSERT INTO workloads (name, tenant, spec, origin, phase, submitted_at)
-             VALUES (?1, ?2, ?3, ?4, 'pending', ?5)",
-            params![
-                name,
-                spec.tenant,
-                to_json("workload spec", spec)?,
-                origin.as_str(),
-                now
-            ],
-        )?;
-        let id = tx.last_insert_rowid();
-        events::append(
-            &tx,
-            now,
-            "submitted",
-            Some(&key),
-            &format!("{} by tenant {}", origin.as_str(), spec.tenant),
-        )?;
-        let record = load(&tx, id)?;
+        let record = insert_submission(&tx, name, spec, origin, now)?;
         tx.commit()?;
         Ok(record)
+    }
+
+    /// How many workloads submitted through the API for `tenant` have not ended.
+    pub fn live_submitted(&self, tenant: &str) -> Result<usize, StoreError> {
+        count_live_submitted(&self.conn, tenant)
     }
 
     /// The current record of `key`, if any.
@@ -338,18 +310,6 @@ impl Store {
             Some(t) => self.select("WHERE tenant = ?1 ORDER BY id", [t]),
             None => self.select("ORDER BY id", []),
         }
-    }
-
-    /// How many workloads submitted through the API for `tenant` have not ended.
-    pub fn live_submitted(&self, tenant: &str) -> Result<usize, StoreError> {
-        let n: i64 = self.conn.query_row(
-            "SELECT count(*) FROM workloads
-             WHERE tenant = ?1 AND origin = 'submitted' AND ended_at IS NULL",
-            [tenant],
-            |r| r.get(0),
-        )?;
-        // A count of rows fits usize.
-        Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     /// The workloads that have not ended, in submission order.
@@ -870,4 +830,60 @@ fn replicas(conn: &Connection, workload_id: i64) -> Result<Vec<ReplicaProcess>, 
             })
         })
         .collect()
+}
+
+/// Inserts a submitted workload and its `submitted` event inside `conn`'s transaction.
+/// `Conflict` if a live workload of its tenant has that name; nothing is written then.
+pub(super) fn insert_submission(
+    conn: &Connection,
+    name: &str,
+    spec: &WorkloadSpec,
+    origin: Origin,
+    now: i64,
+) -> Result<WorkloadRecord, StoreError> {
+    let live: Option<i64> = conn
+        .prepare_cached(
+            "SELECT id FROM workloads WHERE tenant = ?1 AND name = ?2 AND ended_at IS NULL",
+        )?
+        .query_row([spec.tenant.as_str(), name], |r| r.get(0))
+        .optional()?;
+    if live.is_some() {
+        return Err(StoreError::Conflict(format!(
+            "workload {name:?} of tenant {:?} exists and has not ended",
+            spec.tenant
+        )));
+    }
+    let key = WorkloadKey::new(&spec.tenant, name);
+    conn.prepare_cached(
+        "INSERT INTO workloads (name, tenant, spec, origin, phase, submitted_at)
+         VALUES (?1, ?2, ?3, ?4, 'pending', ?5)",
+    )?
+    .execute(params![
+        name,
+        spec.tenant,
+        to_json("workload spec", spec)?,
+        origin.as_str(),
+        now
+    ])?;
+    let id = conn.last_insert_rowid();
+    events::append(
+        conn,
+        now,
+        "submitted",
+        Some(&key),
+        &format!("{} by tenant {}", origin.as_str(), spec.tenant),
+    )?;
+    load(conn, id)
+}
+
+/// How many workloads submitted through the API for `tenant` have not ended.
+pub(super) fn count_live_submitted(conn: &Connection, tenant: &str) -> Result<usize, StoreError> {
+    let n: i64 = conn
+        .prepare_cached(
+            "SELECT count(*) FROM workloads
+             WHERE tenant = ?1 AND origin = 'submitted' AND ended_at IS NULL",
+        )?
+        .query_row([tenant], |r| r.get(0))?;
+    // A count of rows fits usize.
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }

@@ -572,14 +572,16 @@ impl Reconciler {
 }
 
 /// `state` (the published snapshot) with the pass's `runs` started and its `waiting`
-/// arrivals queued, ordered as the snapshot orders them.
+/// arrivals queued, ordered as the snapshot orders them (running by name, pending by
+/// submission then name). Each goes to its place in lists already in that order: a pass
+/// costs what it adds, not a sort of the whole fleet under the lock the API reads through.
 fn fold(
     state: &mut ClusterStateSpec,
     runs: Vec<RunningWorkload>,
     waiting: Vec<PendingWorkload>,
     now: i64,
 ) {
-    {
+    if !runs.is_empty() {
         let started: BTreeSet<(&str, &str)> = runs
             .iter()
             .map(|r| (r.spec.tenant.as_str(), r.name.as_str()))
@@ -588,25 +590,72 @@ fn fold(
             .pending
             .retain(|p| !started.contains(&(p.spec.tenant.as_str(), p.name.as_str())));
     }
-    let listed: BTreeSet<(String, String)> = state
-        .pending
-        .iter()
-        .filter(|p| {
-            waiting
+    let waiting: Vec<PendingWorkload> = waiting
+        .into_iter()
+        .filter(|w| {
+            !state
+                .pending
                 .iter()
-                .any(|w| w.name == p.name && w.spec.tenant == p.spec.tenant)
+                .any(|p| p.name == w.name && p.spec.tenant == w.spec.tenant)
         })
-        .map(|p| (p.spec.tenant.clone(), p.name.clone()))
         .collect();
-    state.pending.extend(
-        waiting
-            .into_iter()
-            .filter(|w| !listed.contains(&(w.spec.tenant.clone(), w.name.clone()))),
-    );
-    state
-        .pending
-        .sort_by(|a, b| (a.submitted_at, &a.name).cmp(&(b.submitted_at, &b.name)));
-    state.running.extend(runs);
-    state.running.sort_by(|a, b| a.name.cmp(&b.name));
+    merge_sorted(&mut state.pending, waiting, |a, b| {
+        (a.submitted_at, &a.name).cmp(&(b.submitted_at, &b.name))
+    });
+    merge_sorted(&mut state.running, runs, |a, b| a.name.cmp(&b.name));
     state.observed_at = snapshot::unix(now);
+}
+
+/// `list` with `items` added, as a stable sort of `list` followed by `items` orders them: one
+/// merge of the two in order, rather than a sort of the whole list (a list not in order is
+/// sorted first).
+fn merge_sorted<T>(
+    list: &mut Vec<T>,
+    mut items: Vec<T>,
+    order: impl Fn(&T, &T) -> std::cmp::Ordering,
+) {
+    if !list.is_sorted_by(|a, b| order(a, b).is_le()) {
+        list.sort_by(&order);
+    }
+    if items.is_empty() {
+        return;
+    }
+    items.sort_by(&order);
+    let mut merged = Vec::with_capacity(list.len() + items.len());
+    let mut old = std::mem::take(list).into_iter().peekable();
+    for item in items {
+        while let Some(x) = old.next_if(|x| order(x, &item).is_le()) {
+            merged.push(x);
+        }
+        merged.push(item);
+    }
+    merged.extend(old);
+    *list = merged;
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::merge_sorted;
+
+    proptest! {
+        /// The merge orders as a stable sort of the list followed by the new items does, ties
+        /// included (the key is the first field; the second tells equal keys apart).
+        #[test]
+        fn merging_is_a_stable_sort_of_the_whole(
+            mut list in proptest::collection::vec((0..20u8, any::<u16>()), 0..40),
+            items in proptest::collection::vec((0..20u8, any::<u16>()), 0..20),
+            sorted in any::<bool>(),
+        ) {
+            let order = |a: &(u8, u16), b: &(u8, u16)| a.0.cmp(&b.0);
+            if sorted {
+                list.sort_by(order);
+            }
+            let mut expected: Vec<(u8, u16)> = list.iter().chain(&items).copied().collect();
+            expected.sort_by(order);
+            merge_sorted(&mut list, items, order);
+            prop_assert_eq!(list, expected);
+        }
+    }
 }
