@@ -19,8 +19,7 @@ pub(crate) struct CowVec<T> {
 }
 
 impl<T: Clone> CowVec<T> {
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
