@@ -19,6 +19,7 @@ pub(crate) struct CowVec<T> {
 }
 
 impl<T: Clone> CowVec<T> {
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn len(&self) -> usize {
         self.len
     }

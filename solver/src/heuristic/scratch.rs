@@ -5,6 +5,9 @@
 
 use super::*;
 
+/// What a preemption search answers: the requester's status, or the protected candidates.
+type SearchResult = Result<Status, (Vec<Protected>, usize)>;
+
 impl Solver<'_> {
     /// [`Solver::preempt_for`] from scratch: finds the cheapest sufficient set of allowed victims in `pool` and admits `w`; the
     /// protected workloads otherwise.
@@ -373,8 +376,8 @@ impl<'p> Solver<'p> {
     pub(super) fn assert_same(
         &self,
         pool: usize,
-        result: &Result<Status, (Vec<Protected>, usize)>,
-        (before, reference, expected): (Fleet, Solver<'p>, Result<Status, (Vec<Protected>, usize)>),
+        result: &SearchResult,
+        (before, reference, expected): (Fleet, Solver<'p>, SearchResult),
     ) {
         let p = self.p;
         assert_eq!(
