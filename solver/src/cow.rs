@@ -19,8 +19,8 @@ pub(crate) struct CowVec<T> {
 }
 
 impl<T: Clone> CowVec<T> {
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    #[cfg(any(test, debug_assertions))]
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 

@@ -28,6 +28,7 @@ mod ilp;
 pub mod problem;
 pub(crate) mod quota;
 pub mod session;
+mod undo;
 
 use std::time::Duration;
 

@@ -30,6 +30,7 @@ use tessera_compiler::units::{Bytes, Gpus, Millicores};
 use crate::cow::CowVec;
 use crate::decision::{Reason, Resource};
 use crate::problem::Problem;
+use crate::undo::{LedgerJournalSlot, Mark};
 
 /// Usage per tenant and pool. Cloned for every what-if of the preemption search, which
 /// changes a few tenants' usage: a clone copies a pointer per chunk of tenants (see `cow.rs`)
@@ -46,6 +47,8 @@ pub struct Ledger {
     roots: Rc<Vec<usize>>,
     /// Levels of the deepest tenant (a root is at level 1).
     depth: usize,
+    /// The values replaced while a what-if's mark is open (see `undo.rs`).
+    journal: LedgerJournalSlot,
 }
 
 fn add(a: Amounts, b: Amounts) -> Amounts {
@@ -119,7 +122,33 @@ impl Ledger {
                 .map(|t| t.lineage.len())
                 .max()
                 .unwrap_or(0),
+            journal: LedgerJournalSlot::default(),
         }
+    }
+
+    /// Opens a mark: the changes from here on can be undone by [`Ledger::rollback`].
+    pub(crate) fn mark(&mut self) -> Mark {
+        self.journal.mark()
+    }
+
+    /// Undoes every change since `mark` opened, and closes it and the marks opened after it.
+    pub(crate) fn rollback(&mut self, mark: Mark) {
+        for (i, old) in self.journal.rollback(mark) {
+            self.usage[i] = old;
+        }
+    }
+
+    /// Whether a mark is open.
+    #[cfg(debug_assertions)]
+    pub(crate) fn journaling(&self) -> bool {
+        self.journal.is_open()
+    }
+
+    /// Whether both ledgers hold the same usage everywhere.
+    #[cfg(debug_assertions)]
+    pub(crate) fn same_usage(&self, other: &Ledger) -> bool {
+        self.usage.len() == other.usage.len()
+            && (0..self.usage.len()).all(|i| self.usage[i] == other.usage[i])
     }
 
     /// Usage of `tenant` (with descendants) in `pool`.
@@ -140,14 +169,18 @@ impl Ledger {
 
     pub fn add(&mut self, problem: &Problem, tenant: usize, pool: usize, amount: Amounts) {
         for &t in &problem.tenants[tenant].lineage {
-            let e = &mut self.usage[t * self.pools + pool];
+            let i = t * self.pools + pool;
+            self.journal.save(i, self.usage[i]);
+            let e = &mut self.usage[i];
             *e = add(*e, amount);
         }
     }
 
     pub fn remove(&mut self, problem: &Problem, tenant: usize, pool: usize, amount: Amounts) {
         for &t in &problem.tenants[tenant].lineage {
-            let e = &mut self.usage[t * self.pools + pool];
+            let i = t * self.pools + pool;
+            self.journal.save(i, self.usage[i]);
+            let e = &mut self.usage[i];
             *e = sub(*e, amount);
         }
     }

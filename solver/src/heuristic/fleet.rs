@@ -8,7 +8,7 @@ use super::*;
 use std::cell::RefCell;
 
 /// What holds a GPU now, in this decision.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct GpuState {
     /// Held whole (exclusive pool, or the 7g instance of a MIG GPU).
     pub(super) whole: Option<usize>,
@@ -61,7 +61,7 @@ impl GpuState {
 }
 
 /// A replica's place in this decision.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Placed {
     pub(super) node: usize,
     pub(super) gpus: Vec<usize>,
@@ -84,7 +84,7 @@ pub(crate) struct Fleet {
     /// whole and what they offer a MIG replica, kept as GPU states change: best fit and the
     /// preemption search's bounds ask for them for every node of a pool per gang, and a
     /// replica's search for a place skips the nodes that offer none.
-    free: CowVec<NodeFree>,
+    pub(super) free: CowVec<NodeFree>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
@@ -99,11 +99,13 @@ pub(crate) struct Fleet {
     relayouts: Rc<RefCell<HashMap<RelayoutKey, Option<Vec<Placement>>>>>,
     /// [`Fleet::offers_of`]'s re-layout part, remembered; shared by every clone.
     pub(super) relayout_offers: RelayoutOffers,
+    /// The values replaced while a what-if's mark is open (see `journal.rs`).
+    pub(super) journal: FleetJournalSlot,
 }
 
 /// What a node's healthy GPUs hold free, kept by the fleet (see [`Fleet::recount`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct NodeFree {
+pub(super) struct NodeFree {
     units: i64,
     whole: u32,
     offers: Offers,
@@ -164,6 +166,7 @@ impl Fleet {
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
             relayouts: Rc::default(),
             relayout_offers: Rc::default(),
+            journal: FleetJournalSlot::default(),
         };
         for g in 0..p.gpus.len() {
             fleet.reoffer(p, g);
@@ -202,6 +205,7 @@ impl Fleet {
     fn recount(&mut self, p: &Problem, n: usize) {
         let free = self.count_free(p, n);
         if self.free[n] != free {
+            self.save_free(n);
             self.free[n] = free;
         }
     }
@@ -240,8 +244,12 @@ impl Fleet {
 
     pub(super) fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
         let wl = &p.workloads[w];
+        self.save_node(slot.node);
         self.cpu[slot.node] += wl.cpu.0;
         self.memory[slot.node] += wl.memory.0;
+        for &g in &slot.gpus {
+            self.save_gpu(g);
+        }
         match (slot.mig, slot.share) {
             (Some(pl), _) => {
                 Rc::make_mut(&mut self.gpu[slot.gpus[0]])
@@ -264,6 +272,7 @@ impl Fleet {
             self.reoffer(p, g);
         }
         let node = slot.node;
+        self.save_placed(w);
         Rc::make_mut(self.placed[w].get_or_insert_with(Rc::default)).push(slot);
         self.recount(p, node);
     }
@@ -271,7 +280,12 @@ impl Fleet {
     /// Frees everything `w` holds; `preempted` marks it for drains.
     pub(crate) fn release(&mut self, p: &Problem, w: usize, preempted: bool) {
         let wl = &p.workloads[w];
+        self.save_placed(w);
         for slot in self.placed[w].take().unwrap_or_default().iter() {
+            self.save_node(slot.node);
+            for &g in &slot.gpus {
+                self.save_gpu(g);
+            }
             self.cpu[slot.node] -= wl.cpu.0;
             self.memory[slot.node] -= wl.memory.0;
             match (slot.mig, slot.share) {
@@ -638,6 +652,7 @@ impl Fleet {
         let slot = match plan {
             Plan::Whole { gpus, relayout } => {
                 for g in relayout {
+                    self.save_gpu(g);
                     let s = Rc::make_mut(&mut self.gpu[g]);
                     s.geometry = vec![Placement::new(mig::PROFILE_7G, 0)];
                     s.changes += 1;
@@ -655,6 +670,7 @@ impl Fleet {
                 geometry,
             } => {
                 if let Some(geometry) = geometry {
+                    self.save_gpu(gpu);
                     let s = Rc::make_mut(&mut self.gpu[gpu]);
                     s.geometry = geometry;
                     s.changes += 1;
@@ -1156,7 +1172,69 @@ spec:
         gpus.chain(nodes).collect()
     }
 
+    /// Whether two fleets hold the very same GPU states and placements (the same `Rc`s) and
+    /// the same node figures.
+    fn identical(p: &Problem, a: &Fleet, b: &Fleet) -> bool {
+        (0..p.gpus.len()).all(|g| Rc::ptr_eq(&a.gpu[g], &b.gpu[g]))
+            && (0..p.nodes.len())
+                .all(|n| (a.cpu[n], a.memory[n], a.free[n]) == (b.cpu[n], b.memory[n], b.free[n]))
+            && (0..p.workloads.len()).all(|w| match (&a.placed[w], &b.placed[w]) {
+                (Some(x), Some(y)) => Rc::ptr_eq(x, y),
+                (None, None) => true,
+                _ => false,
+            })
+    }
+
     proptest! {
+        /// Marks opened, replicas placed and released (drains marked or not) under them, and
+        /// rollbacks to any open mark: a rollback leaves the fleet holding the very values it
+        /// held when the mark opened (the same `Rc` per GPU state and per placement list), and
+        /// the offers and free units kept equal a recount throughout.
+        #[test]
+        fn rollback_restores_the_very_values(
+            ops in proptest::collection::vec((0usize..12, any::<bool>(), 0u8..6), 1..60)
+        ) {
+            let p = problem();
+            let pool = 0;
+            let nodes = p.pools[pool].nodes.clone();
+            let mut fleet = Fleet::new(&p);
+            // Some work placed before any mark, so that releases have something to undo.
+            for w in 0..6 {
+                fleet.fill(&p, w, pool, &nodes, 1, &mut Misses::default());
+            }
+            // Each open mark, with a copy of the fleet as it was when it opened.
+            let mut open: Vec<(crate::undo::Mark, Fleet)> = Vec::new();
+            for (w, preempted, action) in ops {
+                match action {
+                    0 => {
+                        let copy = fleet.clone();
+                        open.push((fleet.mark(), copy));
+                    }
+                    1 if !open.is_empty() => {
+                        let i = w % open.len();
+                        let (mark, copy) = open[i].clone();
+                        fleet.rollback(mark);
+                        open.truncate(i);
+                        prop_assert!(identical(&p, &fleet, &copy));
+                        prop_assert_eq!(fleet.journaling(), !open.is_empty());
+                    }
+                    _ => {
+                        if fleet.placed[w].is_some() {
+                            fleet.release(&p, w, preempted);
+                        } else {
+                            fleet.fill(&p, w, pool, &nodes, 1, &mut Misses::default());
+                        }
+                    }
+                }
+                prop_assert_eq!(stale(&p, &fleet), Vec::<String>::new());
+            }
+            if let Some((mark, copy)) = open.first().cloned() {
+                fleet.rollback(mark);
+                prop_assert!(identical(&p, &fleet, &copy));
+                prop_assert!(!fleet.journaling());
+            }
+        }
+
         /// Placing and releasing replicas in any order (the placement checked against the
         /// scan of every node in debug builds), the offers and free units kept equal a
         /// recount, in the fleet and in a clone taken before each change.

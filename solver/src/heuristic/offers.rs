@@ -105,6 +105,7 @@ impl Fleet {
     pub(super) fn reoffer(&mut self, p: &Problem, g: usize) {
         let offers = self.offers_of(p, g, &self.gpu[g]);
         if self.gpu[g].offers != offers {
+            self.save_gpu(g);
             Rc::make_mut(&mut self.gpu[g]).offers = offers;
         }
     }

@@ -453,7 +453,7 @@ impl<'p> Solver<'p> {
                 for_workload: p.workloads[w].key.to_string(),
             }));
         }
-        self.refused = None;
+        self.forget_refusals();
         self.victims = chosen;
         self.fleet = fleet;
         self.ledger = ledger;

@@ -1,0 +1,620 @@
+//! (d) The preemption search: which allowed victims make room for a gang that does not fit.
+//! Its what-ifs write on the solver's own fleet and ledger and roll back (`journal.rs`), and
+//! the pruning of an accumulated set asks a witness before it places the gang again (see
+//! [`Solver::prune`]).
+
+use super::*;
+use crate::undo::Mark;
+
+impl Solver<'_> {
+    /// (d) Finds the cheapest sufficient set of allowed victims in `pool` and admits `w`; the
+    /// protected workloads otherwise. Debug builds run the search as it was before its undo
+    /// journal and witnesses (`scratch.rs`) beside it and assert the same outcome and state.
+    pub(super) fn preempt_for(
+        &mut self,
+        w: usize,
+        pool: usize,
+        scope: Option<usize>,
+    ) -> Result<Status, (Vec<Protected>, usize)> {
+        #[cfg(debug_assertions)]
+        let reference = {
+            let mut from_scratch = self.clone_for_search(pool);
+            let result = from_scratch.preempt_for_scratch(w, pool, scope);
+            (self.fleet.clone(), from_scratch, result)
+        };
+        let result = self.search_victims(w, pool, scope);
+        #[cfg(debug_assertions)]
+        self.assert_same(pool, &result, reference);
+        result
+    }
+
+    /// [`Solver::preempt_for`]'s search.
+    fn search_victims(
+        &mut self,
+        w: usize,
+        pool: usize,
+        scope: Option<usize>,
+    ) -> Result<Status, (Vec<Protected>, usize)> {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        let prio = p.classes[wl.class].priority;
+        let amount = wl.demand.gpus() * i64::from(wl.min_member);
+        let requester_guaranteed = self.ledger.split(p, wl.tenant, pool, amount).1 == Gpus::ZERO;
+        // Borrowers compete for borrowed work of their own priority here: whether one may take
+        // another's depends on both tenants' shares, so a refusal holds for no one else.
+        let fair = p.pools[pool].fair_share_preemption && !requester_guaranteed;
+        let refusal_key = (!requester_guaranteed && !fair).then_some((pool, scope, prio));
+        if let (Some(key), Some((k, owners, refusal))) = (refusal_key, &self.refused)
+            && key == *k
+            && !owners.contains(&wl.tenant)
+        {
+            return Err(refusal.clone());
+        }
+        let guaranteed_key = requester_guaranteed.then_some((pool, scope, prio));
+        if let (Some(key), Some((k, own, refusal))) = (guaranteed_key, &self.refused_guaranteed)
+            && key == *k
+            && own.iter().all(|&t| t == wl.tenant)
+        {
+            return Err(refusal.clone());
+        }
+        let mut protected = Blocking::default();
+        let mut eligible = Vec::new();
+        // Eligible by fair share alone, with how far above its share each level of its side
+        // is (see `fairly_yields`).
+        let mut fair_victims: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        // Tenants whose borrower could displace protected work here (their own, within
+        // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
+        let mut owners = BTreeSet::new();
+        // Tenants whose borrowed work a requester within guarantee found protected because it
+        // was its own: another tenant's requester could reclaim it.
+        let mut own = BTreeSet::new();
+        // Whether each tenant is in the scope: a borrower's scan visits thousands of
+        // candidates, a fleet has hundreds of tenants.
+        let in_scope: Option<Vec<bool>> =
+            scope.map(|x| p.tenants.iter().map(|t| t.lineage.contains(&x)).collect());
+        for &Running {
+            workload: v,
+            tenant,
+        } in &self.running_by_pool[pool]
+        {
+            if in_scope.as_ref().is_some_and(|s| !s[tenant]) {
+                continue;
+            }
+            if !matches!(self.status[v], Some(Status::Keep)) {
+                continue;
+            }
+            let vl = &p.workloads[v];
+            let class = &p.classes[vl.class];
+            // Names are cloned only for the few candidates a reason lists (see `listed`).
+            let name = v;
+            let Phase::Running { started_at, .. } = vl.phase else {
+                continue;
+            };
+            let ran = (p.now - started_at).max(0) as u64;
+            if !class.preemptible {
+                protected.push(p, name, Blocked::NonPreemptible);
+            } else if ran < class.min_runtime_seconds {
+                protected.push(
+                    p,
+                    name,
+                    Blocked::MinRuntime(class.min_runtime_seconds - ran),
+                );
+            } else if self.within_guarantee[v]
+                && !(class.priority < prio && (requester_guaranteed || vl.tenant == wl.tenant))
+            {
+                // Guarantee protection guards against other tenants' borrowing; within one
+                // tenant, priority alone decides.
+                if class.priority < prio {
+                    owners.insert(vl.tenant);
+                }
+                protected.push(p, name, Blocked::WithinGuarantee);
+            } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
+                match (fair && class.priority == prio)
+                    .then(|| self.fairly_yields(w, v, pool))
+                    .flatten()
+                {
+                    Some(Ok(rank)) => {
+                        fair_victims.insert(v, rank);
+                        eligible.push(v);
+                    }
+                    Some(Err(())) => protected.push(p, name, Blocked::FairShare),
+                    None => protected.push(p, name, Blocked::NotLowerPriority),
+                }
+            } else if !self.within_guarantee[v]
+                && requester_guaranteed
+                && class.priority >= prio
+                && vl.tenant == wl.tenant
+            {
+                // Reclaiming from oneself is no reclaim.
+                own.insert(vl.tenant);
+                protected.push(p, name, Blocked::NotLowerPriority);
+            } else {
+                eligible.push(v);
+            }
+        }
+        let cost = |v: usize| {
+            let vl = &p.workloads[v];
+            (
+                vl.amount(vl.replicas).gpus,
+                lost_units_seconds(p, v),
+                p.classes[vl.class].priority,
+                &vl.key,
+            )
+        };
+        // Preempting within-guarantee work is only for work that stays within guarantee: a
+        // guaranteed requester takes no more replicas than its guarantee covers.
+        let cap = if requester_guaranteed {
+            (wl.min_member..=wl.replicas)
+                .rev()
+                .find(|&n| {
+                    self.ledger
+                        .split(p, wl.tenant, pool, wl.demand.gpus() * i64::from(n))
+                        .1
+                        == Gpus::ZERO
+                })
+                .unwrap_or(wl.min_member)
+        } else {
+            wl.replicas
+        };
+        // A what-if on the fleet and ledger with `victims` released.
+        let attempt_on = |fleet: &Fleet, ledger: &Ledger, victims: &[usize]| {
+            let admitted = try_pool(p, fleet, ledger, w, pool, cap).map_err(|_| ())?;
+            // Taken together, each side that gives up work by fair share still holds at least
+            // what the requester's side holds with the gang admitted.
+            let fair_ok = victims
+                .iter()
+                .filter(|v| fair_victims.contains_key(v))
+                .all(|&v| {
+                    let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
+                        .expect("a fair victim has a side");
+                    let none = Amounts::default();
+                    match (
+                        admitted.1.borrowed_share(p, a, pool, none, none),
+                        admitted.1.borrowed_share(p, b, pool, none, none),
+                    ) {
+                        (Some(mine), Some(theirs)) => at_most(mine, theirs),
+                        _ => false,
+                    }
+                });
+            if fair_ok { Ok(admitted) } else { Err(()) }
+        };
+        // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
+        // its GPUs) is not needed.
+        if eligible.is_empty() {
+            let refusal = listed(p, protected);
+            if let Some(key) = refusal_key {
+                self.refused = Some((key, owners, refusal.clone()));
+            }
+            if let Some(key) = guaranteed_key {
+                self.refused_guaranteed = Some((key, own, refusal.clone()));
+            }
+            return Err(refusal);
+        }
+        // A what-if cannot succeed unless the pool's free GPU units plus what the victims hold
+        // reach the gang's minimum, nor unless enough nodes then have a replica's units free:
+        // skip those that cannot (units freed are over-counted for partial gangs and unhealthy
+        // GPUs, and a node's free units bound what one replica finds there, so nothing is
+        // skipped that could succeed; the search from scratch that debug builds run beside
+        // this one asserts it). The fleet's free units are read before any what-if writes on
+        // it.
+        let pool_nodes = &p.pools[pool].nodes;
+        let free_at: Vec<i64> = (0..p.nodes.len())
+            .map(|n| {
+                if p.nodes[n].pool == Some(pool) {
+                    self.fleet.node_free(p, n)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let pool_free: i64 = pool_nodes.iter().map(|&n| free_at[n]).sum();
+        let needed = amount.units();
+        let holds = |v: usize| {
+            let vl = &p.workloads[v];
+            vl.amount(vl.replicas).gpus.units()
+        };
+        let per_replica = wl.demand.gpus().units();
+        let replicas_on = |n: usize, freed: i64| {
+            let free = free_at[n];
+            if per_replica > 0 {
+                (free + freed) / per_replica
+            } else {
+                i64::MAX / 4
+            }
+        };
+        let base_fit: i64 = pool_nodes
+            .iter()
+            .fold(0i64, |a, &n| a.wrapping_add(replicas_on(n, 0)));
+        // The bound with `v` alone released, from its placements on `fleet` (where it holds
+        // them still).
+        let single_fit = |fleet: &Fleet, v: usize| {
+            let units = p.workloads[v].demand.gpus().units();
+            let slots = fleet.placed[v].as_deref().map_or(&[][..], Vec::as_slice);
+            let mut fit = base_fit;
+            for (i, s) in slots.iter().enumerate() {
+                if slots[..i].iter().any(|x| x.node == s.node) {
+                    continue;
+                }
+                let freed = slots[i..].iter().filter(|x| x.node == s.node).count() as i64 * units;
+                fit = fit
+                    .wrapping_add(replicas_on(s.node, freed))
+                    .wrapping_sub(replicas_on(s.node, 0));
+            }
+            fit
+        };
+        // What `v` frees, by node: one entry per placement, read while `v` holds them.
+        let frees_of = |fleet: &Fleet, v: usize| -> Vec<(usize, i64)> {
+            let units = p.workloads[v].demand.gpus().units();
+            fleet.placed[v]
+                .iter()
+                .flat_map(|s| s.iter())
+                .map(|slot| (slot.node, units))
+                .collect()
+        };
+        let min_member = i64::from(wl.min_member);
+        // One victim, the cheapest that suffices; borrowed work of the requester's priority
+        // last, from the side furthest above its share first.
+        // The cheap checks come first and do not depend on the order: only the victims that
+        // pass them are sorted (a pool holds thousands of candidates, few of which make room).
+        let mut singles: Vec<usize> = eligible
+            .iter()
+            .copied()
+            .filter(|&v| {
+                if pool_free + holds(v) < needed {
+                    return false;
+                }
+                single_fit(&self.fleet, v) >= min_member
+            })
+            .collect();
+        singles.sort_by_cached_key(|&v| (fair_victims.get(&v).cloned(), cost(v)));
+        let mut chosen = None;
+        for &v in &singles {
+            let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
+            self.release_victim(pool, v);
+            let attempt = attempt_on(&self.fleet, &self.ledger, &[v]);
+            self.fleet.rollback(fm);
+            self.ledger.rollback(lm);
+            if let Ok(admitted) = attempt {
+                chosen = Some((vec![v], admitted));
+                break;
+            }
+        }
+        // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
+        if chosen.is_none() {
+            // Among borrowed work of the requester's priority, the side furthest above its
+            // share gives first. Drawn from a heap, lowest first: the set is mostly far smaller than the pool's
+            // candidates, which a sort would order whole. The workload breaks ties as the
+            // stable sort of candidates by index did.
+            let mut order: std::collections::BinaryHeap<_> = eligible
+                .iter()
+                .map(|&v| {
+                    let c = cost(v);
+                    std::cmp::Reverse((
+                        (
+                            self.within_guarantee[v],
+                            c.2,
+                            fair_victims.get(&v).cloned(),
+                            c.0,
+                            c.1,
+                            c.3,
+                        ),
+                        v,
+                    ))
+                })
+                .collect();
+            // The set grows on the solver's own fleet and ledger, a mark before each victim's
+            // release, so that the pruning below can go back to any prefix of it.
+            let (base_fleet, base_ledger) = (self.fleet.mark(), self.ledger.mark());
+            let mut set = Vec::new();
+            let mut marks = Vec::new();
+            let mut frees = Vec::new();
+            let mut bound = Bound::new(base_fit, &replicas_on);
+            let mut freed = 0;
+            while let Some(std::cmp::Reverse((_, v))) = order.pop() {
+                let f = frees_of(&self.fleet, v);
+                bound.add(&f);
+                frees.push(f);
+                marks.push((self.fleet.mark(), self.ledger.mark()));
+                self.release_victim(pool, v);
+                set.push(v);
+                freed += holds(v);
+                if pool_free + freed < needed {
+                    continue;
+                }
+                if bound.fit < min_member {
+                    continue;
+                }
+                if let Ok(admitted) = attempt_on(&self.fleet, &self.ledger, &set) {
+                    let search = Pruning {
+                        set: &set,
+                        frees: &frees,
+                        marks,
+                        bound,
+                        min_member,
+                        witness_holds: fair_victims.is_empty(),
+                        base: (base_fleet, base_ledger),
+                    };
+                    chosen = Some(self.prune(w, pool, search, admitted, &attempt_on));
+                    break;
+                }
+            }
+            if chosen.is_none() {
+                self.fleet.rollback(base_fleet);
+                self.ledger.rollback(base_ledger);
+            }
+        }
+        // The what-if of the victims chosen is the fleet that admits `w`.
+        let Some((victims, (fleet, ledger, guaranteed, borrowed))) = chosen else {
+            let refusal = listed(p, protected);
+            // The scope's own work, released, gives back the quota but not the room: work
+            // outside the scope may be allowed to make the room, as for any gang short of
+            // capacity (Kueue weighs a queue's own and its cohort's candidates together). The
+            // search without a scope keeps the scope's victims only where the limit needs them.
+            // (Only the ledger tells: the fleet is not released.)
+            if scope.is_some() {
+                let mut released = self.ledger.clone();
+                for &v in &eligible {
+                    let vl = &p.workloads[v];
+                    released.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
+                }
+                if released
+                    .check_limit(p, wl.tenant, pool, wl.amount(wl.min_member))
+                    .is_ok()
+                    && let Ok(status) = self.preempt_for(w, pool, None)
+                {
+                    return Ok(status);
+                }
+            }
+            return Err(refusal);
+        };
+        for &v in &victims {
+            // Drains are recorded on the fleet that admits `w`.
+            let reason = if fair_victims.contains_key(&v) {
+                let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
+                    .expect("a fair victim has a side");
+                PreemptReason::FairShare {
+                    for_workload: wl.key.to_string(),
+                    from: p.tenants[b].name.clone(),
+                    to: p.tenants[a].name.clone(),
+                }
+            } else if requester_guaranteed && !self.within_guarantee[v] {
+                PreemptReason::Reclaim {
+                    for_workload: wl.key.to_string(),
+                    owner: p.tenants[wl.tenant].name.clone(),
+                }
+            } else {
+                PreemptReason::Priority {
+                    for_workload: wl.key.to_string(),
+                    priority: prio,
+                }
+            };
+            self.status[v] = Some(Status::Preempt(reason));
+        }
+        self.forget_refusals();
+        self.victims = victims;
+        self.fleet = fleet;
+        self.ledger = ledger;
+        Ok(Status::Admit {
+            guaranteed,
+            borrowed,
+        })
+    }
+
+    /// Releases victim `v` of `pool` on the solver's own fleet and ledger (a what-if's write:
+    /// undone by the marks open).
+    fn release_victim(&mut self, pool: usize, v: usize) {
+        let p = self.p;
+        let vl = &p.workloads[v];
+        self.fleet.release(p, v, true);
+        self.ledger
+            .remove(p, vl.tenant, pool, vl.amount(vl.replicas));
+    }
+
+    /// Drops the victims an accumulated set does not need, last added first: a victim goes
+    /// when the gang still fits without it. `search.marks[i]` was opened before `set[i]` was
+    /// released, so the what-if of the prefix before `i` plus the victims kept so far is a
+    /// rollback and a release of the kept ones (they are few), where releasing each smaller
+    /// set from scratch cost set² releases.
+    ///
+    /// Most victims of a large set are nowhere near where the gang lands. The last what-if
+    /// that admitted the gang is a witness: the nodes it placed on, with their state. Every
+    /// node's capacity for the gang's identical replicas depends on that node alone (`fill`
+    /// asks each node for one replica at a time until none fits), so a set that leaves the
+    /// witness's nodes as they were hosts at least as many replicas there, and the gang fits
+    /// whenever the quota allows it (with no fair-share victim, nothing else is checked).
+    /// Only a victim on the witness's nodes needs a what-if with placement; debug builds
+    /// check every conclusion drawn from a witness against one. Closes `search.base`.
+    fn prune<F, A>(
+        &mut self,
+        w: usize,
+        pool: usize,
+        search: Pruning<'_, F>,
+        first: Admitted,
+        attempt_on: &A,
+    ) -> (Vec<usize>, Admitted)
+    where
+        F: Fn(usize, i64) -> i64,
+        A: Fn(&Fleet, &Ledger, &[usize]) -> Result<Admitted, ()>,
+    {
+        let p = self.p;
+        let Pruning {
+            set,
+            frees,
+            mut marks,
+            mut bound,
+            min_member,
+            witness_holds,
+            base,
+        } = search;
+        let placed_nodes = |a: &Admitted| -> BTreeSet<usize> {
+            a.0.placed[w]
+                .iter()
+                .flat_map(|s| s.iter())
+                .map(|s| s.node)
+                .collect()
+        };
+        let mut witness = placed_nodes(&first);
+        // The what-if of the set as it stands, unless a witness decided the last removal.
+        let mut admitted = Some(first);
+        // Indexes into `set` of the victims kept, in order.
+        let mut kept: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+        for i in (0..set.len()).rev() {
+            // The set without `set[i]`: the prefix before it, then the victims kept after it.
+            let without = |kept: &std::collections::VecDeque<usize>| -> Vec<usize> {
+                set[..i]
+                    .iter()
+                    .copied()
+                    .chain(kept.iter().map(|&k| set[k]))
+                    .collect()
+            };
+            if i == 0 && kept.is_empty() {
+                kept.push_front(i);
+                continue;
+            }
+            bound.remove(&frees[i]);
+            if bound.fit < min_member {
+                bound.add(&frees[i]);
+                kept.push_front(i);
+                continue;
+            }
+            let (fm, lm) = marks[i];
+            self.fleet.rollback(fm);
+            self.ledger.rollback(lm);
+            marks.truncate(i);
+            for &k in &kept {
+                self.release_victim(pool, set[k]);
+            }
+            let by_witness = witness_holds && frees[i].iter().all(|(n, _)| !witness.contains(n));
+            let fits = if by_witness {
+                let fits = quota_allows(p, &self.ledger, w, pool).is_ok();
+                debug_assert_eq!(
+                    fits,
+                    attempt_on(&self.fleet, &self.ledger, &without(&kept)).is_ok(),
+                    "the witness decided otherwise than the what-if"
+                );
+                if fits {
+                    admitted = None;
+                }
+                fits
+            } else {
+                match attempt_on(&self.fleet, &self.ledger, &without(&kept)) {
+                    Ok(a) => {
+                        witness = placed_nodes(&a);
+                        admitted = Some(a);
+                        true
+                    }
+                    Err(()) => false,
+                }
+            };
+            if !fits {
+                bound.add(&frees[i]);
+                kept.push_front(i);
+            }
+        }
+        self.fleet.rollback(base.0);
+        self.ledger.rollback(base.1);
+        let victims: Vec<usize> = kept.iter().map(|&k| set[k]).collect();
+        let admitted = match admitted {
+            Some(a) => a,
+            None => {
+                // The what-if of the set chosen, which its witness says admits the gang.
+                let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
+                for &v in &victims {
+                    self.release_victim(pool, v);
+                }
+                let a = attempt_on(&self.fleet, &self.ledger, &victims);
+                self.fleet.rollback(fm);
+                self.ledger.rollback(lm);
+                a.expect("a set whose witness holds admits the gang")
+            }
+        };
+        (victims, admitted)
+    }
+}
+
+/// A successful what-if: the fleet and ledger with the gang admitted, and the (guaranteed,
+/// borrowed) split of what was admitted.
+pub(super) type Admitted = (Fleet, Ledger, Gpus, Gpus);
+
+/// An accumulated victim set that admits the gang, to prune (see [`Solver::prune`]).
+pub(super) struct Pruning<'s, F> {
+    /// The victims in the order they were added, all released on the solver's fleet.
+    set: &'s [usize],
+    /// What each frees, by node (one entry per placement).
+    frees: &'s [Vec<(usize, i64)>],
+    /// The marks opened before each was released.
+    marks: Vec<(Mark, Mark)>,
+    bound: Bound<'s, F>,
+    min_member: i64,
+    /// Whether a witness decides (no fair-share victim among the candidates).
+    witness_holds: bool,
+    /// The marks opened before the first release.
+    base: (Mark, Mark),
+}
+
+/// How many replicas of the gang the pool's nodes could host with a set of victims released:
+/// per node, its free units plus what the victims free there, over a replica's units, summed
+/// (a bound: see `Solver::search_victims`). Kept as victims join and leave the set: summing it
+/// again over the set per candidate cost set² per search.
+pub(super) struct Bound<'f, F> {
+    replicas_on: &'f F,
+    freed: HashMap<usize, i64>,
+    pub(super) fit: i64,
+}
+
+impl<'f, F: Fn(usize, i64) -> i64> Bound<'f, F> {
+    pub(super) fn new(base_fit: i64, replicas_on: &'f F) -> Self {
+        Bound {
+            replicas_on,
+            freed: HashMap::new(),
+            fit: base_fit,
+        }
+    }
+
+    fn change(&mut self, frees: &[(usize, i64)], sign: i64) {
+        for &(n, units) in frees {
+            let freed = self.freed.entry(n).or_insert(0);
+            let before = *freed;
+            *freed += sign * units;
+            self.fit = self
+                .fit
+                .wrapping_add((self.replicas_on)(n, *freed))
+                .wrapping_sub((self.replicas_on)(n, before));
+        }
+    }
+
+    pub(super) fn add(&mut self, frees: &[(usize, i64)]) {
+        self.change(frees, 1);
+    }
+
+    pub(super) fn remove(&mut self, frees: &[(usize, i64)]) {
+        self.change(frees, -1);
+    }
+}
+
+/// The quota checks of admitting `w`'s smallest gang in `pool` on `ledger`, as [`try_pool`]
+/// makes them before placing: its tenant's limits, then what it may borrow.
+pub(super) fn quota_allows(
+    p: &Problem,
+    ledger: &Ledger,
+    w: usize,
+    pool: usize,
+) -> Result<(), Reason> {
+    let wl = &p.workloads[w];
+    ledger.check_limit(p, wl.tenant, pool, wl.amount(wl.min_member))?;
+    borrow_allows(p, ledger, w, pool, wl.min_member)
+}
+
+/// Whether `w`'s tenant may borrow what `n` replicas of it would borrow in `pool`.
+pub(super) fn borrow_allows(
+    p: &Problem,
+    ledger: &Ledger,
+    w: usize,
+    pool: usize,
+    n: u32,
+) -> Result<(), Reason> {
+    let wl = &p.workloads[w];
+    let gpus = wl.amount(n).gpus;
+    let (_, borrowed) = ledger.split(p, wl.tenant, pool, gpus);
+    ledger.check_borrow(p, wl.tenant, pool, gpus, borrowed)
+}
