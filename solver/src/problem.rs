@@ -402,12 +402,7 @@ impl Problem {
                 fair_share_preemption: p.fair_share_preemption,
             })
             .collect();
-        let pool_index: BTreeMap<&str, usize> = policy
-            .pools
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.name.as_str(), i))
-            .collect();
+        let pool_index = index_by_name(&policy.pools, |x| &x.name);
 
         let classes: Vec<ClassInfo> = policy
             .slo_classes
@@ -421,19 +416,9 @@ impl Problem {
                 min_runtime_seconds: c.min_runtime_seconds,
             })
             .collect();
-        let class_index: BTreeMap<&str, usize> = policy
-            .slo_classes
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name.as_str(), i))
-            .collect();
+        let class_index = index_by_name(&policy.slo_classes, |x| &x.name);
 
-        let tenant_index: BTreeMap<&str, usize> = policy
-            .tenants
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.as_str(), i))
-            .collect();
+        let tenant_index = index_by_name(&policy.tenants, |x| &x.name);
         let mut tenants: Vec<TenantInfo> = Vec::with_capacity(policy.tenants.len());
         for t in &policy.tenants {
             let parent = t
@@ -666,24 +651,9 @@ impl Problem {
         policy: &CompiledPolicy,
         arrival: &PendingWorkload,
     ) -> Result<(), ProblemError> {
-        let pool_index: BTreeMap<&str, usize> = policy
-            .pools
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.name.as_str(), i))
-            .collect();
-        let class_index: BTreeMap<&str, usize> = policy
-            .slo_classes
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name.as_str(), i))
-            .collect();
-        let tenant_index: BTreeMap<&str, usize> = policy
-            .tenants
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.as_str(), i))
-            .collect();
+        let pool_index = index_by_name(&policy.pools, |x| &x.name);
+        let class_index = index_by_name(&policy.slo_classes, |x| &x.name);
+        let tenant_index = index_by_name(&policy.tenants, |x| &x.name);
         let tables = Tables {
             pool_index: &pool_index,
             class_index: &class_index,
@@ -1050,6 +1020,15 @@ impl Problem {
     pub fn gpu_label(&self, gpu: usize) -> String {
         format!("{}/{}", self.node_of_gpu(gpu).name, self.gpus[gpu].index)
     }
+}
+
+/// Each item's position, by its name.
+fn index_by_name<T>(items: &[T], name: impl Fn(&T) -> &String) -> BTreeMap<&str, usize> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (name(x).as_str(), i))
+        .collect()
 }
 
 struct Tables<'a> {
