@@ -1,7 +1,8 @@
 //! `tessera-fleet agent`: the node side of fleet mode.
 //!
 //! An agent registers its node ([`Registrar`], on a lease), stops whatever it runs that is no
-//! longer bound to it (`nodes/<node>/bound`), then takes the actions the leader addresses to
+//! longer bound to it (`nodes/<node>/bound`; again each time it registers again after losing
+//! its lease, since its node may have been lost meanwhile), then takes the actions the leader addresses to
 //! it in id order ([`ActionFeed`]) and applies each through the same node-local code as the
 //! single-process service (`tessera_reconciler::node`), journaling intent before and the
 //! outcome after. An action whose journal stops at intent (the previous agent died applying
