@@ -5,8 +5,8 @@
 //! - `observed` ([`Observed`], written by the agent when it changes): the node as its driver
 //!   observes it, and the workloads it runs.
 //! - `bound` ([`Bound`], written by the leader): the workloads bound to the node, with their
-//!   attempt. An agent that starts again stops whatever it runs that is no longer bound to it
-//!   before it takes new actions, so a workload the control plane moved elsewhere while the
+//!   attempt. An agent that starts again, or registers again after losing its lease, stops
+//!   whatever it runs that is no longer bound to it before it takes new actions, so a workload the control plane moved elsewhere while the
 //!   node was away never runs twice.
 //!
 //! Every payload is JSON with a `version`; a reader refuses a version it does not speak and,

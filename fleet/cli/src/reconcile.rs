@@ -28,6 +28,7 @@ use tessera_fleet::nodes::{AgentNodes, AgentOptions};
 use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_reconciler::api::hooks::HookSecret;
 use tessera_reconciler::auth::Tokens;
+use tessera_reconciler::service::status::Health;
 use tessera_reconciler::service::{
     Condition, Config, Handle, NodeSource, ServeOptions, Shared, StoreSource, serve,
 };
@@ -150,16 +151,10 @@ impl Replica<'_> {
         let (wake, _asleep) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared::new("none (standing by)", wake));
         // What the operator's /status says here: no cycle runs on this replica.
-        shared
-            .status
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_conditions(vec![Condition::service(
-                "this replica stands by: it runs no cycle and serves reads from etcd; the \
-                 leader's /status describes the fleet",
-            )]);
-        let handle = Handle::new(shared, Box::new(reader), self.config.limits);
+        standby_status(&shared, None);
+        let handle = Handle::new(shared.clone(), Box::new(reader), self.config.limits);
         let leader = LeaderLookup {
+            shared,
             client: self.client.clone(),
             keys: self.keys.clone(),
             me: self.candidate_info.id.clone(),
@@ -294,6 +289,8 @@ async fn campaign(candidate: &Candidate) -> Leadership {
 
 #[derive(Clone)]
 struct LeaderLookup {
+    /// The standby's own status, which says whether etcd answers.
+    shared: Arc<Shared>,
     client: Client,
     keys: Keys,
     /// This replica's id: a leader key naming it is stale and not forwarded to.
@@ -317,8 +314,10 @@ async fn refuse_writes(
         && was_forwarded(&request).is_none()
     {
         let asked = request.headers().clone();
+        let leader = read_leader(&lookup).await;
+        standby_status(&lookup.shared, leader.as_ref().err().map(String::as_str));
         let own = next.run(request).await;
-        return with_leader_status(&lookup, asked, own).await;
+        return with_leader_status(&lookup, leader, asked, own).await;
     }
     if matches!(*request.method(), Method::GET | Method::HEAD) {
         return next.run(request).await;
@@ -363,6 +362,7 @@ async fn refuse_writes(
 /// standby does not run. Where the leader cannot be asked, `leaderStatus` says why.
 async fn with_leader_status(
     lookup: &LeaderLookup,
+    leader: Result<Option<LeaderInfo>, String>,
     asked: axum::http::HeaderMap,
     own: Response,
 ) -> Response {
@@ -376,7 +376,7 @@ async fn with_leader_status(
     let Ok(serde_json::Value::Object(mut status)) = serde_json::from_slice(&bytes) else {
         return Response::from_parts(parts, axum::body::Body::from(bytes));
     };
-    let leader_status = match leader_status(lookup, asked).await {
+    let leader_status = match leader_status(lookup, leader, asked).await {
         Ok(value) => value,
         Err(why) => serde_json::json!({ "error": why }),
     };
@@ -387,9 +387,10 @@ async fn with_leader_status(
 /// The leader's `/status`, or why it cannot be had.
 async fn leader_status(
     lookup: &LeaderLookup,
+    leader: Result<Option<LeaderInfo>, String>,
     asked: axum::http::HeaderMap,
 ) -> Result<serde_json::Value, String> {
-    let leader = match current_leader(&lookup.client, &lookup.keys).await {
+    let leader = match leader {
         Ok(Some(leader)) => leader,
         Ok(None) => return Err("no replica leads now".to_string()),
         Err(e) => return Err(format!("cannot read who leads: {e}")),
@@ -416,6 +417,42 @@ async fn leader_status(
         .await
         .map_err(|e| format!("reading {leader}'s status: {e}"))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{leader}'s status is not JSON: {e}"))
+}
+
+/// Who leads, as etcd says within [`LEADER_STATUS_WITHIN`]; why etcd cannot say.
+async fn read_leader(lookup: &LeaderLookup) -> Result<Option<LeaderInfo>, String> {
+    match tokio::time::timeout(
+        LEADER_STATUS_WITHIN,
+        current_leader(&lookup.client, &lookup.keys),
+    )
+    .await
+    {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(_) => Err(format!(
+            "etcd did not answer within {LEADER_STATUS_WITHIN:?}"
+        )),
+    }
+}
+
+/// A standby's own status: it runs no cycle; while etcd does not answer (`etcd_trouble`) no
+/// replica can lead or write, which is Degraded, with etcd's error as the reason. Set before
+/// each `/status` is answered, from the read of who leads that the answer makes anyway.
+fn standby_status(shared: &Shared, etcd_trouble: Option<&str>) {
+    let mut conditions = vec![Condition::service(
+        "this replica stands by: it runs no cycle and serves reads from etcd; the leader's \
+         /status describes the fleet",
+    )];
+    let mut status = shared.status.write().unwrap_or_else(|e| e.into_inner());
+    status.health = match etcd_trouble {
+        Some(why) => {
+            conditions.push(Condition::service(format!(
+                "etcd: cannot read who leads ({why}); no replica can lead until etcd answers"
+            )));
+            Health::Degraded
+        }
+        None => Health::Progressing,
+    };
+    status.set_conditions(conditions);
 }
 
 /// Resolves at SIGTERM or SIGINT.

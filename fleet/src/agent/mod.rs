@@ -1,7 +1,8 @@
 //! `tessera-fleet agent`: the node side of fleet mode.
 //!
 //! An agent registers its node ([`Registrar`], on a lease), stops whatever it runs that is no
-//! longer bound to it (`nodes/<node>/bound`), then takes the actions the leader addresses to
+//! longer bound to it (`nodes/<node>/bound`; again each time it registers again after losing
+//! its lease, since its node may have been lost meanwhile), then takes the actions the leader addresses to
 //! it in id order ([`ActionFeed`]) and applies each through the same node-local code as the
 //! single-process service (`tessera_reconciler::node`), journaling intent before and the
 //! outcome after. An action whose journal stops at intent (the previous agent died applying
@@ -34,7 +35,7 @@ use crate::actions::{ActionFeed, PendingAction};
 use crate::error::etcd;
 use crate::keys::Keys;
 use crate::protocol::{self, Bound};
-use crate::registration::Registrar;
+use crate::registration::{Registrar, RegistrationState};
 use crate::utilization::{self, Cadence, Utilization};
 
 /// How an agent reaches etcd and keeps its registration.
@@ -75,7 +76,7 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     tokio::pin!(shutdown);
     let mut backoff = Backoff::default();
-    let (client, _registrar) = loop {
+    let (client, mut registrar) = loop {
         let attempt = join(config, node);
         tokio::select! {
             () = &mut shutdown => return Ok(()),
@@ -103,6 +104,10 @@ pub async fn run(
     let mut feed: Option<ActionFeed> = None;
     let mut tick = tokio::time::interval(config.observe_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether the registration was lost (the agent paused or cut off past its lease) and
+    // what this node runs has not been compared with `bound` since: the control plane may
+    // have moved its workloads away meanwhile, and they must not run twice.
+    let mut lost = false;
     loop {
         if feed.is_none() {
             match ActionFeed::start(&client, &config.keys, node.name()).await {
@@ -124,6 +129,28 @@ pub async fn run(
         };
         let next = tokio::select! {
             () = &mut shutdown => return Ok(()),
+            state = registrar.wait_for(|s| lost != (*s == RegistrationState::Lost)) => {
+                lost = state == RegistrationState::Lost;
+                if lost {
+                    warn!("the registration's lease was lost; registering again");
+                    continue;
+                }
+                match stop_moved(&client, &config.keys, node).await {
+                    Ok(()) => info!("registered again"),
+                    Err(Joined::Record(e)) => return Err(AgentError::Record(e)),
+                    Err(e) => {
+                        // Compared again before anything else, after the back-off.
+                        lost = true;
+                        let wait = backoff.next();
+                        warn!(retry_in = ?wait, "registered again, but {e}");
+                        tokio::select! {
+                            () = &mut shutdown => return Ok(()),
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                }
+                continue;
+            }
             next = current.next_batch(BATCH) => Some(next),
             _ = tick.tick() => None,
         };
@@ -213,6 +240,22 @@ async fn join(config: &AgentConfig, node: &mut NodeState) -> Result<(Client, Reg
         );
     }
     Ok((client, registrar))
+}
+
+/// Registered again after the registration was lost: stops what is no longer bound here, as
+/// joining does.
+async fn stop_moved(client: &Client, keys: &Keys, node: &mut NodeState) -> Result<(), Joined> {
+    let bound = read_bound(client, keys, node.name())
+        .await?
+        .unwrap_or_default();
+    let stopped = blocking(|| node.stop_unbound(&bound))?;
+    if !stopped.is_empty() {
+        info!(
+            stopped = stopped.join(", "),
+            "stopped workloads moved away while the registration was lost"
+        );
+    }
+    Ok(())
 }
 
 /// The workloads the control plane binds to `node` now; `None` where it never wrote any.

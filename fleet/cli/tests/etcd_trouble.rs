@@ -1,0 +1,370 @@
+//! Fleet mode through etcd trouble, end to end: one `tessera-fleet reconcile` replica and two
+//! `tessera-fleet agent` processes (sim driver) on a real etcd.
+//!
+//! - etcd killed for longer than the lease and restarted on the same data directory: while it
+//!   is away `/status` is Degraded with a condition naming etcd; once it is back the replica
+//!   leads again, the workload that ran throughout still runs, started once, a new submission
+//!   runs, and `/status` recovers.
+//! - An agent paused (SIGSTOP) past its lease and the node grace: its node is lost, `/status`
+//!   is Degraded naming it and its workload runs on the other node; resumed (SIGCONT), the
+//!   agent registers again, stops the replica that was moved away from it, and `/status`
+//!   recovers.
+//!
+//! Every wait is bounded by a deadline that guards against a hang, never asserts on time.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use support::{Agent, Replica, eventually};
+use tessera_fleet::keys::Keys;
+use tessera_fleet::protocol::{self, Observed, RunState};
+use tessera_fleet::store::{EtcdStore, StoreRuntime};
+use tessera_fleet::testing::TestEtcd;
+use tessera_reconciler::store::StateStore;
+
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const PRODUCT: &str = "product-token-0123456789abcdef";
+const CLUSTER: &str = "agents";
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/agents")
+        .join(name)
+}
+
+/// One replica, two agents and the tokens, on a fresh etcd.
+struct Fleet {
+    // Dropped in this order: the processes before the etcd they use.
+    replica: Replica,
+    agents: BTreeMap<String, Agent>,
+    etcd: TestEtcd,
+    _repo: tempfile::TempDir,
+    work: tempfile::TempDir,
+    /// The process groups of the workloads the test saw: they outlive their agents by design.
+    reap: Vec<u32>,
+}
+
+impl Fleet {
+    fn start() -> Fleet {
+        let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
+        let repo = support::policy_repo(&data("policy"));
+        let work = tempfile::tempdir().unwrap();
+        std::fs::write(
+            work.path().join("tokens.yaml"),
+            format!("admin: {ADMIN}\ntenants:\n  product: {PRODUCT}\n"),
+        )
+        .unwrap();
+        let mut fleet = Fleet {
+            replica: Replica::spawn(
+                &etcd,
+                repo.path(),
+                work.path(),
+                "only",
+                &[
+                    "--cluster",
+                    CLUSTER,
+                    "--lease-ttl",
+                    "2s",
+                    "--node-grace",
+                    "3s",
+                ],
+            ),
+            etcd,
+            _repo: repo,
+            work,
+            agents: BTreeMap::new(),
+            reap: Vec::new(),
+        };
+        for node in ["n1", "n2"] {
+            fleet.spawn_agent(node);
+        }
+        fleet
+            .replica
+            .await_line("tessera-fleet reconcile: leading (term ");
+        fleet
+    }
+
+    fn spawn_agent(&mut self, node: &str) {
+        let agent = Agent::spawn(
+            &self.etcd,
+            CLUSTER,
+            node,
+            &data("nodes.yaml"),
+            &self.work.path().join(node),
+            &self.work.path().join(format!("{node}.log")),
+            &["--runtime", "process", "--insecure-runtime"],
+        );
+        self.agents.insert(node.to_string(), agent);
+    }
+
+    fn agent_signal(&self, node: &str, signal: Signal) {
+        kill(Pid::from_raw(self.agents[node].child.id() as i32), signal).unwrap();
+    }
+
+    /// Submits `name` (a long sleep on a `profile` instance), once a revision is in force.
+    fn submit(&self, name: &str, profile: &str) {
+        let job = json!({
+            "tenant": "product",
+            "sloClass": "serving",
+            "pool": "infer",
+            "gpu": {"migProfile": profile},
+            "command": ["sleep", "600"],
+        });
+        eventually(&format!("{name} accepted"), || {
+            let (code, body) = self.replica.try_call(
+                "POST",
+                "/v1/workloads",
+                PRODUCT,
+                Some(json!({"name": name, "spec": job})),
+            )?;
+            let waiting = body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no policy revision"));
+            assert!(code == 201 || waiting, "{code} {body}");
+            (code == 201).then_some(())
+        });
+    }
+
+    fn status(&self) -> Option<Value> {
+        self.replica
+            .try_call("GET", "/status", ADMIN, None)
+            .filter(|(code, _)| *code == 200)
+            .map(|(_, body)| body)
+    }
+
+    /// Waits until the store says `name` runs.
+    fn await_running(&self, name: &str) {
+        eventually(&format!("{name} running in the store"), || {
+            let (_, w) =
+                self.replica
+                    .try_call("GET", &format!("/v1/workloads/{name}"), ADMIN, None)?;
+            (w["phase"] == "running").then_some(())
+        });
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for node in self.agents.keys() {
+            // A paused agent is resumed so that its kill on drop ends it.
+            let _ = kill(
+                Pid::from_raw(self.agents[node].child.id() as i32),
+                Signal::SIGCONT,
+            );
+        }
+        for &pid in &self.reap {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+/// etcd as the test reads it: the agents' `observed` and the service's events.
+struct View {
+    runtime: std::sync::Arc<StoreRuntime>,
+    client: etcd_client::Client,
+    keys: Keys,
+}
+
+impl View {
+    fn connect(etcd: &TestEtcd) -> View {
+        let runtime = StoreRuntime::new().unwrap();
+        let client = runtime
+            .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
+            .unwrap();
+        View {
+            runtime,
+            client,
+            keys: Keys::new(CLUSTER).unwrap(),
+        }
+    }
+
+    fn observed(&self, node: &str) -> Option<Observed> {
+        let key = self.keys.observed(node).unwrap();
+        let mut client = self.client.clone();
+        let answer = self.runtime.block_on(client.get(key.as_str(), None)).ok()?;
+        let kv = answer.kvs().first()?;
+        Some(protocol::decode(kv.value()).unwrap())
+    }
+
+    /// The replicas of `product/<name>` each node reports running: node → (attempt, pid).
+    fn running(&self, name: &str) -> BTreeMap<String, Vec<(u32, Option<u32>)>> {
+        let workload = format!("product/{name}");
+        let mut out = BTreeMap::new();
+        for node in ["n1", "n2"] {
+            let Some(observed) = self.observed(node) else {
+                continue;
+            };
+            let running: Vec<(u32, Option<u32>)> = observed
+                .workloads
+                .iter()
+                .filter(|w| w.workload == workload && w.state == RunState::Running)
+                .map(|w| (w.attempt, w.pid))
+                .collect();
+            if !running.is_empty() {
+                out.insert(node.to_string(), running);
+            }
+        }
+        out
+    }
+
+    /// How many `running` events `name` has: one per start.
+    fn starts(&self, name: &str) -> usize {
+        let store = EtcdStore::reader(self.runtime.clone(), self.client.clone(), self.keys.clone());
+        store
+            .events(0, 10_000)
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == "running" && e.workload.as_deref() == Some(name))
+            .count()
+    }
+
+    /// Waits until `name` runs on one node, once; that node and the replica's pid.
+    fn await_one(&self, name: &str) -> (String, u32, u32) {
+        let running = eventually(&format!("{name} running on an agent"), || {
+            let running = self.running(name);
+            (!running.is_empty()).then_some(running)
+        });
+        assert_eq!(running.len(), 1, "one node runs {name}: {running:?}");
+        let (node, replicas) = running.into_iter().next().unwrap();
+        assert_eq!(replicas.len(), 1, "{name}: {replicas:?}");
+        let (attempt, pid) = replicas[0];
+        (node, attempt, pid.expect("a real process"))
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie no one has reaped yet).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn conditions(status: &Value) -> Vec<String> {
+    status["conditions"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["message"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits for a Degraded `/status` with a condition that contains `naming`.
+fn await_degraded(fleet: &Fleet, naming: &str) -> Value {
+    eventually(&format!("/status Degraded naming {naming:?}"), || {
+        let s = fleet.status()?;
+        let named = conditions(&s).iter().any(|c| c.contains(naming));
+        (s["health"] == "Degraded" && named).then_some(s)
+    })
+}
+
+/// Waits for a `/status` that is not Degraded and names nothing containing `naming`.
+fn await_recovered(fleet: &Fleet, naming: &str) -> Value {
+    eventually(&format!("/status recovered from {naming:?}"), || {
+        let s = fleet.status()?;
+        let named = conditions(&s).iter().any(|c| c.contains(naming));
+        (s["health"] != "Degraded" && !named).then_some(s)
+    })
+}
+
+#[test]
+fn etcd_away_past_the_lease_degrades_the_status_and_loses_nothing() {
+    let mut fleet = Fleet::start();
+    let view = View::connect(&fleet.etcd);
+    fleet.submit("web", "3g.40gb");
+    let (node, attempt, pid) = view.await_one("web");
+    fleet.reap.push(pid);
+    assert_eq!(attempt, 0);
+    fleet.await_running("web");
+    assert_eq!(view.starts("web"), 1, "started once");
+
+    // etcd away for longer than the lease (2 s): the replica cannot renew its term and
+    // stands by, and its status, served from memory, is Degraded naming etcd. Standing by
+    // comes only once the term's lease deadline passed, so this is past the lease.
+    fleet.etcd.kill();
+    let degraded = eventually("the standby's status Degraded naming etcd", || {
+        let s = fleet.status()?;
+        let conditions = conditions(&s);
+        let standing_by = conditions.iter().any(|c| c.contains("stands by"));
+        let etcd = conditions.iter().any(|c| c.starts_with("etcd: "));
+        (s["health"] == "Degraded" && standing_by && etcd).then_some(s)
+    });
+    eprintln!("degraded: {:?}", conditions(&degraded));
+    assert!(!gone(pid), "the workload runs on while etcd is away");
+    fleet
+        .etcd
+        .restart()
+        .unwrap_or_else(|e| panic!("etcd restarts on its data: {e}"));
+
+    // etcd back: the replica leads again, nothing was lost or started twice.
+    fleet
+        .replica
+        .await_line("tessera-fleet reconcile: leading (term ");
+    fleet.await_running("web");
+    fleet.submit("api", "4g.40gb");
+    let (_, api_attempt, api_pid) = view.await_one("api");
+    fleet.reap.push(api_pid);
+    assert_eq!(api_attempt, 0);
+    fleet.await_running("api");
+    let recovered = await_recovered(&fleet, "etcd: ");
+    eprintln!("recovered: {recovered}");
+    assert!(!gone(pid), "web was not stopped");
+    assert_eq!(
+        view.running("web"),
+        BTreeMap::from([(node, vec![(0, Some(pid))])]),
+        "web runs where it ran, the same process"
+    );
+    assert_eq!(view.starts("web"), 1, "web was started once");
+    assert_eq!(view.starts("api"), 1, "api was started once");
+}
+
+#[test]
+fn an_agent_paused_past_its_lease_is_lost_then_rejoins_without_running_anything_twice() {
+    let mut fleet = Fleet::start();
+    let view = View::connect(&fleet.etcd);
+    fleet.submit("web", "3g.40gb");
+    let (node, attempt, pid) = view.await_one("web");
+    fleet.reap.push(pid);
+    assert_eq!(attempt, 0);
+    fleet.await_running("web");
+    let other = if node == "n1" { "n2" } else { "n1" };
+
+    // Paused past its lease and the grace: the node is lost and the status names it; the
+    // workload runs on the other node.
+    fleet.agent_signal(&node, Signal::SIGSTOP);
+    let degraded = await_degraded(&fleet, &format!("node {node}"));
+    eprintln!("degraded: {:?}", conditions(&degraded));
+    let moved = eventually("web running on the other node", || {
+        view.running("web")
+            .get(other)
+            .and_then(|r| r.iter().find(|(attempt, _)| *attempt == 1).copied())
+    });
+    fleet.reap.extend(moved.1);
+    assert!(
+        !gone(pid),
+        "the old replica runs on while its agent is paused"
+    );
+
+    // Resumed: the agent registers again and stops what was moved away from it.
+    fleet.agent_signal(&node, Signal::SIGCONT);
+    eventually("the stale replica stopped", || gone(pid).then_some(()));
+    eventually("the resumed node reporting nothing of web", || {
+        let running = view.running("web");
+        (!running.contains_key(node.as_str()) && running.get(other).is_some_and(|r| r.len() == 1))
+            .then_some(())
+    });
+    let recovered = await_recovered(&fleet, &format!("node {node}"));
+    eprintln!("recovered: {recovered}");
+    let (_, w) = fleet.replica.call("GET", "/v1/workloads/web", ADMIN, None);
+    assert_eq!(w["phase"], "running", "{w}");
+    assert_eq!(view.starts("web"), 2, "started once per placement");
+}
