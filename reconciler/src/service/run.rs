@@ -235,10 +235,17 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
             fetch_due = false;
             cycle_due = true;
         }
+        // Only a pass that ran and left more goes on without a wait: `arrivals_due` alone
+        // would spin the loop on cycles while exits keep the arrival path from running (a
+        // cycle that fails before it takes the exits in, etcd away, ran back to back).
+        let mut more_arrivals = false;
         if !cycle_due && arrivals_due && !reconciler.has_exits() {
             arrivals_due = false;
             match reconciler.arrivals(snapshot::now()) {
-                Some(pass) => arrivals_due = pass.more,
+                Some(pass) => {
+                    arrivals_due = pass.more;
+                    more_arrivals = pass.more;
+                }
                 None => cycle_due = true,
             }
         }
@@ -248,7 +255,7 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
             // Submissions the cycle left undecided are the next one's, now.
             cycle_due = !report.deferred.is_empty();
         }
-        if arrivals_due {
+        if more_arrivals {
             // More of the same pass: no wait.
             continue;
         }
