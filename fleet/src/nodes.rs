@@ -396,10 +396,10 @@ impl AgentNodes {
             // Such a start is failed rather than completed: a cut dispatch leaves a prefix
             // of each node's actions, so a missing node may also lack the geometry steps
             // its copy was planned after, and the placement was decided from a view this
-            // term has not checked. Failing runs the service's usual path (the started
-            // replicas stopped, the workload backed off and queued again), so no gang runs
-            // partly. It waits for the copies that were sent to settle, so that the stop
-            // goes, after the start in each node's order, to every node that may run one.
+            // term has not checked. Failing runs the usual path of a failed start (the
+            // started replicas stopped, the workload queued again), so no gang runs partly.
+            // It waits for the copies that were sent to settle, so that the stop goes, after
+            // the start in each node's order, to every node that may run one.
             let missing: BTreeSet<String> = gang_nodes(&action)
                 .into_iter()
                 .filter(|node| !copies.keys().any(|(sent_to, _)| sent_to == node))
@@ -1044,5 +1044,59 @@ fn empty_bound() -> Bound {
     Bound {
         version: VERSION,
         workloads: BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_solver::decision::ReplicaBinding;
+
+    fn start_on(nodes: &[&str]) -> Action {
+        Action::Start {
+            workload: "t/w".into(),
+            bindings: nodes
+                .iter()
+                .map(|node| ReplicaBinding {
+                    node: (*node).into(),
+                    gpus: vec![0],
+                    mig_profile: None,
+                    mig_start: None,
+                    share: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_start_is_whole_only_with_a_copy_on_every_node_of_its_gang() {
+        let start = start_on(&["n1", "n2", "n1"]);
+        assert_eq!(
+            gang_nodes(&start),
+            BTreeSet::from(["n1".to_string(), "n2".to_string()])
+        );
+        assert!(
+            gang_nodes(&Action::ResetGpu {
+                gpu: tessera_reconciler::driver::GpuRef {
+                    node: "n1".into(),
+                    index: 0,
+                },
+            })
+            .is_empty()
+        );
+        let sent = |copies: &[(&str, Result<(), String>)], missing: &[&str]| Sent {
+            action: start.clone(),
+            copies: copies
+                .iter()
+                .enumerate()
+                .map(|(i, (node, how))| (((*node).to_string(), i as u64), Some(how.clone())))
+                .collect(),
+            missing: missing.iter().map(|n| (*n).to_string()).collect(),
+        };
+        assert_eq!(whole(&sent(&[("n1", Ok(())), ("n2", Ok(()))], &[])), Ok(()));
+        let short = whole(&sent(&[("n1", Ok(()))], &["n2"])).unwrap_err();
+        assert!(short.starts_with("n2: never sent"), "{short}");
+        let both = whole(&sent(&[("n1", Err("no GPU".into()))], &["n2"])).unwrap_err();
+        assert!(both.starts_with("n1: no GPU; n2: never sent"), "{both}");
     }
 }
