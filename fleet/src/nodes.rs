@@ -17,6 +17,13 @@
 //! cycle records its outcome. A new term takes over its predecessor's in-flight actions the
 //! same way ([`NodeSide::in_flight_at_start`]).
 //!
+//! **A gang start that reached only some nodes.** A dispatch cut part-way can leave a start's
+//! copies on some of its nodes and not on others. The start's bindings, in every copy, name
+//! all its nodes, so the term that matches the open intent knows the copies are not the whole
+//! action: the start fails once the copies that were sent have settled, naming the nodes that
+//! got none, and the usual failure path runs (the started replicas stopped, the workload
+//! queued again). No gang is ever recorded `Running` with replicas that were never started.
+//!
 //! **Exits and lost nodes.** A workload ended when the nodes report every replica of its
 //! attempt exited ([`exits`]); the agents are then told to forget it (a stop). A node away
 //! longer than the grace is reported lost: the service requeues its workloads, and `bound`
@@ -80,6 +87,9 @@ struct Sent {
     action: Action,
     /// Each copy (node, id) and how it ended, once it has.
     copies: BTreeMap<(String, u64), Option<Result<(), String>>>,
+    /// Nodes of a gang start that no copy reached (a dispatch cut part-way): the start fails
+    /// once the copies that were sent have settled (see [`AgentNodes::match_open`]).
+    missing: BTreeSet<String>,
 }
 
 /// The leader's node side: the agents, through etcd.
@@ -381,7 +391,35 @@ impl AgentNodes {
                 continue;
             }
             free.retain(|(copy, _)| !copies.contains_key(copy));
-            self.in_flight.insert(entry.id, Sent { action, copies });
+            // A gang start is whole only with a copy on every node its bindings name; the
+            // bindings travel in each copy, so what a cut dispatch left out is known here.
+            // Such a start is failed rather than completed: a cut dispatch leaves a prefix
+            // of each node's actions, so a missing node may also lack the geometry steps
+            // its copy was planned after, and the placement was decided from a view this
+            // term has not checked. Failing runs the usual path of a failed start (the
+            // started replicas stopped, the workload queued again), so no gang runs partly.
+            // It waits for the copies that were sent to settle, so that the stop goes, after
+            // the start in each node's order, to every node that may run one.
+            let missing: BTreeSet<String> = gang_nodes(&action)
+                .into_iter()
+                .filter(|node| !copies.keys().any(|(sent_to, _)| sent_to == node))
+                .collect();
+            if !missing.is_empty() {
+                warn!(
+                    journal = entry.id,
+                    "{action} reached only some of its nodes; it fails once those settle \
+                     (never sent to {})",
+                    missing.iter().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
+            self.in_flight.insert(
+                entry.id,
+                Sent {
+                    action,
+                    copies,
+                    missing,
+                },
+            );
         }
         self.unsure = false;
         if close_orphans {
@@ -439,6 +477,8 @@ impl AgentNodes {
                         ((c.node.clone(), c.id), how)
                     })
                     .collect(),
+                // Sent by this term to every node it routed the action to.
+                missing: BTreeSet::new(),
             },
         );
     }
@@ -891,6 +931,15 @@ fn replicas(action: &Action) -> Vec<ReplicaProcess> {
     }
 }
 
+/// The nodes a gang start's copies go to, as its bindings name them; none for other actions
+/// (their nodes are not in the action).
+fn gang_nodes(action: &Action) -> BTreeSet<String> {
+    match action {
+        Action::Start { bindings, .. } => bindings.iter().map(|b| b.node.clone()).collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
 fn workload_key(action: &Action) -> Option<String> {
     match action {
         Action::Checkpoint { workload, .. }
@@ -900,7 +949,8 @@ fn workload_key(action: &Action) -> Option<String> {
     }
 }
 
-/// The whole action's result from its copies': failed when any failed.
+/// The whole action's result from its copies': failed when any failed, or when a node it was
+/// meant for got no copy.
 fn whole(sent: &Sent) -> Result<(), String> {
     let failed: Vec<String> = sent
         .copies
@@ -909,6 +959,9 @@ fn whole(sent: &Sent) -> Result<(), String> {
             Some(Err(m)) => Some(format!("{node}: {m}")),
             _ => None,
         })
+        .chain(sent.missing.iter().map(|node| {
+            format!("{node}: never sent (the dispatch that carried the start was cut off)")
+        }))
         .collect();
     if failed.is_empty() {
         Ok(())
@@ -991,5 +1044,59 @@ fn empty_bound() -> Bound {
     Bound {
         version: VERSION,
         workloads: BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_solver::decision::ReplicaBinding;
+
+    fn start_on(nodes: &[&str]) -> Action {
+        Action::Start {
+            workload: "t/w".into(),
+            bindings: nodes
+                .iter()
+                .map(|node| ReplicaBinding {
+                    node: (*node).into(),
+                    gpus: vec![0],
+                    mig_profile: None,
+                    mig_start: None,
+                    share: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_start_is_whole_only_with_a_copy_on_every_node_of_its_gang() {
+        let start = start_on(&["n1", "n2", "n1"]);
+        assert_eq!(
+            gang_nodes(&start),
+            BTreeSet::from(["n1".to_string(), "n2".to_string()])
+        );
+        assert!(
+            gang_nodes(&Action::ResetGpu {
+                gpu: tessera_reconciler::driver::GpuRef {
+                    node: "n1".into(),
+                    index: 0,
+                },
+            })
+            .is_empty()
+        );
+        let sent = |copies: &[(&str, Result<(), String>)], missing: &[&str]| Sent {
+            action: start.clone(),
+            copies: copies
+                .iter()
+                .enumerate()
+                .map(|(i, (node, how))| (((*node).to_string(), i as u64), Some(how.clone())))
+                .collect(),
+            missing: missing.iter().map(|n| (*n).to_string()).collect(),
+        };
+        assert_eq!(whole(&sent(&[("n1", Ok(())), ("n2", Ok(()))], &[])), Ok(()));
+        let short = whole(&sent(&[("n1", Ok(()))], &["n2"])).unwrap_err();
+        assert!(short.starts_with("n2: never sent"), "{short}");
+        let both = whole(&sent(&[("n1", Err("no GPU".into()))], &["n2"])).unwrap_err();
+        assert!(both.starts_with("n1: no GPU; n2: never sent"), "{both}");
     }
 }

@@ -8,6 +8,9 @@
 //! to, and a stop or checkpoint to every node its workload runs on; each node gets its own
 //! copy (its own id) and starts or signals its own replicas. The action is done when every copy
 //! is, failed when any copy failed (the message names the node), and otherwise not settled.
+//! A dispatch cut part-way may write only some of the copies; the runner reports what it
+//! finds, and the node side (`crate::nodes`) fails a start whose bindings name a node no copy
+//! reached.
 //!
 //! **Not settled is not forgotten.** An action the deadline cut off stays in flight: the agent
 //! may still apply it (it is in etcd, in order). Its outcome is reported by a later call, among
