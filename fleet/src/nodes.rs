@@ -315,24 +315,7 @@ impl AgentNodes {
     ) -> Result<(), StoreError> {
         effect(store, action, result, now)?;
         if let (Action::Start { workload, .. }, Err(_)) = (action, result) {
-            // A gang's copies that did start are stopped: the workload is queued again.
-            let started: Vec<String> = copies
-                .iter()
-                .filter(|(_, how)| !matches!(how, Some(Err(_))))
-                .map(|((node, _), _)| node.clone())
-                .collect();
-            if !started.is_empty()
-                && let Ok(stop) = PlannedAction::new(
-                    Action::Stop {
-                        workload: workload.clone(),
-                        reason: "another replica of the gang failed to start".into(),
-                    },
-                    None,
-                    &started,
-                )
-            {
-                self.housekeeping.push(stop);
-            }
+            self.stop_started_copies(workload, copies);
         }
         let how = match result {
             Ok(()) => Ended::Done,
@@ -849,6 +832,32 @@ impl AgentNodes {
             .map_err(|e| format!("pruning recorded outcomes: {e}"))
     }
 
+    /// After a failed start: the gang's copies that did not fail are stopped (the workload is
+    /// queued again), on the next dispatch.
+    fn stop_started_copies(
+        &mut self,
+        workload: &str,
+        copies: &BTreeMap<(String, u64), Option<Result<(), String>>>,
+    ) {
+        let started: Vec<String> = copies
+            .iter()
+            .filter(|(_, how)| !matches!(how, Some(Err(_))))
+            .map(|((node, _), _)| node.clone())
+            .collect();
+        if !started.is_empty()
+            && let Ok(stop) = PlannedAction::new(
+                Action::Stop {
+                    workload: workload.to_owned(),
+                    reason: "another replica of the gang failed to start".into(),
+                },
+                None,
+                &started,
+            )
+        {
+            self.housekeeping.push(stop);
+        }
+    }
+
     /// A failed start the arrival path records: its copies that did start are stopped, and
     /// its outcome pruned by the next call, once recorded.
     fn remember_failed(&mut self, outcome: &crate::runner::ActionOutcome) {
@@ -858,23 +867,7 @@ impl AgentNodes {
             .map(|c| ((c.node.clone(), c.id), settled_result(&c.settled)))
             .collect();
         if let Action::Start { workload, .. } = &outcome.action {
-            let started: Vec<String> = copies
-                .iter()
-                .filter(|(_, how)| !matches!(how, Some(Err(_))))
-                .map(|((node, _), _)| node.clone())
-                .collect();
-            if !started.is_empty()
-                && let Ok(stop) = PlannedAction::new(
-                    Action::Stop {
-                        workload: workload.clone(),
-                        reason: "another replica of the gang failed to start".into(),
-                    },
-                    None,
-                    &started,
-                )
-            {
-                self.housekeeping.push(stop);
-            }
+            self.stop_started_copies(workload, &copies);
         }
         self.to_prune.extend(
             outcome
