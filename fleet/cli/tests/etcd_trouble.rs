@@ -20,12 +20,8 @@ use std::path::{Path, PathBuf};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::{Agent, Replica, eventually};
-use tessera_fleet::keys::Keys;
-use tessera_fleet::protocol::{self, Observed, RunState};
-use tessera_fleet::store::{EtcdStore, StoreRuntime};
+use support::{Agent, Replica, conditions, eventually, gone};
 use tessera_fleet::testing::TestEtcd;
-use tessera_reconciler::store::StateStore;
 
 const ADMIN: &str = "admin-token-0123456789abcdef";
 const PRODUCT: &str = "product-token-0123456789abcdef";
@@ -163,64 +159,22 @@ impl Drop for Fleet {
     }
 }
 
-/// etcd as the test reads it: the agents' `observed` and the service's events.
-struct View {
-    runtime: std::sync::Arc<StoreRuntime>,
-    client: etcd_client::Client,
-    keys: Keys,
-}
+/// etcd as the test reads it, for this fleet's nodes and tenant.
+struct View(support::FleetEtcd);
 
 impl View {
     fn connect(etcd: &TestEtcd) -> View {
-        let runtime = StoreRuntime::new().unwrap();
-        let client = runtime
-            .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
-            .unwrap();
-        View {
-            runtime,
-            client,
-            keys: Keys::new(CLUSTER).unwrap(),
-        }
-    }
-
-    fn observed(&self, node: &str) -> Option<Observed> {
-        let key = self.keys.observed(node).unwrap();
-        let mut client = self.client.clone();
-        let answer = self.runtime.block_on(client.get(key.as_str(), None)).ok()?;
-        let kv = answer.kvs().first()?;
-        Some(protocol::decode(kv.value()).unwrap())
+        View(support::FleetEtcd::connect(etcd, CLUSTER))
     }
 
     /// The replicas of `product/<name>` each node reports running: node → (attempt, pid).
     fn running(&self, name: &str) -> BTreeMap<String, Vec<(u32, Option<u32>)>> {
-        let workload = format!("product/{name}");
-        let mut out = BTreeMap::new();
-        for node in ["n1", "n2"] {
-            let Some(observed) = self.observed(node) else {
-                continue;
-            };
-            let running: Vec<(u32, Option<u32>)> = observed
-                .workloads
-                .iter()
-                .filter(|w| w.workload == workload && w.state == RunState::Running)
-                .map(|w| (w.attempt, w.pid))
-                .collect();
-            if !running.is_empty() {
-                out.insert(node.to_string(), running);
-            }
-        }
-        out
+        self.0.running(&format!("product/{name}"), &["n1", "n2"])
     }
 
     /// How many `running` events `name` has: one per start.
     fn starts(&self, name: &str) -> usize {
-        let store = EtcdStore::reader(self.runtime.clone(), self.client.clone(), self.keys.clone());
-        store
-            .events(0, 10_000)
-            .unwrap()
-            .iter()
-            .filter(|e| e.kind == "running" && e.workload.as_deref() == Some(name))
-            .count()
+        self.0.events(name, "running")
     }
 
     /// Waits until `name` runs on one node, once; that node and the replica's pid.
@@ -235,27 +189,6 @@ impl View {
         let (attempt, pid) = replicas[0];
         (node, attempt, pid.expect("a real process"))
     }
-}
-
-/// Whether process `pid` is gone (or a zombie no one has reaped yet).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-fn conditions(status: &Value) -> Vec<String> {
-    status["conditions"]
-        .as_array()
-        .map(|c| {
-            c.iter()
-                .filter_map(|c| c["message"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Waits for a Degraded `/status` with a condition that contains `naming`.

@@ -13,12 +13,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use support::{Agent, Replica, eventually};
-use tessera_fleet::keys::Keys;
-use tessera_fleet::protocol::{self, Observed, RunState};
-use tessera_fleet::store::{EtcdStore, StoreRuntime};
+use support::{Agent, Replica, conditions, eventually, gone};
+use tessera_fleet::protocol::Observed;
 use tessera_fleet::testing::TestEtcd;
-use tessera_reconciler::store::StateStore;
 
 const ADMIN: &str = "admin-token-0123456789abcdef";
 const PRODUCT: &str = "product-token-0123456789abcdef";
@@ -60,75 +57,25 @@ fn replica(etcd: &TestEtcd, repo: &Path, work: &Path, id: &str) -> Replica {
     )
 }
 
-/// etcd as the test reads it: the agents' `observed` and the service's events.
-struct Etcd {
-    runtime: std::sync::Arc<StoreRuntime>,
-    client: etcd_client::Client,
-    keys: Keys,
-}
+/// etcd as the test reads it, for this fleet's nodes and `WORKLOAD`.
+struct Etcd(support::FleetEtcd);
 
 impl Etcd {
     fn connect(etcd: &TestEtcd) -> Etcd {
-        let runtime = StoreRuntime::new().unwrap();
-        let client = runtime
-            .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
-            .unwrap();
-        Etcd {
-            runtime,
-            client,
-            keys: Keys::new(CLUSTER).unwrap(),
-        }
+        Etcd(support::FleetEtcd::connect(etcd, CLUSTER))
     }
 
     fn observed(&self, node: &str) -> Option<Observed> {
-        let key = self.keys.observed(node).unwrap();
-        let mut client = self.client.clone();
-        let answer = self
-            .runtime
-            .block_on(client.get(key.as_str(), None))
-            .unwrap();
-        let kv = answer.kvs().first()?;
-        Some(protocol::decode(kv.value()).unwrap())
+        self.0.observed(node)
     }
 
     /// The replicas of `WORKLOAD` each node reports running: node → (attempt, pid).
     fn running(&self) -> BTreeMap<String, Vec<(u32, Option<u32>)>> {
-        let mut out = BTreeMap::new();
-        for node in ["n1", "n2"] {
-            let Some(observed) = self.observed(node) else {
-                continue;
-            };
-            let running: Vec<(u32, Option<u32>)> = observed
-                .workloads
-                .iter()
-                .filter(|w| w.workload == WORKLOAD && w.state == RunState::Running)
-                .map(|w| (w.attempt, w.pid))
-                .collect();
-            if !running.is_empty() {
-                out.insert(node.to_string(), running);
-            }
-        }
-        out
+        self.0.running(WORKLOAD, &["n1", "n2"])
     }
 
     fn events(&self, kind: &str) -> usize {
-        let store = EtcdStore::reader(self.runtime.clone(), self.client.clone(), self.keys.clone());
-        store
-            .events(0, 10_000)
-            .unwrap()
-            .iter()
-            .filter(|e| e.kind == kind && e.workload.as_deref() == Some("web"))
-            .count()
-    }
-}
-
-/// Whether process `pid` is gone (or a zombie no one has reaped yet).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        self.0.events("web", kind)
     }
 }
 
@@ -149,17 +96,6 @@ impl Drop for Reaper {
 
 fn status(replica: &Replica) -> Value {
     replica.call("GET", "/status", ADMIN, None).1
-}
-
-fn conditions(status: &Value) -> Vec<String> {
-    status["conditions"]
-        .as_array()
-        .map(|c| {
-            c.iter()
-                .filter_map(|c| c["message"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[test]
@@ -323,9 +259,10 @@ fn leaders_killed_at_random_moments_apply_nothing_twice_run_nothing_twice_and_lo
         .collect();
     let view = Etcd::connect(&etcd);
     let leader_id = |view: &Etcd| {
-        let client = view.client.clone();
-        let keys = view.keys.clone();
-        view.runtime
+        let client = view.0.client.clone();
+        let keys = view.0.keys.clone();
+        view.0
+            .runtime
             .block_on(async move { tessera_fleet::election::current_leader(&client, &keys).await })
             .ok()
             .flatten()

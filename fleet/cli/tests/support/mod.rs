@@ -3,6 +3,7 @@
 //! Each test file uses what it needs.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,11 @@ use std::time::{Duration, Instant};
 
 use git2::{Repository, RepositoryInitOptions, Signature};
 use serde_json::Value;
+use tessera_fleet::keys::Keys;
+use tessera_fleet::protocol::{self, Observed, RunState};
+use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_fleet::testing::TestEtcd;
+use tessera_reconciler::store::StateStore;
 
 /// Every wait is bounded by this: a guard against a hang, never a timing assertion.
 pub const PATIENCE: Duration = Duration::from_secs(90);
@@ -294,4 +299,92 @@ impl Drop for Replica {
     fn drop(&mut self) {
         self.sigkill();
     }
+}
+
+/// etcd as a test reads it: the agents' `observed` and the service's events.
+pub struct FleetEtcd {
+    pub runtime: std::sync::Arc<StoreRuntime>,
+    pub client: etcd_client::Client,
+    pub keys: Keys,
+}
+
+impl FleetEtcd {
+    pub fn connect(etcd: &TestEtcd, cluster: &str) -> FleetEtcd {
+        let runtime = StoreRuntime::new().unwrap();
+        let client = runtime
+            .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
+            .unwrap();
+        FleetEtcd {
+            runtime,
+            client,
+            keys: Keys::new(cluster).unwrap(),
+        }
+    }
+
+    /// What `node`'s agent last reported; `None` where it reported nothing or etcd is away.
+    pub fn observed(&self, node: &str) -> Option<Observed> {
+        let key = self.keys.observed(node).unwrap();
+        let mut client = self.client.clone();
+        let answer = self.runtime.block_on(client.get(key.as_str(), None)).ok()?;
+        let kv = answer.kvs().first()?;
+        Some(protocol::decode(kv.value()).unwrap())
+    }
+
+    /// The replicas of `workload` (`tenant/name`) each of `nodes` reports running:
+    /// node → (attempt, pid).
+    pub fn running(
+        &self,
+        workload: &str,
+        nodes: &[&str],
+    ) -> BTreeMap<String, Vec<(u32, Option<u32>)>> {
+        let mut out = BTreeMap::new();
+        for &node in nodes {
+            let Some(observed) = self.observed(node) else {
+                continue;
+            };
+            let running: Vec<(u32, Option<u32>)> = observed
+                .workloads
+                .iter()
+                .filter(|w| w.workload == workload && w.state == RunState::Running)
+                .map(|w| (w.attempt, w.pid))
+                .collect();
+            if !running.is_empty() {
+                out.insert(node.to_string(), running);
+            }
+        }
+        out
+    }
+
+    /// How many events of `kind` workload `name` has.
+    pub fn events(&self, name: &str, kind: &str) -> usize {
+        let store = EtcdStore::reader(self.runtime.clone(), self.client.clone(), self.keys.clone());
+        store
+            .events(0, 10_000)
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == kind && e.workload.as_deref() == Some(name))
+            .count()
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie no one has reaped yet).
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// The messages of a `/status` answer's conditions.
+pub fn conditions(status: &Value) -> Vec<String> {
+    status["conditions"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["message"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
