@@ -22,7 +22,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use tessera_compiler::WorkloadKey;
@@ -36,7 +36,7 @@ use tessera_solver::SolveOptions;
 use tessera_solver::carry::carry_out;
 use tessera_solver::decision::{Decision, Method, Outcome, WorkloadDecision};
 use tessera_solver::problem::{ProblemError, parse_rfc3339, unix};
-use tessera_solver::session::{Admission, Removal, Session, SessionError};
+use tessera_solver::session::{Admission, ArrivalOrder, FullCycle, Removal, Session, SessionError};
 
 use common::random::*;
 use tessera_solver::Solver as _;
@@ -143,30 +143,44 @@ fn with_history(
     policy
 }
 
-fn case(seed: u64, tally: &mut Tally) {
-    let mut rng = Seeded(seed);
+/// A random fleet as `invariants.rs` builds them, after a first decision carried out, with a
+/// queue of up to `queue` workloads and (odd seeds) fair-share history: the snapshot a
+/// session opens on, its policy, and the instant. `fair_preemption` says, drawing from the
+/// seed's stream after the fleet, whether borrowers preempt each other by fair share.
+fn opened(
+    seed: u64,
+    rng: &mut Seeded,
+    fair_preemption: impl FnOnce(&mut Seeded) -> bool,
+    queue: u32,
+) -> (CompiledPolicy, ClusterStateSpec, i64) {
     let now = parse_rfc3339(NOW).unwrap().as_second();
-    let mut f = fleet(&mut rng);
-    if (seed >> 7) % 4 == 1 {
+    let mut f = fleet(rng);
+    if fair_preemption(rng) {
         f.with_fair_preemption();
     }
     let first_queue = rng.range(3, 10);
     let state0 = ClusterStateSpec {
         observed_at: unix(now - 4 * 3600),
-        nodes: nodes(&mut rng, &f),
+        nodes: nodes(rng, &f),
         running: Vec::new(),
-        pending: pending(&mut rng, "w", first_queue, now - 4 * 3600),
+        pending: pending(rng, "w", first_queue, now - 4 * 3600),
         usage: None,
         reservations: Vec::new(),
         reconfigurations: Vec::new(),
     };
     let (policy, state0) = checked(&f.policy_yaml, &state0, "initial snapshot");
     let d1 = full(&policy, &state0);
-    let mut state = apply(&state0, &d1, &mut rng, now);
-    let queue = rng.range(0, 6);
-    state.pending = pending(&mut rng, "p", queue, now);
+    let mut state = apply(&state0, &d1, rng, now);
+    let queue = rng.range(0, queue);
+    state.pending = pending(rng, "p", queue, now);
     let (policy, mut state) = checked(&f.policy_yaml, &state, "state after the first decision");
     let policy = with_history(seed, policy, &mut state, now);
+    (policy, state, now)
+}
+
+fn case(seed: u64, tally: &mut Tally) {
+    let mut rng = Seeded(seed);
+    let (policy, mut state, now) = opened(seed, &mut rng, |_| (seed >> 7) % 4 == 1, 6);
 
     let options = SolveOptions::default();
     // The service's cycle: `solve`'s decision, with a session when it is the heuristic's.
@@ -374,28 +388,7 @@ fn carried_case(seed: u64, tally: &mut CarriedTally) {
     let mut rng = Seeded(seed ^ 0xca77_1ed0);
     // Apart, so that the draws of the fleet and the arrivals stay what they were.
     let mut finishes = Seeded(seed ^ 0xf1_4158);
-    let now = parse_rfc3339(NOW).unwrap().as_second();
-    let mut f = fleet(&mut rng);
-    if rng.chance(25) {
-        f.with_fair_preemption();
-    }
-    let first_queue = rng.range(3, 10);
-    let state0 = ClusterStateSpec {
-        observed_at: unix(now - 4 * 3600),
-        nodes: nodes(&mut rng, &f),
-        running: Vec::new(),
-        pending: pending(&mut rng, "w", first_queue, now - 4 * 3600),
-        usage: None,
-        reservations: Vec::new(),
-        reconfigurations: Vec::new(),
-    };
-    let (policy, state0) = checked(&f.policy_yaml, &state0, "initial snapshot");
-    let d1 = full(&policy, &state0);
-    let mut state = apply(&state0, &d1, &mut rng, now);
-    let queue = rng.range(0, 3);
-    state.pending = pending(&mut rng, "p", queue, now);
-    let (policy, mut state) = checked(&f.policy_yaml, &state, "state after the first decision");
-    let policy = with_history(seed, policy, &mut state, now);
+    let (policy, mut state, now) = opened(seed, &mut rng, |rng| rng.chance(25), 3);
     let options = SolveOptions::default();
     let (mut session, _) = Session::new(&policy, &state, &options).unwrap();
     for k in 0..4 {
@@ -491,6 +484,111 @@ fn fixed_seeds_carry_out_and_agree() {
     assert!(tally.decided_after_rebase > 40, "{tally:?}");
     assert!(tally.admitted_after_rebase > 20, "{tally:?}");
     assert!(tally.finished_after_rebase > 10, "{tally:?}");
+}
+
+/// How often each path of [`batch_case`] was taken.
+#[derive(Debug, Default)]
+struct BatchTally {
+    /// Batches decided whole in pick order.
+    whole: u32,
+    admitted: u32,
+    /// Batches the session sent to a full cycle for another reason (an arrival placed before
+    /// an admission of the standing decision, a reservation).
+    full_cycle: u32,
+    /// Batches that, decided in submission order instead, would have stopped at an arrival
+    /// placed before an admission of its own batch.
+    stopped_in_submission_order: u32,
+}
+
+/// The arrival path's pass: a batch of arrivals decided one at a time in [`ArrivalOrder`]. No
+/// arrival is placed before an admission of its own batch (keys only grow as work is
+/// admitted), and once the batch is decided the session's decisions are the full cycle's on
+/// the snapshot with the batch pending.
+fn batch_case(seed: u64, tally: &mut BatchTally) {
+    let mut rng = Seeded(seed ^ 0xba7c_4a11);
+    let (policy, mut state, now) = opened(seed, &mut rng, |rng| rng.chance(25), 4);
+    let (mut session, _) = Session::new(&policy, &state, &SolveOptions::default()).unwrap();
+    let size = rng.range(2, 9);
+    let batch: Vec<PendingWorkload> = (0..size)
+        .map(|k| PendingWorkload {
+            name: format!("x-{k}"),
+            spec: workload(&mut rng),
+            submitted_at: unix(now - i64::from(rng.range(0, 40)) * 60),
+        })
+        .collect();
+    let key = |w: &PendingWorkload| WorkloadKey::new(&w.spec.tenant, &w.name).to_string();
+
+    let mut in_submission_order = session.clone();
+    let mut admitted = BTreeSet::new();
+    for arrival in &batch {
+        match in_submission_order.admit(arrival).unwrap() {
+            Admission::Decided { decision, .. } => {
+                if matches!(decision.outcome, Outcome::Admit { .. }) {
+                    admitted.insert(key(arrival));
+                }
+            }
+            Admission::NeedsFullCycle(FullCycle::Reorders { before })
+                if admitted.contains(&before) =>
+            {
+                tally.stopped_in_submission_order += 1;
+                break;
+            }
+            Admission::NeedsFullCycle(_) => break,
+        }
+    }
+
+    let mut order = ArrivalOrder::new(&mut session, &batch);
+    let mut admitted = BTreeSet::new();
+    while let Some(i) = order.next(&mut session, &batch) {
+        match session.admit(&batch[i]).unwrap() {
+            Admission::Decided { decision, .. } => {
+                if matches!(decision.outcome, Outcome::Admit { .. }) {
+                    admitted.insert(key(&batch[i]));
+                    tally.admitted += 1;
+                }
+                state.pending.push(batch[i].clone());
+            }
+            Admission::NeedsFullCycle(why) => {
+                if let FullCycle::Reorders { before } = &why {
+                    assert!(
+                        !admitted.contains(before),
+                        "seed {seed}: `{}` placed before `{before}`, admitted from its own batch",
+                        key(&batch[i])
+                    );
+                }
+                tally.full_cycle += 1;
+                return;
+            }
+        }
+    }
+    assert!(order.is_empty());
+    let d = full(&policy, &state);
+    assert_eq!(
+        session.decisions(),
+        d.workloads,
+        "seed {seed}: the batch decided"
+    );
+    tally.whole += 1;
+}
+
+proptest! {
+    #![proptest_config(common::proptest_config(64))]
+
+    #[test]
+    fn a_batch_in_pick_order_is_never_placed_before_its_own_admissions(seed in any::<u64>()) {
+        batch_case(seed, &mut BatchTally::default());
+    }
+}
+
+#[test]
+fn fixed_seeds_decide_batches_whole_where_submission_order_stops() {
+    let mut tally = BatchTally::default();
+    for seed in 0..100 {
+        batch_case(seed, &mut tally);
+    }
+    assert!(tally.whole > 40, "{tally:?}");
+    assert!(tally.admitted > 40, "{tally:?}");
+    assert!(tally.stopped_in_submission_order > 5, "{tally:?}");
 }
 
 #[test]

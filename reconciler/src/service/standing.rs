@@ -38,7 +38,7 @@ use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload, RunningWorkload};
 use tessera_solver::Decision;
 use tessera_solver::decision::Outcome;
-use tessera_solver::session::{Admission, FullCycle, Session, SessionError};
+use tessera_solver::session::{Admission, ArrivalOrder, FullCycle, Session, SessionError};
 
 /// At most this many submissions are decided by the session in one cycle; a burst goes to a
 /// full cycle. An arrival the session places ahead of waiting work decides that work again
@@ -193,9 +193,13 @@ impl Standing {
         }
         let mut decided: Vec<String> = Vec::with_capacity(arrivals.len());
         let mut deferred = Vec::new();
-        for arrival in arrivals {
+        // In the order the full cycle would pick them, so that none is ordered before
+        // another arrival of this cycle (see `ArrivalOrder`).
+        let mut order = ArrivalOrder::new(&mut self.session, &arrivals);
+        while let Some(i) = order.next(&mut self.session, &arrivals) {
+            let arrival = &arrivals[i];
             let key = WorkloadKey::new(&arrival.spec.tenant, &arrival.name).to_string();
-            match self.session.admit(&arrival) {
+            match self.session.admit(arrival) {
                 Ok(Admission::Decided { .. }) => decided.push(key),
                 // The full cycle would pick it before another arrival of this cycle: once that
                 // one runs, the next cycle decides it after all admissions, as a full cycle
@@ -203,7 +207,7 @@ impl Standing {
                 Ok(Admission::NeedsFullCycle(FullCycle::Reorders { before }))
                     if decided.contains(&before) =>
                 {
-                    deferred.push(arrival);
+                    deferred.push(arrival.clone());
                 }
                 Ok(Admission::NeedsFullCycle(why)) => {
                     return Err(Stale::Session(why.to_string()));
@@ -245,6 +249,23 @@ impl Standing {
     /// decision was made; on `NeedsFullCycle` or `Err` the session is unchanged.
     pub fn decide(&mut self, arrival: &PendingWorkload) -> Result<Admission, SessionError> {
         self.session.admit(arrival)
+    }
+
+    /// The arrival path's order for a batch of new workloads: the order the full cycle would
+    /// pick them in, so that none is ordered before an admission of its own batch
+    /// ([`ArrivalOrder`]). Hand them out with [`Standing::next_arrival`].
+    pub fn arrival_order(&mut self, arrivals: &[PendingWorkload]) -> ArrivalOrder {
+        ArrivalOrder::new(&mut self.session, arrivals)
+    }
+
+    /// The next arrival of `order` to decide, against the session as the decisions before
+    /// left it.
+    pub fn next_arrival(
+        &mut self,
+        order: &mut ArrivalOrder,
+        arrivals: &[PendingWorkload],
+    ) -> Option<usize> {
+        order.next(&mut self.session, arrivals)
     }
 
     /// The arrival path started `runs` (admitted by [`Standing::decide`]): the session stands

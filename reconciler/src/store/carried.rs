@@ -41,11 +41,10 @@ impl Store {
     pub fn carried(&self) -> Result<Carried, StoreError> {
         let row: Option<(Option<String>, String, String)> = self
             .conn
-            .query_row(
+            .prepare_cached(
                 "SELECT usage, reservations, reconfigurations FROM carried WHERE id = 1",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
+            )?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
         let Some((usage, reservations, reconfigurations)) = row else {
             return Ok(Carried::default());
@@ -69,13 +68,13 @@ impl Store {
         let reservations = to_json("reservations", &carried.reservations)?;
         let reconfigurations = to_json("reconfigurations", &carried.reconfigurations)?;
         let tx = self.write()?;
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO carried (id, usage, reservations, reconfigurations, updated_at)
              VALUES (1, ?1, ?2, ?3, ?4)
              ON CONFLICT (id) DO UPDATE
              SET usage = ?1, reservations = ?2, reconfigurations = ?3, updated_at = ?4",
-            params![usage, reservations, reconfigurations, now],
-        )?;
+        )?
+        .execute(params![usage, reservations, reconfigurations, now])?;
         tx.commit()?;
         Ok(())
     }

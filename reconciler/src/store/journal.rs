@@ -27,9 +27,8 @@ pub(super) fn close_in(
     now: i64,
 ) -> Result<(), StoreError> {
     let found: Option<String> = tx
-        .query_row("SELECT state FROM journal WHERE id = ?1", [id], |r| {
-            r.get(0)
-        })
+        .prepare_cached("SELECT state FROM journal WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
         .optional()?;
     let Some(found) = found else {
         return Err(StoreError::NotFound(format!("journal action {id}")));
@@ -50,10 +49,8 @@ pub(super) fn close_in(
         Ended::Done => (ActionState::Done, None),
         Ended::Failed(error) => (ActionState::Failed, Some(error)),
     };
-    tx.execute(
-        "UPDATE journal SET state = ?2, ended_at = ?3, error = ?4 WHERE id = ?1",
-        params![id, state.as_str(), now, error],
-    )?;
+    tx.prepare_cached("UPDATE journal SET state = ?2, ended_at = ?3, error = ?4 WHERE id = ?1")?
+        .execute(params![id, state.as_str(), now, error])?;
     Ok(())
 }
 
@@ -223,29 +220,33 @@ impl Store {
         since: i64,
         interrupted_prefix: &str,
     ) -> Result<u32, StoreError> {
-        let count: i64 = self.conn.query_row(
-            "SELECT COUNT(*) FROM journal WHERE state = 'failed' AND begun_at >= ?1 \
+        let count: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM journal WHERE state = 'failed' AND begun_at >= ?1 \
              AND substr(error, 1, length(?2)) = ?2 \
              AND json_extract(action, '$.action') = 'start' \
              AND json_extract(action, '$.workload') IN (?3, ?4)",
-            params![
-                since,
-                interrupted_prefix,
-                workload.to_string(),
-                workload.name
-            ],
-            |r| r.get(0),
-        )?;
+            )?
+            .query_row(
+                params![
+                    since,
+                    interrupted_prefix,
+                    workload.to_string(),
+                    workload.name
+                ],
+                |r| r.get(0),
+            )?;
         Ok(u32::try_from(count).unwrap_or(u32::MAX))
     }
 
     /// Deletes closed entries that ended before `before`; returns how many. Open intents are
     /// always kept.
     pub fn prune_journal(&self, before: i64) -> Result<usize, StoreError> {
-        Ok(self.conn.execute(
-            "DELETE FROM journal WHERE state != 'intent' AND ended_at < ?1",
-            [before],
-        )?)
+        Ok(self
+            .conn
+            .prepare_cached("DELETE FROM journal WHERE state != 'intent' AND ended_at < ?1")?
+            .execute([before])?)
     }
 
     fn close_action(

@@ -60,9 +60,8 @@ impl Store {
                 source,
             })?;
         let tx = self.write()?;
-        tx.execute(
-            "INSERT INTO revisions (commit_id, seen_at, status, diagnostics) VALUES (?1, ?2, ?3, ?4)",
-            params![
+        tx.prepare_cached("INSERT INTO revisions (commit_id, seen_at, status, diagnostics) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![
                 commit,
                 now,
                 status.as_str(),

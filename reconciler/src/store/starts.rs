@@ -46,7 +46,8 @@ impl Store {
     pub fn last_event_id(&self) -> Result<i64, StoreError> {
         let id: Option<i64> = self
             .conn
-            .query_row("SELECT max(id) FROM events", [], |r| r.get(0))?;
+            .prepare_cached("SELECT max(id) FROM events")?
+            .query_row([], |r| r.get(0))?;
         Ok(id.unwrap_or(0))
     }
 

@@ -257,11 +257,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         let tx = self.write()?;
         let watermark: Option<i64> = tx
-            .query_row(
-                "SELECT reserved_until FROM usage_clock WHERE id = 1",
-                [],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT reserved_until FROM usage_clock WHERE id = 1")?
+            .query_row([], |r| r.get(0))
             .optional()?;
         let start = watermark.map_or(decided_at, |w| w.max(decided_at));
         if now > start {
@@ -280,11 +277,11 @@ impl Store {
                 }
             }
         }
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO usage_clock (id, reserved_until) VALUES (1, ?1)
              ON CONFLICT (id) DO UPDATE SET reserved_until = MAX(reserved_until, ?1)",
-            params![now],
-        )?;
+        )?
+        .execute(params![now])?;
         tx.commit()?;
         Ok(())
     }

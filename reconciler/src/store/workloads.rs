@@ -363,12 +363,11 @@ impl Store {
     pub fn workload_by_pid(&self, pid: u32) -> Result<Option<WorkloadRecord>, StoreError> {
         let tx = self.read()?;
         let id: Option<i64> = tx
-            .query_row(
+            .prepare_cached(
                 "SELECT w.id FROM replicas r JOIN workloads w ON w.id = r.workload_id
                  WHERE r.pid = ?1 AND w.ended_at IS NULL ORDER BY w.id DESC LIMIT 1",
-                [pid],
-                |r| r.get(0),
-            )
+            )?
+            .query_row([pid], |r| r.get(0))
             .optional()?;
         id.map(|id| load(&tx, id)).transpose()
     }
@@ -406,11 +405,11 @@ impl Store {
     ) -> Result<WorkloadRecord, StoreError> {
         self.transition(key, now, |tx, cur| {
             expect(cur, "checkpoint", &[Phase::Running])?;
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE workloads SET phase = 'checkpointing', signalled_at = ?2,
                  grace_deadline = ?3 WHERE id = ?1",
-                params![cur.id, now, grace_deadline],
-            )?;
+            )?
+            .execute(params![cur.id, now, grace_deadline])?;
             Ok(Some((
                 "checkpointing",
                 format!("checkpoint signal sent, stop at {grace_deadline}"),
@@ -432,10 +431,10 @@ impl Store {
                 "record a checkpoint",
                 &[Phase::Starting, Phase::Running, Phase::Checkpointing],
             )?;
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE workloads SET checkpoint_dir = ?2, last_checkpoint_at = ?3 WHERE id = ?1",
-                params![cur.id, dir, now],
-            )?;
+            )?
+            .execute(params![cur.id, dir, now])?;
             Ok(Some(("checkpointed", format!("checkpoint in {dir}"))))
         })
     }
@@ -456,23 +455,22 @@ impl Store {
             &[Phase::Starting, Phase::Running, Phase::Checkpointing],
         )?;
         let replica: Option<u32> = tx
-            .query_row(
+            .prepare_cached(
                 "UPDATE replicas SET pid = NULL WHERE workload_id = ?1 AND pid = ?2
                  RETURNING replica",
-                params![cur.id, pid],
-                |r| r.get(0),
-            )
+            )?
+            .query_row(params![cur.id, pid], |r| r.get(0))
             .optional()?;
         let Some(replica) = replica else {
             return Err(StoreError::NotFound(format!(
                 "workload `{key}` has no process {pid}"
             )));
         };
-        let remaining: i64 = tx.query_row(
-            "SELECT count(*) FROM replicas WHERE workload_id = ?1 AND pid IS NOT NULL",
-            [cur.id],
-            |r| r.get(0),
-        )?;
+        let remaining: i64 = tx
+            .prepare_cached(
+                "SELECT count(*) FROM replicas WHERE workload_id = ?1 AND pid IS NOT NULL",
+            )?
+            .query_row([cur.id], |r| r.get(0))?;
         events::append(
             &tx,
             now,
@@ -507,13 +505,14 @@ impl Store {
                     format!("stopped ({reason}) after a cancel request"),
                 )));
             }
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE workloads SET phase = 'pending', started_at = NULL, bindings = '[]',
                  signalled_at = NULL, grace_deadline = NULL, attempts = attempts + 1
                  WHERE id = ?1",
-                [cur.id],
-            )?;
-            tx.execute("DELETE FROM replicas WHERE workload_id = ?1", [cur.id])?;
+            )?
+            .execute([cur.id])?;
+            tx.prepare_cached("DELETE FROM replicas WHERE workload_id = ?1")?
+                .execute([cur.id])?;
             Ok(Some(("requeued", reason.to_string())))
         })
     }
@@ -549,10 +548,8 @@ impl Store {
                 if cur.record.cancel_requested_at.is_some() {
                     return Ok(None);
                 }
-                tx.execute(
-                    "UPDATE workloads SET cancel_requested_at = ?2 WHERE id = ?1",
-                    params![cur.id, now],
-                )?;
+                tx.prepare_cached("UPDATE workloads SET cancel_requested_at = ?2 WHERE id = ?1")?
+                    .execute(params![cur.id, now])?;
                 Ok(Some((
                     "cancel-requested",
                     format!("cancel requested while {}", cur.record.phase),
@@ -624,11 +621,10 @@ pub(super) fn set_starting(
     bindings: &[Binding],
 ) -> Result<(&'static str, String), StoreError> {
     expect(cur, "start", &[Phase::Pending])?;
-    tx.execute(
-        "UPDATE workloads SET phase = 'starting', bindings = ?2 WHERE id = ?1",
-        params![cur.id, to_json("bindings", bindings)?],
-    )?;
-    tx.execute("DELETE FROM replicas WHERE workload_id = ?1", [cur.id])?;
+    tx.prepare_cached("UPDATE workloads SET phase = 'starting', bindings = ?2 WHERE id = ?1")?
+        .execute(params![cur.id, to_json("bindings", bindings)?])?;
+    tx.prepare_cached("DELETE FROM replicas WHERE workload_id = ?1")?
+        .execute([cur.id])?;
     let nodes = bindings.iter().map(|b| b.node.as_str());
     Ok(("starting", format!("placed on {}", join_unique(nodes))))
 }
@@ -642,11 +638,10 @@ pub(super) fn set_running(
     now: i64,
 ) -> Result<(&'static str, String), StoreError> {
     expect(cur, "mark running", &[Phase::Starting])?;
-    tx.execute(
-        "UPDATE workloads SET phase = 'running', started_at = ?2 WHERE id = ?1",
-        params![cur.id, now],
-    )?;
-    tx.execute("DELETE FROM replicas WHERE workload_id = ?1", [cur.id])?;
+    tx.prepare_cached("UPDATE workloads SET phase = 'running', started_at = ?2 WHERE id = ?1")?
+        .execute(params![cur.id, now])?;
+    tx.prepare_cached("DELETE FROM replicas WHERE workload_id = ?1")?
+        .execute([cur.id])?;
     let mut insert = tx.prepare_cached(
         "INSERT INTO replicas (workload_id, replica, pid, devices) VALUES (?1, ?2, ?3, ?4)",
     )?;
@@ -697,16 +692,16 @@ fn illegal(cur: &Current, action: &'static str) -> StoreError {
 
 /// Writes the end of a workload; the replicas stay as the record of what ran.
 fn end(conn: &Connection, id: i64, reason: &EndReason, now: i64) -> Result<(), StoreError> {
-    conn.execute(
+    conn.prepare_cached(
         "UPDATE workloads SET phase = ?2, ended_at = ?3, end_reason = ?4,
          signalled_at = NULL, grace_deadline = NULL WHERE id = ?1",
-        params![
-            id,
-            reason.phase().as_str(),
-            now,
-            to_json("end reason", reason)?
-        ],
-    )?;
+    )?
+    .execute(params![
+        id,
+        reason.phase().as_str(),
+        now,
+        to_json("end reason", reason)?
+    ])?;
     Ok(())
 }
 

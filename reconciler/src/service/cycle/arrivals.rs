@@ -20,9 +20,11 @@
 //!
 //! Each arrival then goes to the session; one it cannot decide alone (it would reorder work
 //! already admitted, it needs a geometry change or a preemption, it changes another
-//! workload's admission) sends the pass to a full cycle with nothing applied. An arrival the
-//! session would order before another arrival of the same pass, already admitted, is left to
-//! the next pass (run at once), as `standing.rs` describes.
+//! workload's admission) sends the pass to a full cycle with nothing applied. The arrivals of
+//! a pass go to the session in the order the full cycle would pick them (the solver's
+//! `ArrivalOrder`), so that none is ordered before an admission of its own pass; one that
+//! still is (the order is the session's to check, not assumed) is left to the next pass (run
+//! at once), as `standing.rs` describes.
 //!
 //! What the pass decided is published without rebuilding: each arrival's entry in the API's
 //! decision index, its start in the `/state` snapshot. The decision-wide figures (pool reports,
@@ -320,7 +322,11 @@ impl Reconciler {
         })
     }
 
-    /// Decides each arrival against the standing decision, in submission order.
+    /// Decides the arrivals against the standing decision, in the order the full cycle would
+    /// pick them (`ArrivalOrder`). Submission order would stop most passes after a few
+    /// arrivals: under fair share, an arrival whose tenant uses less than the tenant of one
+    /// admitted before it is picked first by the full cycle, and the session cannot decide it
+    /// after that admission.
     fn decide_arrivals(
         &mut self,
         arrivals: &[(i64, WorkloadKey)],
@@ -336,14 +342,20 @@ impl Reconciler {
             seen: last,
             more,
         };
-        let mut admitted: BTreeSet<String> = BTreeSet::new();
-        for (i, ((event, key), record)) in arrivals.iter().zip(records).enumerate() {
-            let pending = PendingWorkload {
+        let pending: Vec<PendingWorkload> = records
+            .iter()
+            .map(|record| PendingWorkload {
                 name: record.name.clone(),
                 spec: record.spec.clone(),
                 submitted_at: snapshot::unix(record.submitted_at),
-            };
-            match standing.decide(&pending) {
+            })
+            .collect();
+        let mut order = standing.arrival_order(&pending);
+        let mut admitted: BTreeSet<String> = BTreeSet::new();
+        let mut decided = vec![false; pending.len()];
+        while let Some(i) = standing.next_arrival(&mut order, &pending) {
+            let key = &arrivals[i].1;
+            match standing.decide(&pending[i]) {
                 Ok(Admission::Decided {
                     decision,
                     changed,
@@ -377,22 +389,31 @@ impl Reconciler {
                             });
                             admitted.insert(key.to_string());
                         }
-                        Outcome::Pending { .. } => out.waiting.push(pending),
+                        Outcome::Pending { .. } => out.waiting.push(pending[i].clone()),
                         Outcome::Keep { .. } | Outcome::Preempt { .. } => {
                             return Err(Stale::Session(format!(
                                 "`{key}` was decided as if it ran"
                             )));
                         }
                     }
+                    decided[i] = true;
                     out.decisions.push(*decision);
                     out.decisions.extend(changed);
                 }
-                // Decided at once by the next pass, after this pass's admissions run, as a
-                // full cycle on that fleet would.
+                // Decided by the next pass (at once), after this pass's admissions run, as a
+                // full cycle on that fleet would. That pass reads the events again from the
+                // first arrival left, and passes over those decided here (the session knows
+                // them).
                 Ok(Admission::NeedsFullCycle(FullCycle::Reorders { before }))
                     if admitted.contains(&before) =>
                 {
-                    out.seen = event - 1;
+                    let first_left = arrivals
+                        .iter()
+                        .zip(&decided)
+                        .find(|(_, done)| !**done)
+                        .map(|((event, _), _)| *event)
+                        .expect("the arrival just declined is left");
+                    out.seen = first_left - 1;
                     out.more = true;
                     break;
                 }

@@ -28,6 +28,8 @@
 //! pending and every finished workload removed. The decision's pool reports, objective and bound
 //! are not maintained.
 
+mod order;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_compiler::compiled::Amounts;
@@ -40,6 +42,8 @@ use crate::heuristic::{self, Parts, Solver, Status, Step, pool_of, queue_key};
 use crate::problem::{Phase, Problem, ProblemError};
 use crate::quota::Ledger;
 use crate::{SolveError, SolveOptions};
+
+pub use order::{ArrivalOrder, PickKey};
 
 /// Why an event cannot be decided without re-deciding the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -432,6 +436,30 @@ impl Session {
             changed,
             geometry,
         })
+    }
+
+    /// Where the full cycle would pick `arrival` were it decided after every pick the
+    /// session holds: its queue key at the session's ledger now, with its workload key as the
+    /// last tie-break. `None` when its place changes nothing: it names no known tenant or
+    /// class, asks for no pool it may use, or is refused outright (its own turn says why).
+    /// Nothing is kept.
+    pub fn pick_key(&mut self, arrival: &PendingWorkload) -> Option<PickKey> {
+        let (workloads, orphans) = (self.problem.workloads.len(), self.problem.orphans.len());
+        let added = self.problem.add_arrival(&self.policy, arrival);
+        let key = match added {
+            Ok(()) if self.problem.workloads.len() > workloads => {
+                let w = workloads;
+                (!self.problem.workloads[w].pools.is_empty()).then(|| {
+                    let (priority, borrows, share, submitted, name) =
+                        queue_key(&self.problem, &self.parts().ledger, w);
+                    PickKey::new((priority, borrows, share, submitted), name.clone())
+                })
+            }
+            _ => None,
+        };
+        self.problem.workloads.truncate(workloads);
+        self.problem.orphans.truncate(orphans);
+        key
     }
 
     /// Where in the trace the full cycle would pick workload `w` (an arrival already pushed on
