@@ -54,6 +54,8 @@
 
 use std::cell::RefCell;
 
+use smallvec::SmallVec;
+
 use super::*;
 use crate::problem::{NodeInfo, PoolInfo};
 
@@ -89,48 +91,54 @@ pub(super) struct Mix {
     pools: Vec<PoolMix>,
     /// Node measures against this mix, by what they read (see the module documentation).
     remembered: RefCell<HashMap<NodeKey, Measure, foldhash::fast::FixedState>>,
+    /// The key of the node being measured, built in place (see [`node_key_into`]).
+    key: RefCell<NodeKey>,
 }
 
 /// Everything [`Mix::measure`] reads of a node, packed into words: the pool, the CPU and
-/// memory left, then each GPU's [`gpu_words`], GPUs in sorted order.
+/// memory left, then each GPU's [`gpu_head`] and [`instance_words`], GPUs in sorted order.
 type NodeKey = Vec<u64>;
 
 /// What [`Mix::measure`] reads of one GPU's state: one word (held whole, instance count,
-/// share count, share total), then one word per MIG instance (profile, start, held), in the
-/// geometry's order.
-fn gpu_words(s: &GpuState) -> (u64, Vec<u64>) {
-    let head = (u64::from(s.whole.is_some()) << 63)
+/// share count, share total), then [`instance_words`].
+fn gpu_head(s: &GpuState) -> u64 {
+    (u64::from(s.whole.is_some()) << 63)
         | ((s.geometry.len().min(0xff) as u64) << 55)
         | ((s.shares.len().min(0x7fff) as u64) << 40)
-        | (s.share_total().units().clamp(0, (1 << 40) - 1) as u64);
-    let instances = s
-        .geometry
-        .iter()
-        .map(|pl| {
-            (u64::from(pl.profile_id) << 16)
-                | (u64::from(pl.start) << 8)
-                | u64::from(s.held.contains_key(&pl.start))
-        })
-        .collect();
-    (head, instances)
+        | (s.share_total().units().clamp(0, (1 << 40) - 1) as u64)
 }
 
-/// The key of a node of `pool` with `cpu_left`, `memory_left` and these GPUs.
-fn node_key<'a>(
+/// One word per MIG instance of a GPU (profile, start, held), in the geometry's order.
+fn instance_words(s: &GpuState) -> impl Iterator<Item = u64> + '_ {
+    s.geometry.iter().map(|pl| {
+        (u64::from(pl.profile_id) << 16)
+            | (u64::from(pl.start) << 8)
+            | u64::from(s.held.contains_key(&pl.start))
+    })
+}
+
+/// Writes into `key` the key of a node of `pool` with `cpu_left`, `memory_left` and these
+/// GPUs. Built in place and looked up as a slice: a pool's every node is measured for each
+/// arrival, nearly always a remembered one, and allocating each key was most of the cost.
+fn node_key_into<'a>(
+    key: &mut Vec<u64>,
     pool: usize,
     cpu_left: u64,
     memory_left: u64,
     gpus: impl Iterator<Item = &'a GpuState>,
-) -> NodeKey {
-    let mut words: Vec<(u64, Vec<u64>)> = gpus.map(gpu_words).collect();
-    words.sort_unstable();
-    let mut key = Vec::with_capacity(3 + words.len());
+) {
+    let mut sorted: SmallVec<[(u64, &GpuState); 16]> = gpus.map(|s| (gpu_head(s), s)).collect();
+    // As `(head, instance words)` pairs compare: the head, then the words in order.
+    sorted.sort_unstable_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then_with(|| instance_words(a.1).cmp(instance_words(b.1)))
+    });
+    key.clear();
     key.extend([pool as u64, cpu_left, memory_left]);
-    for (head, instances) in words {
+    for (head, s) in sorted {
         key.push(head);
-        key.extend(instances);
+        key.extend(instance_words(s));
     }
-    key
 }
 
 /// How one node measures, before or after a placement.
@@ -232,6 +240,7 @@ impl Mix {
         Mix {
             pools,
             remembered: RefCell::default(),
+            key: RefCell::default(),
         }
     }
 
@@ -267,10 +276,14 @@ impl Mix {
                 hosting: 0,
             };
         };
-        let key = node_key(pool, cpu_left, memory_left, gpus.clone());
-        if let Some(&m) = self.remembered.borrow().get(&key) {
-            return m;
-        }
+        let key = {
+            let mut key = self.key.borrow_mut();
+            node_key_into(&mut key, pool, cpu_left, memory_left, gpus.clone());
+            if let Some(&m) = self.remembered.borrow().get(key.as_slice()) {
+                return m;
+            }
+            key.clone()
+        };
         let m = Self::compute(p, pool, mix, cpu_left, memory_left, gpus);
         let mut remembered = self.remembered.borrow_mut();
         if remembered.len() >= REMEMBERED {
