@@ -1096,8 +1096,12 @@ fn a_restart_does_not_reset_the_reconfiguration_budget() {
         let state = service.call("GET", "/state", Some(ADMIN), None).1;
         state["spec"]["reconfigurations"].clone()
     };
-    let before = recorded(&service);
-    assert_eq!(before.as_array().map(Vec::len), Some(1), "{before}");
+    // `/state` is published after the cycle records the run: wait for it rather than read it
+    // the moment the workload shows running.
+    let before = eventually("the re-partition in /state", || {
+        let r = recorded(&service);
+        (r.as_array().map(Vec::len) == Some(1)).then_some(r)
+    });
     assert_eq!(
         (&before[0]["node"], &before[0]["gpu"]),
         (&json!("i0"), &json!(0))
