@@ -8,12 +8,10 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 use serde_json::json;
-use support::{connect, etcd, two_lease_periods, within};
+use support::{connect, etcd, keys, leader, two_lease_periods, within};
 use tessera_compiler::WorkloadKey;
 use tessera_fleet::actions::ActionFeed;
 use tessera_fleet::dispatch::{DEFAULT_MAX_TXN_OPS, Dispatcher, NodeAction, Plan};
-use tessera_fleet::election::{Candidate, LeaderInfo, Leadership};
-use tessera_fleet::keys::Keys;
 use tessera_fleet::nodes::{AgentNodes, AgentOptions};
 use tessera_fleet::protocol::{self, ActionMessage, Launch, VERSION};
 use tessera_reconciler::actions::Action;
@@ -23,20 +21,8 @@ use tessera_reconciler::store::starts::StartIntent;
 use tessera_reconciler::store::{Origin, Phase, Store};
 use tessera_solver::decision::ReplicaBinding;
 
-fn keys() -> Keys {
-    Keys::new("test").unwrap()
-}
-
-async fn lead(client: &Client, id: &str) -> Leadership {
-    let info = LeaderInfo {
-        id: id.into(),
-        advertise: None,
-    };
-    Candidate::new(client.clone(), keys(), info, 30)
-        .campaign()
-        .await
-        .unwrap()
-}
+/// The leaders' lease: long enough that neither term ends while the test drives it.
+const LEASE_SECS: i64 = 30;
 
 fn gang() -> Action {
     let on = |node: &str| ReplicaBinding {
@@ -96,7 +82,7 @@ fn a_gang_start_that_reached_only_some_nodes_is_failed_and_its_started_copies_st
     store.begin_starts(1, &[intent], 20).unwrap();
     assert_eq!(store.workload(&key).unwrap().phase, Phase::Starting);
     runtime.block_on(async {
-        let first = lead(&client, "a").await;
+        let first = leader(&client, "a", LEASE_SECS).await;
         let mut dispatcher =
             Dispatcher::start(&client, &keys(), first.fence().clone(), DEFAULT_MAX_TXN_OPS)
                 .await
@@ -132,7 +118,7 @@ fn a_gang_start_that_reached_only_some_nodes_is_failed_and_its_started_copies_st
     });
 
     // A new term takes over what is in flight.
-    let second = runtime.block_on(lead(&client, "b"));
+    let second = runtime.block_on(leader(&client, "b", LEASE_SECS));
     let options = AgentOptions {
         grace: Duration::from_secs(60),
         settle: Duration::from_millis(200),
