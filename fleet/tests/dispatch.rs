@@ -7,8 +7,8 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Client, GetOptions};
-use support::{TTL_SECS, connect, etcd, keys, leader, two_lease_periods, within};
+use etcd_client::Client;
+use support::{TTL_SECS, connect, etcd, keys, leader, read_prefix, two_lease_periods, within};
 use tessera_fleet::FleetError;
 use tessera_fleet::actions::{ActionFeed, JournalRecord};
 use tessera_fleet::dispatch::{DEFAULT_MAX_TXN_OPS, Dispatcher, NodeAction, Outcome, Plan};
@@ -57,14 +57,8 @@ fn bound(workloads: &[(&str, u32)]) -> Bound {
 
 /// Every key under `nodes/`, parsed.
 async fn node_keys(client: &Client) -> Vec<NodeKey> {
-    let prefix = keys().nodes_prefix();
-    let answer = client
-        .clone()
-        .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+    read_prefix(client, &keys().nodes_prefix())
         .await
-        .unwrap();
-    answer
-        .kvs()
         .iter()
         .map(|kv| keys().parse_node_key(kv.key()).unwrap())
         .collect()

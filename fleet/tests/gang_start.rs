@@ -6,9 +6,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::Client;
 use serde_json::json;
-use support::{connect, etcd, keys, leader, two_lease_periods, within};
+use support::{connect, etcd, keys, leader, read_prefix, two_lease_periods, within};
 use tessera_compiler::WorkloadKey;
 use tessera_fleet::actions::ActionFeed;
 use tessera_fleet::dispatch::{DEFAULT_MAX_TXN_OPS, Dispatcher, NodeAction, Plan};
@@ -40,14 +40,8 @@ fn gang() -> Action {
 
 /// The actions waiting under `node`, read back.
 async fn actions_of(client: &Client, node: &str) -> Vec<Action> {
-    let prefix = keys().actions_prefix(node).unwrap();
-    let answer = client
-        .clone()
-        .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+    read_prefix(client, &keys().actions_prefix(node).unwrap())
         .await
-        .unwrap();
-    answer
-        .kvs()
         .iter()
         .filter_map(|kv| protocol::decode::<ActionMessage>(kv.value()).ok())
         .map(|m| m.action)

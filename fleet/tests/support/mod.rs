@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue};
 use tessera_fleet::access::Credentials;
 use tessera_fleet::election::{Candidate, LeaderInfo, Leadership};
 use tessera_fleet::keys::Keys;
@@ -31,6 +31,16 @@ pub async fn leader(client: &Client, id: &str, ttl_secs: i64) -> Leadership {
         .campaign()
         .await
         .unwrap()
+}
+
+/// Every key under `prefix`, with its value, as etcd holds them now.
+pub async fn read_prefix(client: &Client, prefix: &str) -> Vec<KeyValue> {
+    let mut answer = client
+        .clone()
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap_or_else(|e| panic!("reading {prefix}: {e}"));
+    answer.take_kvs()
 }
 
 pub fn etcd() -> TestEtcd {
