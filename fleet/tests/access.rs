@@ -4,18 +4,13 @@
 mod support;
 
 use etcd_client::{Client, GetOptions};
-use support::{TTL_SECS, connect, connect_as, etcd};
+use support::{TTL_SECS, connect, connect_as, etcd, keys};
 use tessera_fleet::FleetError;
 use tessera_fleet::access::{self, Credentials};
 use tessera_fleet::actions::ActionFeed;
 use tessera_fleet::election::{Candidate, LeaderInfo, Write};
-use tessera_fleet::keys::Keys;
 use tessera_fleet::registration::{Registrar, Registration};
 use tessera_reconciler::driver::sim::SimDriver;
-
-fn keys() -> Keys {
-    Keys::new("test").unwrap()
-}
 
 /// A put as an agent would make it, with its error sorted the way the crate sorts them.
 async fn put(client: &Client, key: &str) -> Result<(), etcd_client::Error> {

@@ -4,29 +4,12 @@
 
 mod support;
 
-use etcd_client::Client;
-use support::{TTL_SECS, connect, etcd, two_lease_periods, within};
+use support::{TTL_SECS, connect, etcd, keys, leader, two_lease_periods, within};
 use tessera_fleet::FleetError;
 use tessera_fleet::actions::{ActionFeed, JournalRecord, PendingAction};
-use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, Write};
-use tessera_fleet::keys::Keys;
+use tessera_fleet::election::{Leadership, Write};
 
 const NODE: &str = "gpu-1";
-
-fn keys() -> Keys {
-    Keys::new("test").unwrap()
-}
-
-async fn leader(client: &Client) -> Leadership {
-    let info = LeaderInfo {
-        id: "cp".to_string(),
-        advertise: None,
-    };
-    Candidate::new(client.clone(), keys(), info, TTL_SECS)
-        .campaign()
-        .await
-        .unwrap()
-}
 
 /// The leader posts actions `ids` to the node in one fenced transaction, in the order given.
 async fn post(leader: &Leadership, ids: &[u64]) {
@@ -69,7 +52,7 @@ async fn next_is(feed: &mut ActionFeed, id: u64) {
 async fn actions_are_applied_in_id_order_and_once_across_restarts() {
     let etcd = etcd();
     let client = connect(&etcd).await;
-    let leader = leader(&client).await;
+    let leader = leader(&client, "cp", TTL_SECS).await;
     post(&leader, &[3, 1, 2]).await;
 
     let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
@@ -103,7 +86,7 @@ async fn actions_are_applied_in_id_order_and_once_across_restarts() {
 async fn an_action_begun_and_not_finished_is_handed_out_again_as_interrupted() {
     let etcd = etcd();
     let client = connect(&etcd).await;
-    let leader = leader(&client).await;
+    let leader = leader(&client, "cp", TTL_SECS).await;
     post(&leader, &[1, 2]).await;
     let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
     let first = next(&mut feed).await;
@@ -122,7 +105,7 @@ async fn an_action_begun_and_not_finished_is_handed_out_again_as_interrupted() {
 async fn an_action_older_than_one_handed_out_is_settled_as_failed_not_applied() {
     let etcd = etcd();
     let client = connect(&etcd).await;
-    let leader = leader(&client).await;
+    let leader = leader(&client, "cp", TTL_SECS).await;
     post(&leader, &[5]).await;
     let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
     assert_eq!(apply_next(&mut feed).await, 5);
@@ -150,7 +133,7 @@ async fn an_action_older_than_one_handed_out_is_settled_as_failed_not_applied() 
 async fn a_batch_is_journaled_in_two_writes_and_one_cut_short_is_handed_out_as_interrupted() {
     let etcd = etcd();
     let client = connect(&etcd).await;
-    let leader = leader(&client).await;
+    let leader = leader(&client, "cp", TTL_SECS).await;
     post(&leader, &[1, 2, 3, 4]).await;
     let mut feed = ActionFeed::start(&client, &keys(), NODE).await.unwrap();
     let batch = within(two_lease_periods(), "a batch", feed.next_batch(3))

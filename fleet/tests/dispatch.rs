@@ -7,39 +7,24 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Client, GetOptions};
-use support::{TTL_SECS, connect, etcd, two_lease_periods, within};
+use etcd_client::Client;
+use support::{TTL_SECS, connect, etcd, keys, leader, read_prefix, two_lease_periods, within};
 use tessera_fleet::FleetError;
 use tessera_fleet::actions::{ActionFeed, JournalRecord};
 use tessera_fleet::dispatch::{DEFAULT_MAX_TXN_OPS, Dispatcher, NodeAction, Outcome, Plan};
-use tessera_fleet::election::{Candidate, LeaderInfo, Leadership, Write};
-use tessera_fleet::keys::{Keys, NodeKey};
+use tessera_fleet::election::{Leadership, Write};
+use tessera_fleet::keys::NodeKey;
 use tessera_fleet::protocol::{self, ActionMessage, Bound, VERSION};
 use tessera_fleet::testing::TestEtcd;
 use tessera_reconciler::actions::Action;
 use tessera_reconciler::driver::GpuRef;
-
-fn keys() -> Keys {
-    Keys::new("test").unwrap()
-}
-
-async fn leader(client: &Client, id: &str) -> Leadership {
-    let info = LeaderInfo {
-        id: id.to_string(),
-        advertise: None,
-    };
-    Candidate::new(client.clone(), keys(), info, TTL_SECS)
-        .campaign()
-        .await
-        .unwrap()
-}
 
 /// A real etcd, a client, leader `a` and its dispatcher writing at most `max_txn_ops`
 /// operations a transaction: what most tests start from.
 async fn leading(max_txn_ops: usize) -> (TestEtcd, Client, Leadership, Dispatcher) {
     let etcd = etcd();
     let client = connect(&etcd).await;
-    let leader = leader(&client, "a").await;
+    let leader = leader(&client, "a", TTL_SECS).await;
     let dispatcher = Dispatcher::start(&client, &keys(), leader.fence().clone(), max_txn_ops)
         .await
         .unwrap();
@@ -72,14 +57,8 @@ fn bound(workloads: &[(&str, u32)]) -> Bound {
 
 /// Every key under `nodes/`, parsed.
 async fn node_keys(client: &Client) -> Vec<NodeKey> {
-    let prefix = keys().nodes_prefix();
-    let answer = client
-        .clone()
-        .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+    read_prefix(client, &keys().nodes_prefix())
         .await
-        .unwrap();
-    answer
-        .kvs()
         .iter()
         .map(|kv| keys().parse_node_key(kv.key()).unwrap())
         .collect()
@@ -161,7 +140,7 @@ async fn bound_is_written_only_where_it_changed() {
 
     // A new dispatcher (a new leader) reads what the nodes hold and writes nothing either.
     leader.resign().await.unwrap();
-    let next = self::leader(&client, "b").await;
+    let next = support::leader(&client, "b", TTL_SECS).await;
     let mut dispatcher = Dispatcher::start(&client, &keys(), next.fence().clone(), 8)
         .await
         .unwrap();
@@ -223,7 +202,7 @@ async fn outcomes_are_collected_and_pruning_leaves_one_journal_entry_per_node() 
 async fn ids_only_grow_across_failover_after_pruning_and_a_deposed_leader_writes_nothing() {
     let etcd = etcd();
     let client = connect(&etcd).await;
-    let first = leader(&client, "a").await;
+    let first = leader(&client, "a", TTL_SECS).await;
     let mut old = Dispatcher::start(&client, &keys(), first.fence().clone(), 128)
         .await
         .unwrap();
@@ -240,7 +219,7 @@ async fn ids_only_grow_across_failover_after_pruning_and_a_deposed_leader_writes
     agent_settles(&client, "n0", 3, None).await;
 
     first.resign().await.unwrap();
-    let second = leader(&client, "b").await;
+    let second = leader(&client, "b", TTL_SECS).await;
     let mut new = Dispatcher::start(&client, &keys(), second.fence().clone(), 128)
         .await
         .unwrap();
@@ -265,7 +244,7 @@ async fn ids_only_grow_across_failover_after_pruning_and_a_deposed_leader_writes
 async fn a_dispatcher_whose_view_is_stale_conflicts_instead_of_reusing_ids() {
     let etcd = etcd();
     let client = connect(&etcd).await;
-    let leader = leader(&client, "a").await;
+    let leader = leader(&client, "a", TTL_SECS).await;
     let mut one = Dispatcher::start(&client, &keys(), leader.fence().clone(), 128)
         .await
         .unwrap();

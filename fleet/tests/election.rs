@@ -9,16 +9,11 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use etcd_client::Client;
-use support::{TTL_SECS, connect, etcd, two_lease_periods, within};
+use support::{TTL_SECS, connect, etcd, keys, two_lease_periods, within};
 use tessera_fleet::FleetError;
 use tessera_fleet::election::{
     Candidate, Fence, Guard, LeaderInfo, Leadership, Write, current_leader,
 };
-use tessera_fleet::keys::Keys;
-
-fn keys() -> Keys {
-    Keys::new("test").unwrap()
-}
 
 fn candidate(client: &Client, id: &str) -> Candidate {
     let info = LeaderInfo {

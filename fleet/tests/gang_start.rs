@@ -6,14 +6,12 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::Client;
 use serde_json::json;
-use support::{connect, etcd, two_lease_periods, within};
+use support::{connect, etcd, keys, leader, read_prefix, two_lease_periods, within};
 use tessera_compiler::WorkloadKey;
 use tessera_fleet::actions::ActionFeed;
 use tessera_fleet::dispatch::{DEFAULT_MAX_TXN_OPS, Dispatcher, NodeAction, Plan};
-use tessera_fleet::election::{Candidate, LeaderInfo, Leadership};
-use tessera_fleet::keys::Keys;
 use tessera_fleet::nodes::{AgentNodes, AgentOptions};
 use tessera_fleet::protocol::{self, ActionMessage, Launch, VERSION};
 use tessera_reconciler::actions::Action;
@@ -23,20 +21,8 @@ use tessera_reconciler::store::starts::StartIntent;
 use tessera_reconciler::store::{Origin, Phase, Store};
 use tessera_solver::decision::ReplicaBinding;
 
-fn keys() -> Keys {
-    Keys::new("test").unwrap()
-}
-
-async fn lead(client: &Client, id: &str) -> Leadership {
-    let info = LeaderInfo {
-        id: id.into(),
-        advertise: None,
-    };
-    Candidate::new(client.clone(), keys(), info, 30)
-        .campaign()
-        .await
-        .unwrap()
-}
+/// The leaders' lease: long enough that neither term ends while the test drives it.
+const LEASE_SECS: i64 = 30;
 
 fn gang() -> Action {
     let on = |node: &str| ReplicaBinding {
@@ -54,14 +40,8 @@ fn gang() -> Action {
 
 /// The actions waiting under `node`, read back.
 async fn actions_of(client: &Client, node: &str) -> Vec<Action> {
-    let prefix = keys().actions_prefix(node).unwrap();
-    let answer = client
-        .clone()
-        .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+    read_prefix(client, &keys().actions_prefix(node).unwrap())
         .await
-        .unwrap();
-    answer
-        .kvs()
         .iter()
         .filter_map(|kv| protocol::decode::<ActionMessage>(kv.value()).ok())
         .map(|m| m.action)
@@ -96,7 +76,7 @@ fn a_gang_start_that_reached_only_some_nodes_is_failed_and_its_started_copies_st
     store.begin_starts(1, &[intent], 20).unwrap();
     assert_eq!(store.workload(&key).unwrap().phase, Phase::Starting);
     runtime.block_on(async {
-        let first = lead(&client, "a").await;
+        let first = leader(&client, "a", LEASE_SECS).await;
         let mut dispatcher =
             Dispatcher::start(&client, &keys(), first.fence().clone(), DEFAULT_MAX_TXN_OPS)
                 .await
@@ -132,7 +112,7 @@ fn a_gang_start_that_reached_only_some_nodes_is_failed_and_its_started_copies_st
     });
 
     // A new term takes over what is in flight.
-    let second = runtime.block_on(lead(&client, "b"));
+    let second = runtime.block_on(leader(&client, "b", LEASE_SECS));
     let options = AgentOptions {
         grace: Duration::from_secs(60),
         settle: Duration::from_millis(200),

@@ -4,29 +4,8 @@
 //! crate's unit tests.
 
 use serde_json::json;
-use tessera_compiler::WorkloadKey;
-use tessera_compiler::model::WorkloadSpec;
+use tessera_reconciler::store::contract::{a, spec};
 use tessera_reconciler::store::{ActionState, Durability, Origin, Phase, Store, StoreError};
-
-/// Tenant `a`'s workload `name`.
-fn a(name: &str) -> WorkloadKey {
-    WorkloadKey::new("a", name)
-}
-
-fn spec(tenant: &str) -> WorkloadSpec {
-    serde_json::from_value(json!({
-        "tenant": tenant,
-        "sloClass": "batch",
-        "replicas": 2,
-        "gpu": {"migProfile": "1g.10gb"},
-        "cpu": 4,
-        "memory": "16Gi",
-        "maxDuration": "2h",
-        "command": ["python3", "train.py"],
-        "env": {"EPOCHS": "3"}
-    }))
-    .expect("a valid workload spec")
-}
 
 #[test]
 fn the_journal_shows_open_intents_after_a_reopen() {

@@ -2,7 +2,7 @@
 //! (`reconciler/src/service/cycle/arrivals.rs`) drives it: arrivals decided one at a time
 //! with `Session::admit`, a pass's admissions then carried out with `Session::carried_out`.
 //!
-//! The fleet is `tessera bench service`'s (`src/cmd/service_bench/fleet.rs`): 436 training
+//! The fleet is `tessera bench service`'s (`tessera_solver::bench_fleet`): 436 training
 //! nodes of 8 H100, 64 MIG nodes cut in seven 1g instances per GPU, 290 projects with
 //! guarantees that split each pool evenly; submissions are one-GPU training jobs and 1g
 //! inference replicas in proportion to each pool's capacity, tenants in turn.
@@ -20,178 +20,40 @@
 //! `-- --nodes N --running R` for another size. Profile with `perf record -g` on the built
 //! binary (the release profile keeps line tables).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::Instant;
 
-use tessera_compiler::model::{ClusterStateSpec, GpuRequest, PendingWorkload, RunningWorkload};
-use tessera_compiler::model::{Topology, WorkloadSpec};
-use tessera_compiler::units::{Bytes, Millicores};
+use tessera_compiler::model::{ClusterStateSpec, PendingWorkload, RunningWorkload};
 use tessera_compiler::{CompiledPolicy, SourceFile, compile};
 use tessera_solver::Solver as _;
+use tessera_solver::bench_fleet::{self, Shape, Submissions};
 use tessera_solver::session::{Admission, FullCycle, Session};
 use tessera_solver::{Outcome, SolveOptions};
 
-const PROJECTS_PER_ORG: usize = 29;
-
-struct Shape {
-    train_nodes: usize,
-    infer_nodes: usize,
-    orgs: usize,
-}
-
-impl Shape {
-    fn new(nodes: usize) -> Shape {
-        let infer_nodes = ((nodes * 64) as f64 / 500.0).round().max(1.0) as usize;
-        Shape {
-            train_nodes: nodes.saturating_sub(infer_nodes).max(1),
-            infer_nodes,
-            orgs: 10,
-        }
-    }
-
-    fn projects(&self) -> Vec<String> {
-        (0..PROJECTS_PER_ORG)
-            .flat_map(|p| (0..self.orgs).map(move |o| format!("p-{o}-{p}")))
-            .collect()
-    }
-}
-
-/// The service benchmark's policy and the nodes as a snapshot with nothing running.
-fn sources(shape: &Shape) -> Vec<SourceFile> {
-    let train = shape.train_nodes * 8;
-    let infer = shape.infer_nodes * 8;
-    let org_train = train / shape.orgs;
-    let org_slices = infer * 7 / shape.orgs;
-    let sevenths = |slices: usize| format!("{:.6}", slices as f64 / 7.0);
-    let h = "apiVersion: tessera/v1alpha1\n";
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "{h}kind: PriorityTiers\nmetadata: {{name: tiers}}\nspec: {{tiers: [{{name: serving, value: 1000}}, {{name: batch, value: 100}}]}}\n---\n\
-         {h}kind: SloClass\nmetadata: {{name: serving}}\nspec: {{tier: serving, preemptible: false, isolation: {{minimum: mig}}}}\n---\n\
-         {h}kind: SloClass\nmetadata: {{name: training}}\nspec: {{tier: batch, preemptible: true, isolation: {{minimum: exclusive}}, preemption: {{signal: SIGUSR1, gracePeriod: 5m, minRuntime: 30m}}}}\n---\n\
-         {h}kind: MigLayout\nmetadata: {{name: all-1g}}\nspec: {{gpuModel: H100-SXM5-80GB, instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]}}\n---\n\
-         {h}kind: Pool\nmetadata: {{name: train}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: exclusive, capacity: {{nodes: {}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
-         {h}kind: Pool\nmetadata: {{name: infer}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: mig, migLayouts: [all-1g], capacity: {{nodes: {}, gpusPerNode: 8, cpuPerNode: 192, memoryPerNode: 2Ti}}}}\n---\n\
-         {h}kind: Tenant\nmetadata: {{name: root}}\nspec: {{guarantee: {{train: {train}, infer: {infer}}}, sloClasses: [serving, training]}}\n",
-        shape.train_nodes, shape.infer_nodes,
-    );
-    for o in 0..shape.orgs {
-        let _ = write!(
-            s,
-            "---\n{h}kind: Tenant\nmetadata: {{name: org-{o}}}\nspec: {{parent: root, guarantee: {{train: {org_train}, infer: {}}}, trustDomain: org-{o}}}\n",
-            sevenths(org_slices)
-        );
-        for p in 0..PROJECTS_PER_ORG {
-            let _ = write!(
-                s,
-                "---\n{h}kind: Tenant\nmetadata: {{name: p-{o}-{p}}}\nspec: {{parent: org-{o}, guarantee: {{train: {}, infer: {}}}, weight: {}}}\n",
-                org_train / PROJECTS_PER_ORG,
-                sevenths(org_slices / PROJECTS_PER_ORG),
-                1 + p % 3
-            );
-        }
-    }
-    let mut st = String::from(
-        "apiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {name: fleet}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n",
-    );
-    for n in 0..shape.train_nodes {
-        let _ = write!(
-            st,
-            "    - {{name: t{n}, pool: train, cpu: 192, memory: 2Ti, gpus: ["
-        );
-        for g in 0..8 {
-            let sep = if g > 0 { ", " } else { "" };
-            let _ = write!(
-                st,
-                "{sep}{{index: {g}, uuid: GPU-a{n:05x}{g:x}, model: H100-SXM5-80GB}}"
-            );
-        }
-        st.push_str("]}\n");
-    }
-    for n in 0..shape.infer_nodes {
-        let _ = write!(
-            st,
-            "    - {{name: m{n}, pool: infer, cpu: 192, memory: 2Ti, gpus: ["
-        );
-        for g in 0..8 {
-            let sep = if g > 0 { ", " } else { "" };
-            let _ = write!(
-                st,
-                "{sep}{{index: {g}, uuid: GPU-b{n:05x}{g:x}, model: H100-SXM5-80GB, mig: {{enabled: true}}, instances: ["
-            );
-            for i in 0..7 {
-                let sep = if i > 0 { ", " } else { "" };
-                let _ = write!(st, "{sep}{{profile: 1g.10gb, start: {i}}}");
-            }
-            st.push_str("]}");
-        }
-        st.push_str("]}\n");
-    }
-    st.push_str("  running: []\n  pending: []\n");
+/// The service benchmark's policy, and its nodes as a snapshot with nothing running (as JSON,
+/// which is YAML, so that the snapshot is read as any other).
+fn sources(shape: Shape) -> Vec<SourceFile> {
+    let state = serde_json::json!({
+        "apiVersion": "tessera/v1alpha1",
+        "kind": "ClusterState",
+        "metadata": {"name": "fleet"},
+        "spec": {
+            "observedAt": "2026-11-20T08:00:00Z",
+            "nodes": bench_fleet::nodes(shape),
+        },
+    });
     vec![
-        SourceFile::new("policy.yaml", s),
-        SourceFile::new("state.yaml", st),
+        SourceFile::new("policy.yaml", bench_fleet::policy(shape)),
+        SourceFile::new("state.yaml", state.to_string()),
     ]
 }
 
-/// Submissions as the service benchmark makes them: kinds in proportion to each pool's
-/// capacity, tenants in turn within each kind.
-struct Submissions {
-    projects: Vec<String>,
-    train_share: f64,
-    issued: usize,
-    training: usize,
-    serving: usize,
-}
-
-impl Submissions {
-    fn new(shape: &Shape) -> Submissions {
-        let train = (shape.train_nodes * 8) as f64;
-        let slices = (shape.infer_nodes * 56) as f64;
-        Submissions {
-            projects: shape.projects(),
-            train_share: train / (train + slices),
-            issued: 0,
-            training: 0,
-            serving: 0,
-        }
-    }
-
-    fn next(&mut self, at: jiff::Timestamp) -> PendingWorkload {
-        let training = (self.training as f64) <= self.train_share * self.issued as f64;
-        let name = format!("w{}", self.issued);
-        self.issued += 1;
-        let turn = if training {
-            &mut self.training
-        } else {
-            &mut self.serving
-        };
-        let tenant = self.projects[*turn % self.projects.len()].clone();
-        *turn += 1;
-        PendingWorkload {
-            name,
-            spec: WorkloadSpec {
-                tenant,
-                slo_class: if training { "training" } else { "serving" }.to_owned(),
-                pool: Some(if training { "train" } else { "infer" }.to_owned()),
-                replicas: 1,
-                min_member: None,
-                gpu: GpuRequest {
-                    count: training.then_some(1),
-                    mig_profile: (!training).then(|| "1g.10gb".to_owned()),
-                    fraction: None,
-                },
-                cpu: Millicores(if training { 8_000 } else { 2_000 }),
-                memory: Bytes(if training { 64 << 30 } else { 16 << 30 }),
-                topology: Topology::default(),
-                max_duration: None,
-                command: Vec::new(),
-                env: BTreeMap::new(),
-            },
-            submitted_at: at,
-        }
+/// The next submission, named by its number, waiting since `at`.
+fn arrival(subs: &mut Submissions, at: jiff::Timestamp) -> PendingWorkload {
+    let name = format!("w{}", subs.issued());
+    PendingWorkload {
+        name,
+        spec: subs.next_spec(),
+        submitted_at: at,
     }
 }
 
@@ -284,11 +146,11 @@ fn arg(args: &[String], flag: &str, default: usize) -> usize {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let shape = Shape::new(arg(&args, "--nodes", 500));
+    let shape = Shape::new(arg(&args, "--nodes", 500), 10);
     let running = arg(&args, "--running", 5_000);
     let per_pass = arg(&args, "--pass", 256);
     let steady = arg(&args, "--steady", 200);
-    let c = compile(&sources(&shape));
+    let c = compile(&sources(shape));
     let policy: &CompiledPolicy = c
         .policy
         .as_ref()
@@ -305,7 +167,7 @@ fn main() {
 
     // The burst, on a session opened on the empty fleet.
     let (mut session, _) = Session::new(policy, &empty, &options).expect("the fleet solves");
-    let mut subs = Submissions::new(&shape);
+    let mut subs = Submissions::new(shape);
     let mut runs = Vec::new();
     let started = Instant::now();
     let (mut first, mut last) = (None, None);
@@ -315,7 +177,7 @@ fn main() {
     while runs.len() < running {
         // As the arrival path reads them: what waits, up to a pass's most.
         while queue.len() < per_pass && runs.len() + queue.len() < running {
-            queue.push_back(subs.next(at));
+            queue.push_back(arrival(&mut subs, at));
         }
         let mut p = pass(&mut session, &mut queue, at, &mut runs);
         assert!(p.admitted > 0, "the burst fits the fleet");
@@ -353,7 +215,7 @@ fn main() {
         let mut queue = std::collections::VecDeque::new();
         while decided < steady {
             while queue.len() < size {
-                queue.push_back(subs.next(at));
+                queue.push_back(arrival(&mut subs, at));
             }
             let before = queue.len();
             let p = pass(&mut session, &mut queue, at, &mut fleet.running);

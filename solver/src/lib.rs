@@ -18,6 +18,8 @@
 //! reaches [`SolveOptions::time_limit`] stops and keeps the best decision so far, which the
 //! decision reports (`time_limit` in a pool's refinement).
 
+#[cfg(feature = "bench-fleet")]
+pub mod bench_fleet;
 mod bound;
 pub mod carry;
 mod cow;

@@ -24,10 +24,9 @@ use tessera_fleet::testing::TestEtcd;
 use tessera_fleet::utilization::Cadence;
 use tessera_fleet::view::FleetView;
 use tessera_reconciler::actions::Action;
+use tessera_reconciler::driver::observe_hook::ObserveHook;
 use tessera_reconciler::driver::sim::{SimDriver, load_nodes};
-use tessera_reconciler::driver::{
-    ComputeInstanceInfo, DriverError, GpuRef, GpuUtilization, NodeDriver, Observation, SmActivity,
-};
+use tessera_reconciler::driver::{GpuRef, GpuUtilization, NodeDriver, Observation, SmActivity};
 use tessera_reconciler::runtime::{Confinement, Runtime};
 
 #[derive(Debug, Args)]
@@ -126,7 +125,10 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
         let driver: Box<dyn NodeDriver> = if args.utilization_noise == 0 {
             Box::new(sim)
         } else {
-            Box::new(Busy::new(sim, n as u64, args.gpus, args.utilization_noise))
+            let mut busy = Busy::new(n as u64, args.gpus, args.utilization_noise);
+            Box::new(ObserveHook::new(sim, move |o: &mut Observation| {
+                busy.report(o)
+            }))
         };
         let runtime = Runtime::new(state.join("runtime"), Confinement::Insecure)?;
         let mut node = NodeState::open(&node.name, driver, runtime, &state, false)?;
@@ -430,20 +432,18 @@ impl Metrics {
     }
 }
 
-/// A simulated node whose GPUs are busy at a steady level each, reported with noise at every
-/// observation: the utilisation a fleet that changes nothing shows. The levels and the noise
-/// come from a generator seeded by the node's number, so a run is repeatable.
+/// Steady GPU loads, reported with noise at every observation: the utilisation a fleet that
+/// changes nothing shows. The levels and the noise come from a generator seeded by the node's
+/// number, so a run is repeatable.
 struct Busy {
-    inner: SimDriver,
     state: u64,
     levels: Vec<u32>,
     noise: u32,
 }
 
 impl Busy {
-    fn new(inner: SimDriver, seed: u64, gpus: u32, noise: u32) -> Busy {
+    fn new(seed: u64, gpus: u32, noise: u32) -> Busy {
         let mut busy = Busy {
-            inner,
             state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             levels: Vec::new(),
             noise,
@@ -459,15 +459,9 @@ impl Busy {
         self.state ^= self.state >> 27;
         self.state.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-}
 
-impl NodeDriver for Busy {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn observe(&mut self) -> Result<Observation, DriverError> {
-        let mut observation = self.inner.observe()?;
+    /// Every GPU of `observation` at its level, give or take the noise.
+    fn report(&mut self, observation: &mut Observation) {
         for detail in &mut observation.details {
             let level = self.levels[detail.gpu.index as usize];
             let spread = u64::from(2 * self.noise + 1);
@@ -478,53 +472,5 @@ impl NodeDriver for Busy {
             });
             detail.sm_activity = SmActivity::checked(percent.into(), f64::from(percent) / 2.0);
         }
-        Ok(observation)
-    }
-
-    fn set_mig_mode(&mut self, gpu: &GpuRef, enabled: bool) -> Result<(), DriverError> {
-        self.inner.set_mig_mode(gpu, enabled)
-    }
-
-    fn reset_gpu(&mut self, gpu: &GpuRef) -> Result<(), DriverError> {
-        self.inner.reset_gpu(gpu)
-    }
-
-    fn create_gpu_instance(
-        &mut self,
-        gpu: &GpuRef,
-        profile_id: u32,
-        start: u8,
-    ) -> Result<u32, DriverError> {
-        self.inner.create_gpu_instance(gpu, profile_id, start)
-    }
-
-    fn destroy_gpu_instance(&mut self, gpu: &GpuRef, gpu_instance: u32) -> Result<(), DriverError> {
-        self.inner.destroy_gpu_instance(gpu, gpu_instance)
-    }
-
-    fn create_compute_instance(
-        &mut self,
-        gpu: &GpuRef,
-        gpu_instance: u32,
-    ) -> Result<ComputeInstanceInfo, DriverError> {
-        self.inner.create_compute_instance(gpu, gpu_instance)
-    }
-
-    fn destroy_compute_instance(
-        &mut self,
-        gpu: &GpuRef,
-        gpu_instance: u32,
-        compute_instance: u32,
-    ) -> Result<(), DriverError> {
-        self.inner
-            .destroy_compute_instance(gpu, gpu_instance, compute_instance)
-    }
-
-    fn process_started(&mut self, pid: u32, gpu: &GpuRef, gpu_instance: Option<u32>) {
-        self.inner.process_started(pid, gpu, gpu_instance);
-    }
-
-    fn process_ended(&mut self, pid: u32) {
-        self.inner.process_ended(pid);
     }
 }

@@ -1,17 +1,47 @@
-//! What the fleet tests share: a real etcd, clients, and a bound on waiting.
+//! What the fleet tests share: a real etcd, clients, the key space, a leader, and a bound on
+//! waiting.
 
 #![allow(dead_code)]
 
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue};
 use tessera_fleet::access::Credentials;
+use tessera_fleet::election::{Candidate, LeaderInfo, Leadership};
+use tessera_fleet::keys::Keys;
 use tessera_fleet::testing::TestEtcd;
 
 /// The lease period the tests use: etcd's minimum with its default timings (a TTL of 1 s is
 /// raised to it), so that expiry tests take seconds.
 pub const TTL_SECS: i64 = 2;
+
+/// The key space every test writes under.
+pub fn keys() -> Keys {
+    Keys::new("test").unwrap()
+}
+
+/// Leader `id`, elected on a lease of `ttl_secs`.
+pub async fn leader(client: &Client, id: &str, ttl_secs: i64) -> Leadership {
+    let info = LeaderInfo {
+        id: id.to_string(),
+        advertise: None,
+    };
+    Candidate::new(client.clone(), keys(), info, ttl_secs)
+        .campaign()
+        .await
+        .unwrap()
+}
+
+/// Every key under `prefix`, with its value, as etcd holds them now.
+pub async fn read_prefix(client: &Client, prefix: &str) -> Vec<KeyValue> {
+    let mut answer = client
+        .clone()
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap_or_else(|e| panic!("reading {prefix}: {e}"));
+    answer.take_kvs()
+}
 
 pub fn etcd() -> TestEtcd {
     TestEtcd::start().unwrap_or_else(|e| panic!("{e}"))

@@ -10,6 +10,7 @@
 
 pub mod faults;
 pub mod nvml;
+pub mod observe_hook;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};

@@ -504,7 +504,10 @@ mod tests {
         let summary = summarize(&report, By::Tenant, None);
         let page = html(&summary);
         assert!(!page.contains("<script>"), "{page}");
-        assert!(page.contains("&lt;script&gt;alert(&#39;x&#39;)"), "{page}");
+        assert!(
+            page.contains("&lt;script&gt;alert(&#x27;x&#x27;)"),
+            "{page}"
+        );
         let by_model = html(&summarize(&report, By::Model, None));
         assert!(!by_model.contains("<b>"), "{by_model}");
         let table = csv(&summary);

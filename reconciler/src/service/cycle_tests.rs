@@ -9,8 +9,9 @@ use tessera_compiler::model::WorkloadSpec;
 
 use super::cycle::{CycleReport, Decided};
 use super::{Config, Reconciler, Shared};
+use crate::driver::observe_hook::ObserveHook;
 use crate::driver::sim::SimDriver;
-use crate::driver::{ComputeInstanceInfo, DriverError, GpuRef, NodeDriver, Observation};
+use crate::driver::{NodeDriver, Observation};
 use crate::repo::{Mirror, Source};
 use crate::runtime::{Confinement, Runtime};
 use crate::store::{Origin, Phase, Store};
@@ -31,17 +32,9 @@ struct During {
 }
 
 /// The simulated driver, submitting `during` when its observation comes.
-struct Submitting {
-    sim: SimDriver,
-    during: Arc<Mutex<Option<During>>>,
-}
-
-impl NodeDriver for Submitting {
-    fn kind(&self) -> &'static str {
-        self.sim.kind()
-    }
-    fn observe(&mut self) -> Result<Observation, DriverError> {
-        let mut during = self.during.lock().unwrap();
+fn submitting(sim: SimDriver, during: Arc<Mutex<Option<During>>>) -> impl NodeDriver {
+    ObserveHook::new(sim, move |_: &mut Observation| {
+        let mut during = during.lock().unwrap();
         if let Some(d) = during.as_mut() {
             d.at -= 1;
             if d.at == 0 {
@@ -51,47 +44,7 @@ impl NodeDriver for Submitting {
                     .unwrap();
             }
         }
-        self.sim.observe()
-    }
-    fn set_mig_mode(&mut self, gpu: &GpuRef, enabled: bool) -> Result<(), DriverError> {
-        self.sim.set_mig_mode(gpu, enabled)
-    }
-    fn reset_gpu(&mut self, gpu: &GpuRef) -> Result<(), DriverError> {
-        self.sim.reset_gpu(gpu)
-    }
-    fn create_gpu_instance(
-        &mut self,
-        gpu: &GpuRef,
-        profile_id: u32,
-        start: u8,
-    ) -> Result<u32, DriverError> {
-        self.sim.create_gpu_instance(gpu, profile_id, start)
-    }
-    fn destroy_gpu_instance(&mut self, gpu: &GpuRef, gpu_instance: u32) -> Result<(), DriverError> {
-        self.sim.destroy_gpu_instance(gpu, gpu_instance)
-    }
-    fn create_compute_instance(
-        &mut self,
-        gpu: &GpuRef,
-        gpu_instance: u32,
-    ) -> Result<ComputeInstanceInfo, DriverError> {
-        self.sim.create_compute_instance(gpu, gpu_instance)
-    }
-    fn destroy_compute_instance(
-        &mut self,
-        gpu: &GpuRef,
-        gpu_instance: u32,
-        compute_instance: u32,
-    ) -> Result<(), DriverError> {
-        self.sim
-            .destroy_compute_instance(gpu, gpu_instance, compute_instance)
-    }
-    fn process_started(&mut self, pid: u32, gpu: &GpuRef, gpu_instance: Option<u32>) {
-        self.sim.process_started(pid, gpu, gpu_instance);
-    }
-    fn process_ended(&mut self, pid: u32) {
-        self.sim.process_ended(pid);
-    }
+    })
 }
 
 fn training(tenant: &str) -> WorkloadSpec {
@@ -149,10 +102,10 @@ fn a_submission_made_while_a_cycle_runs_is_decided_by_the_next() {
     config.confinement = Confinement::Insecure;
     config.cycle_period = std::time::Duration::from_secs(3600);
     let during = Arc::new(Mutex::new(None));
-    let driver = Submitting {
-        sim: SimDriver::open(&data("nodes.yaml"), &state_dir.join("sim-nodes.json")).unwrap(),
-        during: during.clone(),
-    };
+    let driver = submitting(
+        SimDriver::open(&data("nodes.yaml"), &state_dir.join("sim-nodes.json")).unwrap(),
+        during.clone(),
+    );
     let api = Store::open(&db).unwrap();
     let mirror = Mirror::open(source, &state_dir.join("mirror.git")).unwrap();
     let runtime = Runtime::new(state_dir.join("runtime"), Confinement::Insecure).unwrap();

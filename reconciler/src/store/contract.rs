@@ -65,12 +65,14 @@ cases!(
     a_batch_of_starts_with_a_workload_no_longer_pending_writes_nothing,
 );
 
-/// Tenant `a`'s workload `name`.
-fn a(name: &str) -> WorkloadKey {
+/// Tenant `a`'s workload `name`. Public, with [`spec`], for the backends' own tests.
+pub fn a(name: &str) -> WorkloadKey {
     WorkloadKey::new("a", name)
 }
 
-fn spec(tenant: &str) -> WorkloadSpec {
+/// A two-replica MIG workload of `tenant`, with a maximum duration, a command and an
+/// environment.
+pub fn spec(tenant: &str) -> WorkloadSpec {
     serde_json::from_value(json!({
         "tenant": tenant,
         "sloClass": "batch",

@@ -296,7 +296,7 @@ fn hostile_names_and_messages_are_escaped_everywhere() {
         );
         assert!(!html.contains("alert('x')"), "{html}");
         assert!(
-            html.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"),
+            html.contains("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"),
             "escaped form missing for {viewer:?}:\n{html}"
         );
     }

@@ -6,6 +6,7 @@
 
 use std::fmt::Write;
 
+use html_escape::encode_quoted_attribute as escape;
 use plotters::prelude::*;
 
 use super::report::{Summary, seconds};
@@ -22,13 +23,6 @@ const COLOURS: [RGBColor; 6] = [
 
 const WIDTH: u32 = 900;
 const HEIGHT: u32 = 320;
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
 
 fn hex(c: RGBColor) -> String {
     format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)

@@ -9,9 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde_json::Value;
-
-use super::fleet::Submissions;
+use serde_json::{Value, json};
+use tessera_solver::bench_fleet::Submissions;
 
 /// How often a followed workload is polled: the resolution of the steady run's latencies.
 pub const POLL: Duration = Duration::from_millis(5);
@@ -21,6 +20,12 @@ pub const BURST_POLL: Duration = Duration::from_millis(500);
 const WAITING_GRACE: Duration = Duration::from_secs(5);
 /// The most a steady submission is followed, and a burst waited for without progress.
 const GIVE_UP: Duration = Duration::from_secs(120);
+
+/// The next submission as `POST /v1/workloads` takes it: its tenant and the request body.
+fn request(submissions: &mut Submissions, name: &str) -> (String, Value) {
+    let spec = submissions.next_spec();
+    (spec.tenant.clone(), json!({"name": name, "spec": spec}))
+}
 
 /// An HTTP client of the service under test, with every tenant's token.
 pub struct Client {
@@ -126,7 +131,7 @@ pub fn steady(
                 std::thread::sleep(wait);
             }
             let name = format!("steady-{i}");
-            let (tenant, body) = submissions.next(&name);
+            let (tenant, body) = request(submissions, &name);
             let tx = tx.clone();
             scope.spawn(move || {
                 let _ = tx.send(follow(client, &tenant, &name, &body));
@@ -205,7 +210,7 @@ pub fn burst(
     let work: Vec<(String, String, Value)> = (0..count)
         .map(|i| {
             let name = format!("{prefix}-{i}");
-            let (tenant, body) = submissions.next(&name);
+            let (tenant, body) = request(submissions, &name);
             (tenant, name, body)
         })
         .collect();

@@ -5,7 +5,6 @@
 //! sustained admissions a second), then submits at a steady rate from every project's token
 //! over HTTP on loopback. It prints figures; it never judges them.
 
-mod fleet;
 mod load;
 
 use std::collections::BTreeMap;
@@ -20,10 +19,10 @@ use tessera_reconciler::driver::sim::SimDriver;
 use tessera_reconciler::repo::Source;
 use tessera_reconciler::runtime::Confinement;
 use tessera_reconciler::service::{Config, NodeSource, ServeOptions, StoreSource, serve};
+use tessera_solver::bench_fleet::{self as fleet, Shape, Submissions};
 
 use crate::cli::TextOrJson;
 use crate::output::emit;
-use fleet::{Shape, Submissions};
 use load::{Client, Sample, metric, quantile};
 
 pub struct ServiceBenchArgs {

@@ -1,13 +1,19 @@
-//! The fleet `tessera bench service` runs on: the solver benchmark's reference fleet
+//! The fleet the arrival benchmarks run on (`tessera bench service` and the solver's
+//! `session_arrivals` bench): the solver benchmark's reference fleet
 //! (`solver/benches/reference_fleet.rs`: H100 nodes of 8 GPUs, 64 in 500 of them in a MIG pool
 //! cut in seven 1g instances per GPU, organisations of 29 projects with guarantees that split
-//! each pool evenly) as a policy document and simulated nodes, and the workloads submitted to
-//! it: one-GPU training jobs and 1g inference replicas, spread evenly over the projects.
+//! each pool evenly) as a policy document and nodes, and the workloads submitted to it: one-GPU
+//! training jobs and 1g inference replicas, spread evenly over the projects.
+//!
+//! Built with the crate's `bench-fleet` feature; it is benchmark support, never part of a
+//! decision.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde_json::{Value, json};
-use tessera_compiler::model::{Gpu, Health, MigInstance, MigState, Node};
+use tessera_compiler::model::{
+    Gpu, GpuRequest, Health, MigInstance, MigState, Node, Topology, WorkloadSpec,
+};
 use tessera_compiler::units::{Bytes, Millicores};
 
 const PROJECTS_PER_ORG: usize = 29;
@@ -154,6 +160,50 @@ pub enum Kind {
     Serving,
 }
 
+impl Kind {
+    /// The workload `tenant` submits.
+    pub fn spec(self, tenant: String) -> WorkloadSpec {
+        let (slo_class, pool, gpu, cpu, memory) = match self {
+            Kind::Training => (
+                "training",
+                "train",
+                GpuRequest {
+                    count: Some(1),
+                    mig_profile: None,
+                    fraction: None,
+                },
+                8_000,
+                64 << 30,
+            ),
+            Kind::Serving => (
+                "serving",
+                "infer",
+                GpuRequest {
+                    count: None,
+                    mig_profile: Some("1g.10gb".to_owned()),
+                    fraction: None,
+                },
+                2_000,
+                16 << 30,
+            ),
+        };
+        WorkloadSpec {
+            tenant,
+            slo_class: slo_class.to_owned(),
+            pool: Some(pool.to_owned()),
+            replicas: 1,
+            min_member: None,
+            gpu,
+            cpu: Millicores(cpu),
+            memory: Bytes(memory),
+            topology: Topology::default(),
+            max_duration: None,
+            command: Vec::new(),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
 /// Hands out submissions: kinds in proportion to each pool's capacity, and tenants in turn
 /// within each kind, so that no project runs far past its guarantee.
 pub struct Submissions {
@@ -176,8 +226,13 @@ impl Submissions {
         }
     }
 
-    /// The next submission: its tenant and the request body of `POST /v1/workloads`.
-    pub fn next(&mut self, name: &str) -> (String, Value) {
+    /// How many submissions were handed out.
+    pub fn issued(&self) -> usize {
+        self.issued
+    }
+
+    /// The next submission's spec (its tenant in it).
+    pub fn next_spec(&mut self) -> WorkloadSpec {
         let kind = if (self.training as f64) <= self.train_share * self.issued as f64 {
             Kind::Training
         } else {
@@ -190,17 +245,7 @@ impl Submissions {
         };
         let tenant = self.projects[*turn % self.projects.len()].clone();
         *turn += 1;
-        let spec = match kind {
-            Kind::Training => json!({
-                "tenant": tenant, "sloClass": "training", "pool": "train",
-                "gpu": {"count": 1}, "cpu": 8, "memory": "64Gi",
-            }),
-            Kind::Serving => json!({
-                "tenant": tenant, "sloClass": "serving", "pool": "infer",
-                "gpu": {"migProfile": "1g.10gb"}, "cpu": 2, "memory": "16Gi",
-            }),
-        };
-        (tenant, json!({"name": name, "spec": spec}))
+        kind.spec(tenant)
     }
 }
 
@@ -235,15 +280,13 @@ mod tests {
     fn submissions_follow_capacity_and_rotate_tenants() {
         let shape = Shape::new(500, 10);
         let mut subs = Submissions::new(shape);
-        let bodies: Vec<(String, Value)> = (0..1000).map(|i| subs.next(&format!("w{i}"))).collect();
-        let training = bodies
-            .iter()
-            .filter(|(_, b)| b["spec"]["sloClass"] == "training")
-            .count();
+        let specs: Vec<WorkloadSpec> = (0..1000).map(|_| subs.next_spec()).collect();
+        assert_eq!(subs.issued(), 1000);
+        let training = specs.iter().filter(|s| s.slo_class == "training").count();
         // 3,488 GPUs against 3,584 slices.
         assert!((480..=500).contains(&training), "{training}");
         let first_tenants: std::collections::BTreeSet<&str> =
-            bodies.iter().take(580).map(|(t, _)| t.as_str()).collect();
+            specs.iter().take(580).map(|s| s.tenant.as_str()).collect();
         assert_eq!(first_tenants.len(), 290);
     }
 }
