@@ -9,6 +9,8 @@
 //! provisioning that failed half-way is finished by running it again, and provisioning a node
 //! that exists sets its password anew (rotation).
 
+use std::time::Duration;
+
 use etcd_client::{Client, ConnectOptions, Permission, RoleRevokePermissionOptions};
 
 use crate::error::{FleetError, etcd};
@@ -34,22 +36,55 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+/// How long any one request to etcd may take before it fails with
+/// [`FleetError::TimedOut`]: etcdctl's own `--command-timeout`. A healthy etcd answers in
+/// milliseconds, and even a cluster electing a new leader answers (or refuses) within its
+/// election timeout; one that takes longer is hung (a stopped process keeps its TCP
+/// connections open, so nothing else would ever end the wait), overloaded, or cut off.
+/// Without this bound a leader's cycle blocked on such a call would hold its loop, and its
+/// stepping down, for as long as etcd stays silent.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long opening a connection may take (TCP, before any request).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// HTTP/2 pings on a connection with streams open (watches, lease keepalives): a connection
+/// whose ping goes unanswered for [`PING_TIMEOUT`] is closed, which ends its watches with an
+/// error (their owners read again and watch anew) and makes the next request open a fresh
+/// connection. Request timeouts alone leave a half-dead connection (a partition, a hung
+/// peer) in place, and a watch on it silent. etcd's `--grpc-keepalive-min-time` (5 s)
+/// closes the connection of a client that pings more often, and a ping with no stream open
+/// counts against that too: hence the interval above it, and no pings while idle.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The options every tessera connection to etcd uses: the bounds above, and `credentials`
+/// where access control is on.
+pub fn connect_options(credentials: Option<&Credentials>) -> ConnectOptions {
+    let options = ConnectOptions::new()
+        .with_timeout(REQUEST_TIMEOUT)
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_keep_alive(PING_INTERVAL, PING_TIMEOUT)
+        .with_keep_alive_while_idle(false);
+    match credentials {
+        // etcd's token expires after `--auth-token-ttl` unused (300 s by default): a standby
+        // that only campaigns, or an idle agent, would find it gone on its next request.
+        Some(c) => options
+            .with_user(c.user.clone(), c.password.clone())
+            .with_auto_token_refresh(true),
+        None => options,
+    }
+}
+
 /// Connects to etcd at `endpoints` (URLs such as `http://127.0.0.1:2379`), as `credentials`
-/// where access control is on. A wrong user name or password is `Unauthenticated`, and
-/// credentials given to an etcd whose access control is off `AuthDisabled`: neither is
-/// worth retrying.
+/// where access control is on, with [`connect_options`]. A wrong user name or password is
+/// `Unauthenticated`, and credentials given to an etcd whose access control is off
+/// `AuthDisabled`: neither is worth retrying.
 pub async fn connect(
     endpoints: &[String],
     credentials: Option<&Credentials>,
 ) -> Result<Client, FleetError> {
-    // etcd's token expires after `--auth-token-ttl` unused (300 s by default): a standby that
-    // only campaigns, or an idle agent, would find it gone on its next request.
-    let options = credentials.map(|c| {
-        ConnectOptions::new()
-            .with_user(c.user.clone(), c.password.clone())
-            .with_auto_token_refresh(true)
-    });
-    Client::connect(endpoints, options)
+    Client::connect(endpoints, Some(connect_options(credentials)))
         .await
         .map_err(|source| connect_error(endpoints, credentials, source))
 }
@@ -63,6 +98,13 @@ fn connect_error(
     source: etcd_client::Error,
 ) -> FleetError {
     let endpoints = endpoints.join(",");
+    if let Some(timed_out) = crate::error::TimedOut::of(&source) {
+        return FleetError::TimedOut {
+            op: "connect",
+            key: endpoints,
+            source: timed_out,
+        };
+    }
     if let (Some(who), etcd_client::Error::GRpcStatus(status)) = (credentials, &source) {
         let message = status.message();
         if status.code() == tonic::Code::InvalidArgument

@@ -85,6 +85,16 @@ impl Candidate {
                 .lease_grant(self.ttl_secs, None)
                 .await
                 .map_err(|e| etcd("lease grant", &key, e))?;
+            // The term's local deadline counts from the grant's sending (see `lease`). A grant
+            // answered only after half its TTL (etcd slow, or resuming from a hang with the
+            // request queued) leaves a term too little time for its first renewal, or none:
+            // it would count itself over at once and hold the key, unrenewed, for a lease
+            // period. The lease is given back and asked for again.
+            let ttl = Duration::from_secs(lease.ttl().max(1) as u64);
+            if granted.elapsed() >= ttl / 2 {
+                let _ = client.lease_revoke(lease.id()).await;
+                continue;
+            }
             let claim = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(
@@ -93,13 +103,20 @@ impl Candidate {
                     Some(PutOptions::new().with_lease(lease.id())),
                 )])
                 .or_else([TxnOp::get(key.as_str(), None)]);
-            let answer = client
-                .txn(claim)
-                .await
-                .map_err(|e| etcd("campaign", &key, e))?;
+            let answer = match client.txn(claim).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    // The claim's outcome is unknown (etcd may apply it once it answers again,
+                    // a timed-out request included): the lease is given back, so that a claim
+                    // that did apply deletes itself instead of holding the key, with no one
+                    // leading, for a lease period. If this revoke is lost too, the lease
+                    // expires unrenewed: a delay, never two leaders.
+                    let _ = client.lease_revoke(lease.id()).await;
+                    return Err(etcd("campaign", &key, e));
+                }
+            };
             let revision = answer.header().map_or(0, |h| h.revision());
             if answer.succeeded() {
-                let ttl = Duration::from_secs(lease.ttl().max(1) as u64);
                 return Ok(Leadership {
                     client: client.clone(),
                     fence: Fence {

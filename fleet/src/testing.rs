@@ -92,6 +92,29 @@ impl TestEtcd {
         }
     }
 
+    /// Pauses etcd (SIGSTOP): its connections stay open and nothing answers, as with a hung
+    /// or cut-off member. [`TestEtcd::resume`] lets it go on where it stopped.
+    pub fn pause(&self) -> Result<(), HarnessError> {
+        self.signal(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Resumes a paused etcd (SIGCONT). etcd then answers what waited on its connections and
+    /// expires the leases whose TTL ran out meanwhile.
+    pub fn resume(&self) -> Result<(), HarnessError> {
+        self.signal(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) -> Result<(), HarnessError> {
+        let child = self
+            .child
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("etcd is not running"))?;
+        let pid =
+            nix::unistd::Pid::from_raw(i32::try_from(child.id()).map_err(std::io::Error::other)?);
+        nix::sys::signal::kill(pid, signal).map_err(std::io::Error::from)?;
+        Ok(())
+    }
+
     /// Starts etcd again on its data directory and ports after [`TestEtcd::kill`].
     pub fn restart(&mut self) -> Result<(), HarnessError> {
         self.kill();

@@ -257,8 +257,20 @@ impl Replica<'_> {
             () = leadership.lost() => {
                 tracing::warn!(term, "leadership lost: stopping the service and standing by");
                 let _ = stop_tx.send(());
-                // The loop finishes the cycle it is in, whose writes the fence refuses.
+                // The loop finishes the cycle it is in, whose writes the fence refuses; each
+                // of its etcd calls is bounded (`access::REQUEST_TIMEOUT`), so a hung etcd
+                // delays this by a request at most.
                 let served = done_rx.await.context("the service's thread ended")?;
+                // The term is given up: where its lease still holds the leader key (the term
+                // was counted over because renewals went unanswered, not because etcd expired
+                // it), revoking it lets a replica lead now rather than after the TTL. Where
+                // etcd does not answer this fails, and the lease expires by itself; it runs
+                // beside the standby, which need not wait for it.
+                tokio::spawn(async move {
+                    if let Err(e) = leadership.resign().await {
+                        tracing::info!(term, "the abandoned term's lease is left to expire: {e}");
+                    }
+                });
                 served.context("the service failed")?;
                 Ok(true)
             }

@@ -5,6 +5,10 @@
 //!   is away `/status` is Degraded with a condition naming etcd; once it is back the replica
 //!   leads again, the workload that ran throughout still runs, started once, a new submission
 //!   runs, and `/status` recovers.
+//! - etcd hung (SIGSTOP) for longer than the lease and resumed: the replica's calls to etcd
+//!   time out instead of waiting for ever, it steps down at its lease's deadline, and its
+//!   `/status`, served from memory, is Degraded naming etcd; once etcd answers it leads
+//!   again, the workload that ran throughout was started once, and a new submission runs.
 //! - An agent paused (SIGSTOP) past its lease and the node grace: its node is lost, `/status`
 //!   is Degraded naming it and its workload runs on the other node; resumed (SIGCONT), the
 //!   agent registers again, stops the replica that was moved away from it, and `/status`
@@ -47,6 +51,11 @@ struct Fleet {
 
 impl Fleet {
     fn start() -> Fleet {
+        Fleet::start_with_grace("3s")
+    }
+
+    /// A fleet whose nodes are lost after `grace` away.
+    fn start_with_grace(grace: &str) -> Fleet {
         let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
         let repo = support::policy_repo(&data("policy"));
         let work = tempfile::tempdir().unwrap();
@@ -67,7 +76,7 @@ impl Fleet {
                     "--lease-ttl",
                     "2s",
                     "--node-grace",
-                    "3s",
+                    grace,
                 ],
             ),
             etcd,
@@ -249,6 +258,61 @@ fn etcd_away_past_the_lease_degrades_the_status_and_loses_nothing() {
     assert_eq!(api_attempt, 0);
     fleet.await_running("api");
     let recovered = await_recovered(&fleet, "etcd: ");
+    eprintln!("recovered: {recovered}");
+    assert!(!gone(pid), "web was not stopped");
+    assert_eq!(
+        view.running("web"),
+        BTreeMap::from([(node, vec![(0, Some(pid))])]),
+        "web runs where it ran, the same process"
+    );
+    assert_eq!(view.starts("web"), 1, "web was started once");
+    assert_eq!(view.starts("api"), 1, "api was started once");
+}
+
+#[test]
+fn a_hung_etcd_degrades_the_status_the_leader_steps_down_and_recovers_running_nothing_twice() {
+    // A node grace longer than the pause: etcd expires the agents' registrations when it
+    // resumes (their leases ran out meanwhile) and they register again within it, so no
+    // node is lost and nothing is moved.
+    let mut fleet = Fleet::start_with_grace("60s");
+    let view = View::connect(&fleet.etcd);
+    fleet.submit("web", "3g.40gb");
+    let (node, attempt, pid) = view.await_one("web");
+    fleet.reap.push(pid);
+    assert_eq!(attempt, 0);
+    fleet.await_running("web");
+    assert_eq!(view.starts("web"), 1, "started once");
+
+    // etcd hung (SIGSTOP: its connections stay open, nothing answers) past the lease: the
+    // replica's calls to etcd time out, it counts its term over at the lease's deadline and
+    // steps down, which needs its cycle to end, and its status, served from memory, is
+    // Degraded naming etcd.
+    fleet.etcd.pause().unwrap_or_else(|e| panic!("{e}"));
+    fleet
+        .replica
+        .await_line("tessera-fleet reconcile: standing by");
+    let degraded = eventually("the standby's status Degraded naming etcd", || {
+        let s = fleet.status()?;
+        let conditions = conditions(&s);
+        let standing_by = conditions.iter().any(|c| c.contains("stands by"));
+        let etcd = conditions.iter().any(|c| c.starts_with("etcd: "));
+        (s["health"] == "Degraded" && standing_by && etcd).then_some(s)
+    });
+    eprintln!("degraded: {:?}", conditions(&degraded));
+    assert!(!gone(pid), "the workload runs on while etcd hangs");
+    fleet.etcd.resume().unwrap_or_else(|e| panic!("{e}"));
+
+    // etcd answers again: the replica leads again, nothing was lost or started twice.
+    fleet
+        .replica
+        .await_line("tessera-fleet reconcile: leading (term ");
+    fleet.await_running("web");
+    fleet.submit("api", "4g.40gb");
+    let (_, api_attempt, api_pid) = view.await_one("api");
+    fleet.reap.push(api_pid);
+    assert_eq!(api_attempt, 0);
+    fleet.await_running("api");
+    let recovered = await_recovered(&fleet, "etcd");
     eprintln!("recovered: {recovered}");
     assert!(!gone(pid), "web was not stopped");
     assert_eq!(

@@ -10,6 +10,7 @@ use tessera_reconciler::store::StoreError;
 
 use crate::FleetError;
 use crate::election::{Fence, Guard, Write, current_leader};
+use crate::error::TimedOut;
 use crate::keys::Keys;
 
 /// etcd's default `--max-txn-ops`: the most operations (and, separately, compares) one
@@ -299,6 +300,10 @@ impl Etcd {
             Err(FleetError::Deposed { now, .. }) => {
                 Err(Attempt::Failed(StoreError::NotLeader { leader: now }))
             }
+            Err(FleetError::TimedOut { source, .. }) => Err(Attempt::Failed(StoreError::Backend {
+                what: format!("etcd write at {first}"),
+                source: Box::new(source),
+            })),
             Err(e) => Err(Attempt::Failed(StoreError::Backend {
                 what: format!("etcd: write at {first}"),
                 source: Box::new(e),
@@ -329,10 +334,16 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
+/// A failed request as the store reports it; one etcd did not answer in time says so
+/// ([`TimedOut`]), whatever tonic's error would.
 pub(super) fn backend(op: &str, key: &str, e: etcd_client::Error) -> StoreError {
+    let source: Box<dyn std::error::Error + Send + Sync> = match TimedOut::of(&e) {
+        Some(timed_out) => Box::new(timed_out),
+        None => Box::new(e),
+    };
     StoreError::Backend {
         what: format!("etcd {op} at {key}"),
-        source: Box::new(e),
+        source,
     }
 }
 

@@ -11,6 +11,7 @@ pub mod apply;
 mod arrivals_tests;
 pub mod backoff;
 pub mod cycle;
+pub mod cycle_retry;
 #[cfg(test)]
 mod cycle_tests;
 pub mod error;

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
 
+use tracing::info;
+
+use super::cycle_retry::CycleRetry;
 use super::nodes::{LocalNodes, NodeSide};
 use super::status::Condition;
 use super::store_source::StoreSource;
@@ -211,7 +214,8 @@ async fn shutdown_signal() {
 const TICK: Duration = Duration::from_millis(250);
 
 /// The reconcile loop: recovery, then cycles on the period, on wake-ups, and when a process
-/// ends; fetches on the fetch interval and when the local repository changes.
+/// ends, a failing one tried again after a back-off ([`CycleRetry`]); fetches on the fetch
+/// interval and when the local repository changes.
 pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
     let now = snapshot::now();
     if let Err(e) = reconciler.recover(now) {
@@ -227,6 +231,7 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
     let mut arrivals_due = false;
     let mut last_cycle = Instant::now();
     let mut last_fetch = Instant::now();
+    let mut retry = CycleRetry::default();
     loop {
         if fetch_due {
             // A failure is held in the status and logged by the reconciler.
@@ -249,11 +254,21 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
                 None => cycle_due = true,
             }
         }
-        if cycle_due || reconciler.has_exits() {
+        // A failing cycle is tried again after its back-off, whatever asks for it meanwhile.
+        if retry.ready(Instant::now()) && (cycle_due || reconciler.has_exits()) {
             let report = reconciler.cycle(snapshot::now());
             last_cycle = Instant::now();
             // Submissions the cycle left undecided are the next one's, now.
             cycle_due = !report.deferred.is_empty();
+            if let Some(wait) = retry.record(report.error.is_some(), last_cycle) {
+                // The cycle logged its error; what is left to say is when it is tried again.
+                info!(
+                    failures = retry.failures(),
+                    retry_in = ?wait,
+                    "the cycle failed; trying again after a back-off"
+                );
+                cycle_due = true;
+            }
         }
         if more_arrivals {
             // More of the same pass: no wait.
