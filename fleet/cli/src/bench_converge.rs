@@ -161,7 +161,13 @@ struct Figures {
     converged_in: Duration,
     converged_gpus: usize,
     during: Delta,
-    cycles: ReplicaCycles,
+    /// The end of the replica's cycle that was running at convergence.
+    cycle_done_in: Duration,
+    /// `None` where leadership moved during the change.
+    cycles: Option<ReplicaCycles>,
+    /// Leadership moved from one replica to the other during the change: (from, to).
+    moved: Option<(String, String)>,
+    leader_pid: u32,
     memory_converged: Memory,
     after: Steady,
     failover: Option<Failover>,
@@ -251,28 +257,29 @@ impl Bench<'_> {
         );
 
         let t1 = Instant::now();
-        let mut leader = ReplicaProcess::spawn(self, repo.path(), "first")?;
-        leader.await_line("tessera-fleet reconcile: leading (term ", args.patience)?;
+        let mut replicas = vec![ReplicaProcess::spawn(self, repo.path(), "first")?];
+        replicas[0].await_line("tessera-fleet reconcile: leading (term ", args.patience)?;
         figures.leading_in = t1.elapsed();
-        let standby = if args.failover {
+        if args.failover {
             let standby = ReplicaProcess::spawn(self, repo.path(), "second")?;
             standby.await_line("tessera-fleet reconcile: standing by", args.patience)?;
-            Some(standby)
-        } else {
-            None
-        };
+            replicas.push(standby);
+        }
         // Steady under the first revision: it is in force and two cycles ran since.
+        let leader = &replicas[self.leading(&client, &replicas)?];
         let at = leader.await_status("the first revision in force", args.patience, |s| {
             in_force(s, &first_revision).then(|| cycles_of(s))
         })?;
         leader.await_status("two cycles under it", args.patience, |s| {
             (cycles_of(s) >= at + 2).then_some(())
         })?;
-        figures.before = self.steady(&leader)?;
-        figures.memory_idle = leader.memory();
+        figures.before = self.steady(leader)?;
         eprintln!("bench converge: steady before the commit; committing the new layout");
 
         // From the commit to every node converged.
+        let leading_at_commit = self.leading(&client, &replicas)?;
+        let leader = &replicas[leading_at_commit];
+        figures.memory_idle = leader.memory();
         let revision = self
             .tokio
             .block_on(
@@ -299,31 +306,54 @@ impl Bench<'_> {
         self.tokio
             .block_on(self.until_converged(stream, committed, &mut figures))?;
         figures.during = Delta::between(&at_commit, &Metrics::read(&self.endpoint)?);
-        figures.memory_converged = leader.memory();
         eprintln!(
             "bench converge: converged in {:.2} s",
             figures.converged_in.as_secs_f64()
         );
 
-        // Steady again once the outcomes are recorded and pruned (two cycles on). The cycle
-        // that carried out the change is still waiting for its outcomes at convergence: the
-        // replica's cycle figures are read here, so that they include it.
+        // A replica starved past its term's lease (a loaded machine) hands the change to the
+        // other: the figures go on with whichever leads, and the report says so.
+        let leading = self.leading(&client, &replicas)?;
+        if leading != leading_at_commit {
+            figures.moved = Some((
+                replicas[leading_at_commit].id.clone(),
+                replicas[leading].id.clone(),
+            ));
+        }
+        let leader = &replicas[leading];
+        figures.memory_converged = leader.memory();
+        figures.leader_pid = leader.pid;
+        // The cycle that carried out the change may still be recording its outcomes at
+        // convergence; its end, then steady again once the outcomes are pruned (a cycle on).
         let at = cycles_of(&leader.status()?);
+        leader.await_status(
+            "the cycle running at convergence to end",
+            args.patience,
+            |s| (cycles_of(s) > at).then_some(()),
+        )?;
+        figures.cycle_done_in = committed.elapsed();
         leader.await_status("two cycles after convergence", args.patience, |s| {
             (cycles_of(s) >= at + 2).then_some(())
         })?;
-        let replica_after = leader.metrics()?;
-        let sample = |name: &str| metric(&replica_after, name) - metric(&replica_at_commit, name);
-        figures.cycles = ReplicaCycles {
-            count: sample("tessera_cycle_duration_seconds_count"),
-            seconds: sample("tessera_cycle_duration_seconds_sum"),
-            solve_seconds: sample("tessera_solve_duration_seconds_sum"),
-        };
-        figures.after = self.steady(&leader)?;
+        if figures.moved.is_none() {
+            let replica_after = leader.metrics()?;
+            let sample =
+                |name: &str| metric(&replica_after, name) - metric(&replica_at_commit, name);
+            figures.cycles = Some(ReplicaCycles {
+                count: sample("tessera_cycle_duration_seconds_count"),
+                seconds: sample("tessera_cycle_duration_seconds_sum"),
+                solve_seconds: sample("tessera_solve_duration_seconds_sum"),
+            });
+        }
+        figures.after = self.steady(leader)?;
 
-        if let Some(standby) = &standby {
+        if args.failover {
+            let standby = 1 - leading;
+            // Lines the standby printed earlier (a term it held before) are not this failover.
+            replicas[standby].drain();
             let killed = Instant::now();
-            leader.kill();
+            replicas[leading].kill();
+            let standby = &replicas[standby];
             standby.await_line("tessera-fleet reconcile: leading (term ", args.patience)?;
             let leads_in = killed.elapsed();
             standby.await_status("the new leader's first cycle", args.patience, |s| {
@@ -335,7 +365,27 @@ impl Bench<'_> {
             });
         }
         self.tokio.block_on(agents.stop())?;
-        Ok(self.report(&figures, &leader))
+        Ok(self.report(&figures))
+    }
+
+    /// Which of `replicas` leads, as etcd's leader key says; waits while none does.
+    fn leading(&self, client: &Client, replicas: &[ReplicaProcess]) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + self.args.patience;
+        loop {
+            let leader = self
+                .tokio
+                .block_on(tessera_fleet::election::current_leader(client, &self.keys))?;
+            if let Some(i) = leader.and_then(|l| replicas.iter().position(|r| r.id == l.id)) {
+                return Ok(i);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "no replica of the bench led within {:?}",
+                    self.args.patience
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Waits for `args.steady` with nothing changing; etcd's writes and the replica's cycles
@@ -418,7 +468,7 @@ impl Bench<'_> {
         Ok(())
     }
 
-    fn report(&self, f: &Figures, replica: &ReplicaProcess) -> String {
+    fn report(&self, f: &Figures) -> String {
         let args = self.args;
         let secs = |d: Option<Duration>| match d {
             Some(d) => format!("{:>7.2} s", d.as_secs_f64()),
@@ -500,15 +550,32 @@ impl Bench<'_> {
         );
         let _ = writeln!(
             out,
-            "    the replica's cycles from the commit to two after convergence: {:.0}, {:.2} s in \
-             cycles, {:.2} s of it solving",
-            f.cycles.count, f.cycles.seconds, f.cycles.solve_seconds
+            "    the replica's cycle running at convergence ended     {:>7.2} s",
+            f.cycle_done_in.as_secs_f64()
         );
+        match (&f.cycles, &f.moved) {
+            (Some(c), _) => {
+                let _ = writeln!(
+                    out,
+                    "    the replica's cycles from the commit to two after convergence: {:.0}, \
+                     {:.2} s in cycles, {:.2} s of it solving",
+                    c.count, c.seconds, c.solve_seconds
+                );
+            }
+            (None, Some((from, to))) => {
+                let _ = writeln!(
+                    out,
+                    "    leadership moved from {from} to {to} during the change (a replica \
+                     starved past its term's lease); the figures after it are {to}'s"
+                );
+            }
+            (None, None) => {}
+        }
         write_steady(&mut out, "after convergence", &f.after);
         let _ = writeln!(
             out,
-            "  replica memory (pid {}): idle VmRSS {} (VmHWM {}); converged VmRSS {} (VmHWM {})",
-            replica.pid,
+            "  leading replica's memory (pid {} at convergence): idle VmRSS {} (VmHWM {}); converged VmRSS {} (VmHWM {})",
+            f.leader_pid,
             mib(f.memory_idle.rss),
             mib(f.memory_idle.hwm),
             mib(f.memory_converged.rss),
@@ -671,6 +738,8 @@ impl PolicyRepo {
 /// One `tessera-fleet reconcile` child process; killed on drop. Its stdout lines arrive on
 /// `lines`; its log goes to `replica-ID.log` in the work directory.
 struct ReplicaProcess {
+    /// Its `--replica-id`.
+    id: String,
     child: Child,
     pid: u32,
     address: String,
@@ -722,6 +791,7 @@ impl ReplicaProcess {
             }
         });
         Ok(ReplicaProcess {
+            id: id.to_string(),
             pid: child.id(),
             child,
             address,
@@ -750,6 +820,11 @@ impl ReplicaProcess {
                 ),
             }
         }
+    }
+
+    /// Forgets the lines printed so far.
+    fn drain(&self) {
+        while self.lines.try_recv().is_ok() {}
     }
 
     /// Its public `/status`.

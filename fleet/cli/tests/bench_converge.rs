@@ -47,7 +47,7 @@ fn bench_converge_reports_a_converged_fleet() {
         let steady = line(when);
         assert!(!steady.contains(" 0 cycles"), "{steady}");
     }
-    let memory = line("replica memory");
+    let memory = line("leading replica's memory");
     assert!(!memory.contains("VmRSS 0.0 MiB"), "{memory}");
     assert!(
         line("failover: ").contains("the standby leads after"),
