@@ -17,19 +17,17 @@
 //! key in etcd shows it, has MIG on with no mode change pending and exactly the instances of
 //! `halves` (4g.40gb at slice 0, 3g.40gb at slice 4), each with its compute instance.
 
+mod change;
+mod replica;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-use git2::{Repository, RepositoryInitOptions, Signature};
 use tessera_fleet::actions::JournalRecord;
 use tessera_fleet::agent::AgentConfig;
 use tessera_fleet::keys::{Keys, NodeKey};
@@ -37,16 +35,12 @@ use tessera_fleet::protocol::{self, Observed};
 use tessera_fleet::testing::TestEtcd;
 use tessera_fleet::utilization::Cadence;
 
-use crate::bench::{Metrics, SimAgents, fleet, http_get, metric, proc_status_bytes, wait_joined};
+use crate::bench::{Metrics, SimAgents, fleet, metric, wait_joined};
+use change::{INITIAL_GPU, PolicyRepo, policy, shows_target};
+use replica::ReplicaProcess;
 
 /// The cluster (key prefix) the bench's fleet lives under.
 const CLUSTER: &str = "bench";
-
-/// What every GPU starts with: MIG on, one 3g.40gb instance at slice 4.
-const INITIAL_GPU: &str = ", mig: {enabled: true}, instances: [{profile: 3g.40gb, start: 4}]";
-
-/// The geometry the commit asks for, as (profile, first slice), by slice.
-const TARGET: [(&str, u8); 2] = [("4g.40gb", 0), ("3g.40gb", 4)];
 
 #[derive(Debug, Args)]
 pub struct BenchConvergeArgs {
@@ -623,63 +617,6 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / 1048576.0)
 }
 
-/// Whether every one of the node's `gpus` GPUs shows [`TARGET`] (see the module's docs).
-fn shows_target(observed: &Observed, gpus: u32) -> bool {
-    observed.node.gpus.len() == gpus as usize
-        && observed.node.gpus.iter().all(|gpu| {
-            let mut instances: Vec<(&str, u8, bool)> = gpu
-                .instances
-                .iter()
-                .map(|i| (i.profile.as_str(), i.start, i.uuid.is_some()))
-                .collect();
-            instances.sort_by_key(|i| i.1);
-            gpu.mig.enabled
-                && gpu.mig.pending.is_none()
-                && instances.len() == TARGET.len()
-                && instances
-                    .iter()
-                    .zip(TARGET)
-                    .all(|(&(profile, start, made), (p, s))| profile == p && start == s && made)
-        })
-}
-
-/// The policy: the MIG pool `h100` of every node, its layouts `whole` only, or (`changed`)
-/// `whole` and `halves`.
-fn policy(args: &BenchConvergeArgs, changed: bool) -> String {
-    let mut yaml = String::from(
-        "# Written by `tessera-fleet bench converge`.\n\
-         apiVersion: tessera/v1alpha1\n\
-         kind: MigLayout\n\
-         metadata: {name: whole}\n\
-         spec: {gpuModel: H100-SXM5-80GB, instances: [7g.80gb]}\n",
-    );
-    if changed {
-        yaml.push_str(
-            "---\n\
-             apiVersion: tessera/v1alpha1\n\
-             kind: MigLayout\n\
-             metadata: {name: halves}\n\
-             spec: {gpuModel: H100-SXM5-80GB, instances: [4g.40gb, 3g.40gb]}\n",
-        );
-    }
-    let _ = write!(
-        yaml,
-        "---\n\
-         apiVersion: tessera/v1alpha1\n\
-         kind: Pool\n\
-         metadata: {{name: h100}}\n\
-         spec:\n  \
-           gpuModel: H100-SXM5-80GB\n  \
-           capacity: {{nodes: {}, gpusPerNode: {}, cpuPerNode: 200, memoryPerNode: 1800Gi}}\n  \
-           sharing: mig\n  \
-           migLayouts: [{}]\n",
-        args.nodes,
-        args.gpus,
-        if changed { "whole, halves" } else { "whole" }
-    );
-    yaml
-}
-
 /// Whether a replica's public `/status` has `commit` in force.
 fn in_force(status: &serde_json::Value, commit: &str) -> bool {
     status["revision"]
@@ -690,199 +627,4 @@ fn in_force(status: &serde_json::Value, commit: &str) -> bool {
 /// The cycles a replica's public `/status` counts.
 fn cycles_of(status: &serde_json::Value) -> u64 {
     status["cycles"].as_u64().unwrap_or(0)
-}
-
-/// The policy repository the replicas follow: `policy/fleet.yaml` on `main`.
-struct PolicyRepo {
-    repo: Repository,
-}
-
-impl PolicyRepo {
-    fn init(dir: &Path) -> anyhow::Result<PolicyRepo> {
-        let repo = Repository::init_opts(dir, RepositoryInitOptions::new().initial_head("main"))
-            .with_context(|| format!("cannot make a Git repository in {}", dir.display()))?;
-        std::fs::create_dir_all(dir.join("policy"))?;
-        Ok(PolicyRepo { repo })
-    }
-
-    fn path(&self) -> &Path {
-        self.repo.workdir().expect("not bare")
-    }
-
-    /// Commits `yaml` as `policy/fleet.yaml` on `main`; the commit's id.
-    fn commit(&self, yaml: &str, message: &str) -> anyhow::Result<String> {
-        let file = Path::new("policy/fleet.yaml");
-        std::fs::write(self.path().join(file), yaml)?;
-        let mut index = self.repo.index()?;
-        index.add_path(file)?;
-        index.write()?;
-        let tree = self.repo.find_tree(index.write_tree()?)?;
-        let signature = Signature::now("tessera bench", "bench@example.invalid")?;
-        let parent = match self.repo.head() {
-            Ok(head) => Some(head.peel_to_commit()?),
-            Err(_) => None,
-        };
-        let parents: Vec<&git2::Commit> = parent.iter().collect();
-        let id = self.repo.commit(
-            Some("HEAD"),
-            &signature,
-            &signature,
-            message,
-            &tree,
-            &parents,
-        )?;
-        Ok(id.to_string())
-    }
-}
-
-/// One `tessera-fleet reconcile` child process; killed on drop. Its stdout lines arrive on
-/// `lines`; its log goes to `replica-ID.log` in the work directory.
-struct ReplicaProcess {
-    /// Its `--replica-id`.
-    id: String,
-    child: Child,
-    pid: u32,
-    address: String,
-    lines: mpsc::Receiver<String>,
-    log: PathBuf,
-}
-
-impl ReplicaProcess {
-    fn spawn(bench: &Bench, repo: &Path, id: &str) -> anyhow::Result<ReplicaProcess> {
-        let args = bench.args;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let address = format!("127.0.0.1:{port}");
-        let member = bench
-            .endpoint
-            .strip_prefix("http://")
-            .context("etcd's URL is not http://")?;
-        let log = bench.work.join(format!("replica-{id}.log"));
-        let mut child = Command::new(std::env::current_exe()?)
-            .arg("reconcile")
-            .args(["--store", &format!("etcd://{member}")])
-            .args(["--cluster", CLUSTER, "--replica-id", id])
-            .arg("--repo")
-            .arg(repo)
-            .args(["--branch", "main", "--path", "policy"])
-            .arg("--state-dir")
-            .arg(bench.work.join(format!("replica-{id}")))
-            .args(["--listen", &address])
-            .args([
-                "--cycle-period",
-                &format!("{}s", args.cycle_period.as_secs()),
-                "--fetch-interval",
-                &format!("{}s", args.fetch_interval.as_secs()),
-                "--lease-ttl",
-                &format!("{}s", args.replica_lease_ttl.as_secs()),
-            ])
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("cannot start `tessera-fleet reconcile`")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(ReplicaProcess {
-            id: id.to_string(),
-            pid: child.id(),
-            child,
-            address,
-            lines,
-            log,
-        })
-    }
-
-    /// Waits for a stdout line starting with `prefix`.
-    fn await_line(&self, prefix: &str, within: Duration) -> anyhow::Result<String> {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return Ok(line),
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => bail!(
-                    "the replica (pid {}) printed no `{prefix}…` within {within:?}; its log: {}",
-                    self.pid,
-                    self.log.display()
-                ),
-                Err(mpsc::RecvTimeoutError::Disconnected) => bail!(
-                    "the replica (pid {}) exited before it printed `{prefix}…`; its log: {}",
-                    self.pid,
-                    self.log.display()
-                ),
-            }
-        }
-    }
-
-    /// Forgets the lines printed so far.
-    fn drain(&self) {
-        while self.lines.try_recv().is_ok() {}
-    }
-
-    /// Its public `/status`.
-    fn status(&self) -> anyhow::Result<serde_json::Value> {
-        Ok(serde_json::from_str(&http_get(&self.address, "/status")?)?)
-    }
-
-    /// Its `/metrics`.
-    fn metrics(&self) -> anyhow::Result<String> {
-        http_get(&self.address, "/metrics")
-    }
-
-    /// Polls `/status` until `ready` answers, at most `within`.
-    fn await_status<T>(
-        &self,
-        what: &str,
-        within: Duration,
-        mut ready: impl FnMut(&serde_json::Value) -> Option<T>,
-    ) -> anyhow::Result<T> {
-        let deadline = Instant::now() + within;
-        loop {
-            let last = match self.status() {
-                Ok(status) => {
-                    if let Some(answer) = ready(&status) {
-                        return Ok(answer);
-                    }
-                    status.to_string()
-                }
-                Err(e) => format!("{e:#}"),
-            };
-            if Instant::now() >= deadline {
-                bail!(
-                    "waited {within:?} for {what} on the replica (pid {}); its /status: {last}; \
-                     its log: {}",
-                    self.pid,
-                    self.log.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn memory(&self) -> Memory {
-        Memory {
-            rss: proc_status_bytes(Some(self.pid), "VmRSS:"),
-            hwm: proc_status_bytes(Some(self.pid), "VmHWM:"),
-        }
-    }
-
-    /// SIGKILL, and the exit reaped.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ReplicaProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
