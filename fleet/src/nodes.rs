@@ -630,45 +630,46 @@ impl NodeSide for AgentNodes {
             .map_err(CycleError::Nodes)?;
         // Pruned together once every settled action is recorded.
         let mut consumable = Vec::new();
-        // A GPU's step changes no workload's record: only its journal entry is closed, with
-        // the other steps' together (see `close_steps`).
-        let mut steps: Vec<(ActionId, Result<(), String>)> = Vec::new();
-        let mut outcomes: Vec<(&Action, Result<(), String>)> = Vec::new();
+        let mut outcomes = Vec::new();
         for (((action, _), id), outcome) in routed.iter().zip(ids).zip(report) {
             match outcome.settled {
                 Settled::Pending => {
                     self.remember(id, action, &outcome.copies);
                     out.in_flight.push(action.clone());
                 }
-                done_or_failed => {
+                ref done_or_failed => {
                     let result = match done_or_failed {
-                        Settled::Failed(message) => Err(message),
+                        Settled::Failed(message) => Err(message.clone()),
                         _ => Ok(()),
                     };
-                    if workload_key(action).is_none() {
-                        steps.push((id, result.clone()));
-                    } else {
-                        let copies = outcome
-                            .copies
-                            .iter()
-                            .map(|c| ((c.node.clone(), c.id), settled_result(&c.settled)))
-                            .collect();
-                        self.record(cx.store, id, action, &result, &copies, cx.now)?;
-                    }
-                    outcomes.push((action, result));
-                    consumable.extend(
-                        outcome
-                            .copies
-                            .iter()
-                            .filter_map(|c| settled_copy(&c.node, c.id, &c.settled)),
-                    );
+                    outcomes.push((action, id, result, outcome));
                 }
             }
         }
+        // A GPU's step changes no workload's record: only its journal entry is closed, with
+        // the other steps' together (see `close_steps`), before anything is reported.
+        let steps: Vec<(ActionId, Result<(), String>)> = outcomes
+            .iter()
+            .filter(|(action, ..)| workload_key(action).is_none())
+            .map(|(_, id, result, _)| (*id, result.clone()))
+            .collect();
         close_steps(cx.store, &steps, cx.now)?;
-        // Reported in plan order once every outcome is recorded.
-        for (action, result) in &outcomes {
-            settled(action, result)?;
+        for (action, id, result, outcome) in outcomes {
+            if workload_key(action).is_some() {
+                let copies = outcome
+                    .copies
+                    .iter()
+                    .map(|c| ((c.node.clone(), c.id), settled_result(&c.settled)))
+                    .collect();
+                self.record(cx.store, id, action, &result, &copies, cx.now)?;
+            }
+            settled(action, &result)?;
+            consumable.extend(
+                outcome
+                    .copies
+                    .iter()
+                    .filter_map(|c| settled_copy(&c.node, c.id, &c.settled)),
+            );
         }
         self.consume_now(consumable).map_err(CycleError::Nodes)?;
         Ok(out)
