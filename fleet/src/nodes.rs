@@ -581,10 +581,12 @@ impl NodeSide for AgentNodes {
                 Err(e) => failed.push((action.clone(), e.to_string())),
             }
         }
-        // The intents, a start's `Starting` with its intent.
-        let mut ids = Vec::with_capacity(routed.len());
+        // The intents, a start's `Starting` with its intent; the other actions' together, in
+        // as few commits as the store allows (a fleet-wide geometry change is thousands).
+        let mut ids = vec![0; routed.len()];
         let batch = cx.store.max_start_batch().max(1);
         let mut starts: Vec<(usize, WorkloadKey, Vec<Binding>)> = Vec::new();
+        let mut others: Vec<(usize, &Action)> = Vec::new();
         for (i, (action, _)) in routed.iter().enumerate() {
             match action {
                 Action::Start { workload, bindings } => {
@@ -593,10 +595,14 @@ impl NodeSide for AgentNodes {
                     })?;
                     let plain = bindings.iter().map(|b| b.binding()).collect();
                     starts.push((i, key, plain));
-                    ids.push(0);
                 }
-                other => ids.push(cx.store.begin_action(cx.cycle, other, cx.now)?),
+                other => others.push((i, other)),
             }
+        }
+        let actions: Vec<&Action> = others.iter().map(|&(_, a)| a).collect();
+        let begun = cx.store.begin_actions(cx.cycle, &actions, cx.now)?;
+        for (&(i, _), id) in others.iter().zip(begun) {
+            ids[i] = id;
         }
         for chunk in starts.chunks(batch) {
             let intents: Vec<StartIntent<'_, Action>> = chunk
@@ -624,32 +630,46 @@ impl NodeSide for AgentNodes {
             .map_err(CycleError::Nodes)?;
         // Pruned together once every settled action is recorded.
         let mut consumable = Vec::new();
+        let mut outcomes = Vec::new();
         for (((action, _), id), outcome) in routed.iter().zip(ids).zip(report) {
             match outcome.settled {
                 Settled::Pending => {
                     self.remember(id, action, &outcome.copies);
                     out.in_flight.push(action.clone());
                 }
-                done_or_failed => {
+                ref done_or_failed => {
                     let result = match done_or_failed {
-                        Settled::Failed(message) => Err(message),
+                        Settled::Failed(message) => Err(message.clone()),
                         _ => Ok(()),
                     };
-                    let copies = outcome
-                        .copies
-                        .iter()
-                        .map(|c| ((c.node.clone(), c.id), settled_result(&c.settled)))
-                        .collect();
-                    self.record(cx.store, id, action, &result, &copies, cx.now)?;
-                    settled(action, &result)?;
-                    consumable.extend(
-                        outcome
-                            .copies
-                            .iter()
-                            .filter_map(|c| settled_copy(&c.node, c.id, &c.settled)),
-                    );
+                    outcomes.push((action, id, result, outcome));
                 }
             }
+        }
+        // A GPU's step changes no workload's record: only its journal entry is closed, with
+        // the other steps' together (see `close_steps`), before anything is reported.
+        let steps: Vec<(ActionId, Result<(), String>)> = outcomes
+            .iter()
+            .filter(|(action, ..)| workload_key(action).is_none())
+            .map(|(_, id, result, _)| (*id, result.clone()))
+            .collect();
+        close_steps(cx.store, &steps, cx.now)?;
+        for (action, id, result, outcome) in outcomes {
+            if workload_key(action).is_some() {
+                let copies = outcome
+                    .copies
+                    .iter()
+                    .map(|c| ((c.node.clone(), c.id), settled_result(&c.settled)))
+                    .collect();
+                self.record(cx.store, id, action, &result, &copies, cx.now)?;
+            }
+            settled(action, &result)?;
+            consumable.extend(
+                outcome
+                    .copies
+                    .iter()
+                    .filter_map(|c| settled_copy(&c.node, c.id, &c.settled)),
+            );
         }
         self.consume_now(consumable).map_err(CycleError::Nodes)?;
         Ok(out)
@@ -988,6 +1008,37 @@ fn settled_copy(node: &str, id: u64, settled: &Settled) -> Option<EarlierOutcome
 }
 
 /// Whether journal entry `id` is still open.
+/// Closes the journal entries of GPU steps that settled, in as few commits as the store
+/// allows. Where that fails (an entry closed already by a predecessor that died before it
+/// pruned, or a commit refused), each is closed on its own as [`AgentNodes::record`] closes
+/// it: one closed already is left as it is.
+fn close_steps(
+    store: &dyn StateStore,
+    steps: &[(ActionId, Result<(), String>)],
+    now: i64,
+) -> Result<(), StoreError> {
+    let ended: Vec<(ActionId, Ended<'_>)> = steps
+        .iter()
+        .map(|(id, result)| {
+            let how = match result {
+                Ok(()) => Ended::Done,
+                Err(message) => Ended::Failed(message),
+            };
+            (*id, how)
+        })
+        .collect();
+    if store.close_all(&ended, now).is_ok() {
+        return Ok(());
+    }
+    for &(id, how) in &ended {
+        match store.close(id, how, now) {
+            Err(e) if still_open(store, id)? => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn still_open(store: &dyn StateStore, id: ActionId) -> Result<bool, StoreError> {
     Ok(store.open_actions()?.iter().any(|e| e.id == id))
 }

@@ -28,19 +28,56 @@ const NAMES: [&str; 2] = ["w", "v"];
 
 #[derive(Debug, Clone)]
 enum Op {
-    Submit { key: usize, committed: bool },
-    Start { key: usize },
-    Run { key: usize, pid: u32 },
-    Checkpoint { key: usize },
-    Signal { key: usize },
-    Exit { key: usize, pid: u32 },
-    Requeue { key: usize },
-    Finish { key: usize, reason: usize },
-    Cancel { key: usize },
+    Submit {
+        key: usize,
+        committed: bool,
+    },
+    Start {
+        key: usize,
+    },
+    Run {
+        key: usize,
+        pid: u32,
+    },
+    Checkpoint {
+        key: usize,
+    },
+    Signal {
+        key: usize,
+    },
+    Exit {
+        key: usize,
+        pid: u32,
+    },
+    Requeue {
+        key: usize,
+    },
+    Finish {
+        key: usize,
+        reason: usize,
+    },
+    Cancel {
+        key: usize,
+    },
     Begin,
-    Close { id: i64, failed: bool },
-    CloseAndBegin { id: i64 },
-    Event { key: Option<usize> },
+    Close {
+        id: i64,
+        failed: bool,
+    },
+    /// Several intents at once.
+    BeginAll {
+        count: usize,
+    },
+    /// Several closes at once (an id may repeat, or be closed already).
+    CloseAll {
+        ids: Vec<(i64, bool)>,
+    },
+    CloseAndBegin {
+        id: i64,
+    },
+    Event {
+        key: Option<usize>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -59,6 +96,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => key.clone().prop_map(|key| Op::Cancel { key }),
         1 => Just(Op::Begin),
         1 => (1..6i64, any::<bool>()).prop_map(|(id, failed)| Op::Close { id, failed }),
+        1 => (0..4usize).prop_map(|count| Op::BeginAll { count }),
+        1 => proptest::collection::vec((1..8i64, any::<bool>()), 0..4)
+            .prop_map(|ids| Op::CloseAll { ids }),
         1 => (1..6i64).prop_map(|id| Op::CloseAndBegin { id }),
         1 => proptest::option::of(key).prop_map(|key| Op::Event { key }),
     ]
@@ -142,6 +182,29 @@ fn apply(store: &dyn StateStore, op: &Op, now: i64) -> String {
                 Ended::Done
             };
             store.close(*id, how, now).map(|()| "closed".to_string())
+        }
+        Op::BeginAll { count } => {
+            let actions: Vec<serde_json::Value> = (0..*count)
+                .map(|n| json!({"action": "reset", "gpu": n}))
+                .collect();
+            let actions: Vec<&serde_json::Value> = actions.iter().collect();
+            store
+                .begin_actions(1, &actions, now)
+                .map(|ids| format!("{ids:?}"))
+        }
+        Op::CloseAll { ids } => {
+            let ended: Vec<(i64, Ended<'_>)> = ids
+                .iter()
+                .map(|&(id, failed)| {
+                    let how = if failed {
+                        Ended::Failed("interrupted")
+                    } else {
+                        Ended::Done
+                    };
+                    (id, how)
+                })
+                .collect();
+            store.close_all(&ended, now).map(|()| "closed".to_string())
         }
         Op::CloseAndBegin { id } => store
             .close_and_begin((*id, Ended::Done), 2, &json!({"action": "stop"}), now)

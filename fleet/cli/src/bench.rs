@@ -102,7 +102,7 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("tessera-bench-agents-")
         .tempdir()?;
-    let nodes = fleet(dir.path(), args.nodes, args.gpus)?;
+    let nodes = fleet(dir.path(), args.nodes, args.gpus, "")?;
     let config = AgentConfig {
         keys: keys.clone(),
         endpoints: vec![endpoint.to_string()],
@@ -114,56 +114,16 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
             dead_band: args.utilization_dead_band,
         },
     };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     let at_start = Metrics::read(endpoint)?;
     let t0 = Instant::now();
-    let mut agents = Vec::with_capacity(nodes.len());
-    for (n, node) in nodes.into_iter().enumerate() {
-        let state = dir.path().join(&node.name);
-        std::fs::create_dir_all(&state)?;
-        let sim = SimDriver::from_nodes(std::slice::from_ref(&node), &state.join("sim.json"))?;
-        let driver: Box<dyn NodeDriver> = if args.utilization_noise == 0 {
-            Box::new(sim)
-        } else {
-            let mut busy = Busy::new(n as u64, args.gpus, args.utilization_noise);
-            Box::new(ObserveHook::new(sim, move |o: &mut Observation| {
-                busy.report(o)
-            }))
-        };
-        let runtime = Runtime::new(state.join("runtime"), Confinement::Insecure)?;
-        let mut node = NodeState::open(&node.name, driver, runtime, &state, false)?;
-        let config = config.clone();
-        let mut stopped = stopped.clone();
-        agents.push(tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            agent::run(&config, &mut node, shutdown).await
-        }));
-    }
-    let count = |prefix: String| {
-        let client = client.clone();
-        async move {
-            let answer = client
-                .clone()
-                .get(
-                    prefix,
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                )
-                .await?;
-            anyhow::Ok(answer.count() as usize)
-        }
-    };
-    loop {
-        // Each node has a registration, an observation and its utilisation once it has
-        // joined.
-        let registered = count(keys.registrations_prefix()).await?;
-        let observed = count(keys.nodes_prefix()).await?;
-        if registered + observed >= 3 * args.nodes {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let agents = SimAgents::spawn(
+        &config,
+        nodes,
+        dir.path(),
+        args.gpus,
+        args.utilization_noise,
+    )?;
+    wait_joined(&client, &keys, args.nodes).await?;
     let registered_in = t0.elapsed();
     let after_join = Metrics::read(endpoint)?;
 
@@ -245,7 +205,7 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
     // The control plane's view of this fleet: how long building it takes, what it costs in
     // memory (this process's resident set before and after, agents included, so approximate)
     // and what one cycle's observation from a snapshot costs.
-    let rss_before = resident_bytes();
+    let rss_before = resident_bytes(None);
     let t2 = Instant::now();
     let mut view = FleetView::start(&client, &keys, Duration::from_secs(30), Vec::new()).await?;
     let full = view
@@ -257,16 +217,13 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
         })
         .await;
     let view_in = t2.elapsed();
-    let rss_after = resident_bytes();
+    let rss_after = resident_bytes(None);
     let t3 = Instant::now();
     let observation = full.observation();
     let observation_in = t3.elapsed();
     drop(full);
     drop(view);
-    let _ = stop.send(true);
-    for agent in agents {
-        agent.await??;
-    }
+    agents.stop().await?;
 
     let mut out = String::new();
     writeln!(
@@ -327,32 +284,126 @@ async fn bench(args: &BenchAgentsArgs, endpoint: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// This process's resident set (`VmRSS` in `/proc/self/status`), in bytes; 0 where it cannot
-/// be read.
-fn resident_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// This process's (`None`) or process `pid`'s resident set (`VmRSS` in `/proc/PID/status`), in
+/// bytes; 0 where it cannot be read.
+pub(crate) fn resident_bytes(pid: Option<u32>) -> u64 {
+    proc_status_bytes(pid, "VmRSS:")
+}
+
+/// A size field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`), in bytes; 0 where it cannot be
+/// read.
+pub(crate) fn proc_status_bytes(pid: Option<u32>, field: &str) -> u64 {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let line = status.lines().find(|l| l.starts_with(field))?;
             let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
             Some(kib * 1024)
         })
         .unwrap_or(0)
 }
 
+/// The agents of a simulated fleet, each an `agent::run` loop on this process's runtime with
+/// its own `sim` node, state directory, lease and watch.
+pub(crate) struct SimAgents {
+    stop: tokio::sync::watch::Sender<bool>,
+    running: Vec<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
+}
+
+impl SimAgents {
+    /// Starts one agent per node of `nodes`, their state under `dir/<node>`. With `noise`
+    /// above 0 each GPU reports a steady utilisation with that much noise ([`Busy`]).
+    pub(crate) fn spawn(
+        config: &AgentConfig,
+        nodes: Vec<tessera_compiler::model::Node>,
+        dir: &std::path::Path,
+        gpus: u32,
+        noise: u32,
+    ) -> anyhow::Result<SimAgents> {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut running = Vec::with_capacity(nodes.len());
+        for (n, node) in nodes.into_iter().enumerate() {
+            let state = dir.join(&node.name);
+            std::fs::create_dir_all(&state)?;
+            let sim = SimDriver::from_nodes(std::slice::from_ref(&node), &state.join("sim.json"))?;
+            let driver: Box<dyn NodeDriver> = if noise == 0 {
+                Box::new(sim)
+            } else {
+                let mut busy = Busy::new(n as u64, gpus, noise);
+                Box::new(ObserveHook::new(sim, move |o: &mut Observation| {
+                    busy.report(o)
+                }))
+            };
+            let runtime = Runtime::new(state.join("runtime"), Confinement::Insecure)?;
+            let mut node = NodeState::open(&node.name, driver, runtime, &state, false)?;
+            let config = config.clone();
+            let mut stopped = stopped.clone();
+            running.push(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                };
+                agent::run(&config, &mut node, shutdown).await
+            }));
+        }
+        Ok(SimAgents { stop, running })
+    }
+
+    /// Stops every agent and waits for each; the first failure of one.
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        for agent in self.running {
+            agent.await??;
+        }
+        Ok(())
+    }
+}
+
+/// Waits until each of the `nodes` agents has joined: its registration, its first `observed`
+/// and its first utilisation are in etcd.
+pub(crate) async fn wait_joined(client: &Client, keys: &Keys, nodes: usize) -> anyhow::Result<()> {
+    let count = |prefix: String| {
+        let client = client.clone();
+        async move {
+            let answer = client
+                .clone()
+                .get(
+                    prefix,
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await?;
+            anyhow::Ok(answer.count() as usize)
+        }
+    };
+    loop {
+        let registered = count(keys.registrations_prefix()).await?;
+        let observed = count(keys.nodes_prefix()).await?;
+        if registered + observed >= 3 * nodes {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / 1048576.0)
 }
 
-fn node_name(n: usize) -> String {
+pub(crate) fn node_name(n: usize) -> String {
     format!("gpu-{n:04}")
 }
 
-/// The nodes, as a ClusterState file read through the compiler like any other.
-fn fleet(
+/// The nodes `gpu-0000`… of pool `h100`, each with `gpus` H100 80GB, as a ClusterState file
+/// (`dir/nodes.yaml`) read through the compiler like any other. `gpu_fields` is added to each
+/// GPU's mapping as written (e.g. `, mig: {enabled: true}`), or empty.
+pub(crate) fn fleet(
     dir: &std::path::Path,
     nodes: usize,
     gpus: u32,
+    gpu_fields: &str,
 ) -> anyhow::Result<Vec<tessera_compiler::model::Node>> {
     let mut yaml = String::from(
         "apiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {name: bench}\nspec:\n  \
@@ -367,7 +418,7 @@ fn fleet(
         for g in 0..gpus {
             writeln!(
                 yaml,
-                "        {{index: {g}, uuid: GPU-{n:08x}-0000-0000-0000-{g:012x}, model: H100-SXM5-80GB}},"
+                "        {{index: {g}, uuid: GPU-{n:08x}-0000-0000-0000-{g:012x}, model: H100-SXM5-80GB{gpu_fields}}},"
             )?;
         }
         yaml.push_str("      ]}\n");
@@ -403,9 +454,11 @@ fn layout(node: &str, gpus: u32) -> Vec<Action> {
         .collect()
 }
 
-/// What etcd's `/metrics` counts: puts applied, and bytes received from clients over gRPC.
+/// What etcd's `/metrics` counts: puts and deletes applied, and bytes received from clients
+/// over gRPC.
 pub(crate) struct Metrics {
     pub(crate) puts: u64,
+    pub(crate) deletes: u64,
     pub(crate) received_bytes: u64,
 }
 
@@ -414,27 +467,50 @@ impl Metrics {
         let address = endpoint
             .strip_prefix("http://")
             .with_context(|| format!("{endpoint}: only http:// etcd URLs are measured"))?;
-        let mut stream = TcpStream::connect(address)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text)?;
-        let value = |name: &str| -> u64 {
-            text.lines()
-                .filter(|l| l.starts_with(name))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64
-        };
+        let text = http_get(address, "/metrics")?;
+        let value = |name: &str| metric(&text, name) as u64;
         Ok(Metrics {
             puts: value("etcd_mvcc_put_total"),
+            deletes: value("etcd_mvcc_delete_total"),
             received_bytes: value("etcd_network_client_grpc_received_bytes_total"),
         })
     }
 }
 
-/// Steady GPU loads, reported with noise at every observation: the utilisation a fleet that
-/// changes nothing shows. The levels and the noise come from a generator seeded by the node's
-/// number, so a run is repeatable.
+/// The sum of every sample of `name` (all its labels) in a Prometheus text exposition; 0 where
+/// there is none.
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The body of a plain HTTP/1.0 GET of `path` from `address` (`host:port`); the status line
+/// must say 200.
+pub(crate) fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
+    let mut stream =
+        TcpStream::connect(address).with_context(|| format!("cannot connect to {address}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {address}{path}: not an HTTP answer"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        bail!("GET {address}{path}: {status}");
+    }
+    Ok(body.to_string())
+}
+
+/// Steady GPU loads, reported with noise at every observation (through the sim driver's
+/// observe hook): the utilisation a fleet that changes nothing shows. The levels and the noise
+/// come from a generator seeded by the node's number, so a run is repeatable.
 struct Busy {
     state: u64,
     levels: Vec<u32>,
@@ -472,5 +548,22 @@ impl Busy {
             });
             detail.sm_activity = SmActivity::checked(percent.into(), f64::from(percent) / 2.0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric;
+
+    #[test]
+    fn a_metric_sums_its_samples_and_no_longer_name() {
+        let text = "# HELP etcd_mvcc_put_total Puts.\n\
+                    etcd_mvcc_put_total 7\n\
+                    etcd_mvcc_put_total_extra 100\n\
+                    grpc_received_bytes_total{type=\"unary\"} 1.5e3\n\
+                    grpc_received_bytes_total{type=\"stream\"} 500\n";
+        assert_eq!(metric(text, "etcd_mvcc_put_total"), 7.0);
+        assert_eq!(metric(text, "grpc_received_bytes_total"), 2000.0);
+        assert_eq!(metric(text, "etcd_mvcc_delete_total"), 0.0);
     }
 }

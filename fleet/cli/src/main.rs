@@ -10,6 +10,7 @@
 mod access;
 mod agent;
 mod bench;
+mod bench_converge;
 mod bench_metering;
 mod forward;
 mod reconcile;
@@ -53,6 +54,12 @@ enum BenchCommand {
     /// and watch: registration, a MIG layout on every GPU, time until all is journaled, and
     /// etcd's writes and bytes.
     Agents(bench::BenchAgentsArgs),
+    /// Issue 17's scale figures on the control plane users run: simulated agents in this
+    /// process, a real `tessera-fleet reconcile` replica (a child process) leading them, a
+    /// policy commit that re-partitions every GPU; time from the commit until every node shows
+    /// the new geometry, etcd's writes, the replica's memory, and (`--failover`) the time a
+    /// standby takes to lead once the leader is SIGKILLed.
+    Converge(bench_converge::BenchConvergeArgs),
     /// The control plane's metering of a steady fleet on a real etcd: puts per steady cycle.
     Metering(bench_metering::BenchMeteringArgs),
 }
@@ -82,6 +89,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Bench(BenchCommand::Metering(args)) => match bench_metering::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Bench(BenchCommand::Converge(args)) => match bench_converge::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");

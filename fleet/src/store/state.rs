@@ -46,6 +46,15 @@ impl Batch {
     }
 }
 
+/// Intents one commit carries ([`StateStore::begin_actions_value`]): a write each, with the
+/// journal counter's write and guard and the fence well within etcd's 128 compares and 128
+/// writes.
+const MAX_INTENTS: usize = 100;
+
+/// Closes one commit carries ([`StateStore::close_all`]): two writes (the open entry deleted,
+/// the closed one written) and a guard each.
+const MAX_CLOSES: usize = 50;
+
 /// A counter as read: the last id taken, and the key's state for the guard.
 struct Counter {
     key: String,
@@ -394,35 +403,97 @@ impl EtcdStore {
         how: Ended<'_>,
         now: i64,
     ) -> Result<(), Attempt> {
-        let open_key = self.layout.open(id);
-        let closed_key = self.layout.closed(id);
-        let mut found = self
-            .etcd
-            .get_many(&[open_key.clone(), closed_key.clone()])?;
-        let closed = found.pop().flatten();
-        let open = found.pop().flatten();
-        let Some(open) = open else {
-            return Err(match closed {
-                Some(kv) => StoreError::ActionClosed {
-                    id,
-                    state: decode::<StoredAction>(&kv)?.state,
-                },
-                None => StoreError::NotFound(format!("journal action {id}")),
+        match self.close_all_into(batch, &[(id, how)], now)? {
+            Some(refused) => Err(refused.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Adds the close of each action to `batch`, their entries read together, up to the first
+    /// that is not open: why that one cannot be closed (`ActionClosed`, `NotFound`), those
+    /// before it in `batch`. An action named twice is closed once and refused the second time.
+    fn close_all_into(
+        &self,
+        batch: &mut Batch,
+        ended: &[(ActionId, Ended<'_>)],
+        now: i64,
+    ) -> Result<Option<StoreError>, Attempt> {
+        let keys: Vec<String> = ended
+            .iter()
+            .flat_map(|&(id, _)| [self.layout.open(id), self.layout.closed(id)])
+            .collect();
+        let found = self.etcd.get_many(&keys)?;
+        let mut closing: BTreeMap<ActionId, ActionState> = BTreeMap::new();
+        for (&(id, how), entries) in ended.iter().zip(found.chunks(2)) {
+            let [open, closed] = entries else {
+                unreachable!("two keys read per action")
+            };
+            if let Some(&state) = closing.get(&id) {
+                return Ok(Some(StoreError::ActionClosed { id, state }));
             }
-            .into());
-        };
-        let mut entry: StoredAction = decode(&open)?;
-        let (state, error) = match how {
-            Ended::Done => (ActionState::Done, None),
-            Ended::Failed(error) => (ActionState::Failed, Some(error.to_string())),
-        };
-        entry.state = state;
-        entry.ended_at = Some(now);
-        entry.error = error;
-        batch.guard(&open_key, Some(&open));
-        batch.writes.push(delete(open_key));
-        batch.put(closed_key, &entry)?;
-        Ok(())
+            let Some(open) = open else {
+                return Ok(Some(match closed {
+                    Some(kv) => StoreError::ActionClosed {
+                        id,
+                        state: decode::<StoredAction>(kv)?.state,
+                    },
+                    None => StoreError::NotFound(format!("journal action {id}")),
+                }));
+            };
+            let mut entry: StoredAction = decode(open)?;
+            let (state, error) = match how {
+                Ended::Done => (ActionState::Done, None),
+                Ended::Failed(error) => (ActionState::Failed, Some(error.to_string())),
+            };
+            entry.state = state;
+            entry.ended_at = Some(now);
+            entry.error = error;
+            closing.insert(id, state);
+            let open_key = self.layout.open(id);
+            batch.guard(&open_key, Some(open));
+            batch.writes.push(delete(open_key));
+            batch.put(self.layout.closed(id), &entry)?;
+        }
+        Ok(None)
+    }
+
+    /// The intents of `actions`, [`MAX_INTENTS`] to a commit; their ids in order.
+    fn begin_all(
+        &self,
+        cycle: u64,
+        actions: &[serde_json::Value],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError> {
+        to_i64("cycle", cycle)?;
+        let mut ids = Vec::with_capacity(actions.len());
+        for chunk in actions.chunks(MAX_INTENTS) {
+            let begun = self.etcd.retrying("journal intents", || {
+                let mut batch = Batch::default();
+                let counter = self.etcd.get(&self.layout.counter(Sequence::Journal))?;
+                let mut journal = self.counter(Sequence::Journal, counter)?;
+                let mut begun = Vec::with_capacity(chunk.len());
+                for action in chunk {
+                    let id = journal.next();
+                    batch.put(
+                        self.layout.open(id),
+                        &StoredAction {
+                            cycle,
+                            action: action.clone(),
+                            state: ActionState::Intent,
+                            begun_at: now,
+                            ended_at: None,
+                            error: None,
+                        },
+                    )?;
+                    begun.push(id);
+                }
+                journal.close(&mut batch);
+                self.etcd.commit(&batch.guards, &batch.writes)?;
+                Ok(begun)
+            })?;
+            ids.extend(begun);
+        }
+        Ok(ids)
     }
 
     fn journal(&self, prefix: &str) -> Result<Vec<(i64, StoredAction)>, StoreError> {
@@ -817,6 +888,30 @@ impl StateStore for EtcdStore {
             self.close_into(&mut batch, id, how, now)?;
             self.etcd.commit(&batch.guards, &batch.writes)
         })
+    }
+
+    fn begin_actions_value(
+        &self,
+        cycle: u64,
+        actions: &[serde_json::Value],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError> {
+        self.begin_all(cycle, actions, now)
+    }
+
+    fn close_all(&self, ended: &[(ActionId, Ended<'_>)], now: i64) -> Result<(), StoreError> {
+        for chunk in ended.chunks(MAX_CLOSES) {
+            let refused = self.etcd.retrying("journal closes", || {
+                let mut batch = Batch::default();
+                let refused = self.close_all_into(&mut batch, chunk, now)?;
+                self.etcd.commit(&batch.guards, &batch.writes)?;
+                Ok(refused)
+            })?;
+            if let Some(refused) = refused {
+                return Err(refused);
+            }
+        }
+        Ok(())
     }
 
     fn open_actions(&self) -> Result<Vec<JournalEntry>, StoreError> {

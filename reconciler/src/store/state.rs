@@ -165,6 +165,29 @@ pub trait StateStore: Send {
     ) -> Result<ActionId, StoreError>;
     /// Records how action `id` ended; `ActionClosed` if it already was.
     fn close(&self, id: ActionId, how: Ended<'_>, now: i64) -> Result<(), StoreError>;
+    /// Records the intent of each of `actions` in `cycle`, their ids in the order given: what
+    /// [`StateStore::begin_action_value`] does for each, in as few commits as the backend
+    /// allows (every store commits each intent before it returns its id). Where it fails,
+    /// the intents of a prefix may be recorded, as with the same calls one by one.
+    fn begin_actions_value(
+        &self,
+        cycle: u64,
+        actions: &[serde_json::Value],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError> {
+        actions
+            .iter()
+            .map(|action| self.begin_action_value(cycle, action, now))
+            .collect()
+    }
+    /// Closes each action as [`StateStore::close`] does, in as few commits as the backend
+    /// allows. Where it fails, a prefix may be closed; `ActionClosed` where one already was.
+    fn close_all(&self, ended: &[(ActionId, Ended<'_>)], now: i64) -> Result<(), StoreError> {
+        for &(id, how) in ended {
+            self.close(id, how, now)?;
+        }
+        Ok(())
+    }
     /// Records that action `id` completed.
     fn complete_action(&self, id: ActionId, now: i64) -> Result<(), StoreError> {
         self.close(id, Ended::Done, now)
@@ -278,6 +301,20 @@ pub trait StateStoreExt: StateStore {
         now: i64,
     ) -> Result<ActionId, StoreError> {
         self.begin_action_value(cycle, &to_value("journal action", action)?, now)
+    }
+
+    /// [`StateStore::begin_actions_value`] for any serializable actions.
+    fn begin_actions<A: Serialize>(
+        &self,
+        cycle: u64,
+        actions: &[&A],
+        now: i64,
+    ) -> Result<Vec<ActionId>, StoreError> {
+        let values = actions
+            .iter()
+            .map(|a| to_value("journal action", a))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.begin_actions_value(cycle, &values, now)
     }
 
     /// Records how action `ended` ended and the intent of the next action in one commit.
