@@ -69,7 +69,10 @@ impl<'p> Picker<'p> {
         by_name.sort_by(|&a, &b| p.workloads[a].key.cmp(&p.workloads[b].key));
         let mut rank = HashMap::with_capacity(queue.len());
         for (i, &w) in by_name.iter().enumerate() {
-            rank.insert(w, u32::try_from(i).expect("a queue of fewer than 2³² workloads"));
+            rank.insert(
+                w,
+                u32::try_from(i).expect("a queue of fewer than 2³² workloads"),
+            );
         }
         let mut groups: Vec<Group<'p>> = Vec::new();
         let mut index: HashMap<(usize, &'p [usize], i64, Gpus), usize> = HashMap::new();
@@ -146,7 +149,10 @@ impl<'p> Picker<'p> {
             if self.groups[g].version != version {
                 continue;
             }
-            let (_, _, w) = self.groups[g].members.pop().expect("a live entry has a head");
+            let (_, _, w) = self.groups[g]
+                .members
+                .pop()
+                .expect("a live entry has a head");
             self.push_head(g);
             let (priority, borrows, share, submitted, _) = key;
             return Some((w, (priority, borrows, share, submitted)));
@@ -276,7 +282,9 @@ mod tests {
                 "---\n{h}kind: Pool\nmetadata: {{name: {pool}}}\nspec: {{gpuModel: H100-SXM5-80GB, sharing: exclusive, capacity: {{nodes: 2, gpusPerNode: 8, cpuPerNode: 64, memoryPerNode: 1Ti}}}}\n"
             );
             for n in 0..2 {
-                nodes += &format!("    - {{name: {pool}{n}, pool: {pool}, cpu: 64, memory: 1Ti, gpus: [");
+                nodes += &format!(
+                    "    - {{name: {pool}{n}, pool: {pool}, cpu: 64, memory: 1Ti, gpus: ["
+                );
                 for g in 0..8 {
                     let sep = if g > 0 { ", " } else { "" };
                     nodes += &format!(
@@ -350,7 +358,10 @@ mod tests {
                 .min_by(|a, b| a.1.cmp(b.1))
                 .expect("the scan's queue is not empty");
             let (priority, borrows, share, submitted, _) = least.clone();
-            assert_eq!((w, key), (waiting[i], (priority, borrows, share, submitted)));
+            assert_eq!(
+                (w, key),
+                (waiting[i], (priority, borrows, share, submitted))
+            );
             waiting.remove(i);
             let wl = &p.workloads[w];
             if wl.pools.is_empty() || rng.below(3) == 0 {

@@ -97,9 +97,9 @@ pub(crate) fn class_key(
     own_gpus: impl Fn(usize) -> Gpus,
     mut path: impl FnMut(usize) -> SharePath,
 ) -> (bool, SharePath) {
-    let guaranteed = pools.iter().any(|&pool| {
-        Ledger::split_with(p, tenant, pool, amount, own_gpus(pool)).1 == Gpus::ZERO
-    });
+    let guaranteed = pools
+        .iter()
+        .any(|&pool| Ledger::split_with(p, tenant, pool, amount, own_gpus(pool)).1 == Gpus::ZERO);
     // The pool where the workload's tenant stands best.
     let share = pools
         .iter()
