@@ -405,15 +405,36 @@ impl Ledger {
         pool: usize,
         used: impl Fn(usize) -> Amounts,
     ) -> Vec<u64> {
+        self.share_path(problem, tenant, |t| {
+            billionths(self.fair_share_with(problem, t, pool, used(t)))
+        })
+    }
+
+    /// [`Ledger::fair_share_path`] from each level's fair share in billionths (`share(t)`, as
+    /// [`Ledger::fair_share_billionths`] gives it): the queue keeps the levels' shares and
+    /// builds a path again only when one of them moved.
+    pub fn share_path(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        share: impl FnMut(usize) -> u64,
+    ) -> Vec<u64> {
         let mut path: Vec<u64> = problem.tenants[tenant]
             .lineage
             .iter()
             .rev()
-            .map(|&t| (self.fair_share_with(problem, t, pool, used(t)) * 1e9).round() as u64)
+            .copied()
+            .map(share)
             .collect();
         let own = path.last().copied().unwrap_or(0);
         path.resize(self.depth.max(path.len()), own);
         path
+    }
+
+    /// The fair share of `tenant` in the pool at its usage now, in billionths: one level of
+    /// [`Ledger::fair_share_path`].
+    pub fn fair_share_billionths(&self, problem: &Problem, tenant: usize, pool: usize) -> u64 {
+        billionths(self.fair_share_with(problem, tenant, pool, self.usage(tenant, pool)))
     }
 
     /// What fair-share preemption compares: the tenant's borrowed dominant share of the pool
@@ -433,6 +454,11 @@ impl Ledger {
         let used = sub(self::add(self.usage(tenant, pool), add), remove);
         Some(dominant_borrowed(q, used, self.capacity[pool]) / info.weight)
     }
+}
+
+/// A fair share in billionths, as share paths hold it (so that an even split is an exact tie).
+fn billionths(share: f64) -> u64 {
+    (share * 1e9).round() as u64
 }
 
 /// The two sides on which tenants `a` and `b` meet in the tree: the children of their lowest

@@ -65,6 +65,7 @@ mod fleet;
 mod fragmentation;
 mod journal;
 mod offers;
+mod pick;
 mod preempt;
 mod protected;
 mod queue;
@@ -77,6 +78,7 @@ pub(crate) use fleet::*;
 use fragmentation::*;
 use journal::*;
 use offers::*;
+use pick::*;
 use preempt::*;
 use protected::*;
 pub(crate) use queue::*;
@@ -297,21 +299,18 @@ impl<'p> Solver<'p> {
     }
 
     /// (b)-(d) for `queue`, picked in key order; each pick is recorded in `trace`.
-    pub(crate) fn run_queue(&mut self, mut queue: Vec<usize>) {
+    pub(crate) fn run_queue(&mut self, queue: Vec<usize>) {
         let p = self.p;
         self.forget_refusals();
         // A key depends on the ledger alone, which only an admission changes (`admit` replaces
-        // it right before returning `Admit`): keys are recomputed after admissions, not after
-        // every workload left waiting.
-        let mut keys = queue_keys(p, &self.ledger, &queue);
-        while !queue.is_empty() {
-            let (i, _) = keys
-                .iter()
-                .enumerate()
-                .min_by(|a, b| a.1.cmp(b.1))
-                .expect("non-empty");
-            let w = queue.remove(i);
-            let (priority, borrows, share, submitted, _) = keys.remove(i);
+        // it right before returning `Admit`): keys move after admissions, not after every
+        // workload left waiting (see `pick.rs`).
+        let mut picker = Picker::new(p, &self.ledger, &queue);
+        #[cfg(debug_assertions)]
+        let mut waiting = queue;
+        while let Some((w, key)) = picker.pop() {
+            #[cfg(debug_assertions)]
+            scan_agrees(p, &self.ledger, &mut waiting, w, &key);
             let mut status = self.admit(w);
             if let Status::Pending(reason) = &status
                 && let Some(s) = self.reserve(w, reason)
@@ -326,11 +325,11 @@ impl<'p> Solver<'p> {
                 (Vec::new(), Vec::new())
             };
             if admitted {
-                rekey(p, &self.ledger, &queue, &mut keys, &deltas);
+                picker.rekey(p, &self.ledger, &deltas);
             }
             self.trace.push(Step {
                 w,
-                key: (priority, borrows, share, submitted),
+                key,
                 deltas,
                 victims,
             });
@@ -528,41 +527,24 @@ impl<'p> Solver<'p> {
     }
 }
 
-/// Recomputes the keys of `queue` that an admission's ledger changes (`deltas`) may have moved.
-/// A key reads the usage of its tenant and the tenant's ancestors in its pools (the guarantee
-/// split and the fair-share path), and a change of a tenant's usage is recorded at the tenant
-/// and each of its ancestors: a key whose lineage and pools meet no changed (tenant, pool) is
-/// the one it was. Recomputing every key after every admission cost (queue × admissions).
-fn rekey<'p>(
-    p: &'p Problem,
-    ledger: &Ledger,
-    queue: &[usize],
-    keys: &mut [FullKey<'p>],
-    deltas: &[Delta],
-) {
-    let changed: BTreeSet<(usize, usize)> = deltas
+/// Debug builds: the pick `w` (key `key`) is the one a scan of the whole queue (`waiting`,
+/// in queue order) for the first least key, every key computed afresh, takes; `w` leaves
+/// `waiting`.
+#[cfg(debug_assertions)]
+fn scan_agrees(p: &Problem, ledger: &Ledger, waiting: &mut Vec<usize>, w: usize, key: &Key) {
+    let keys = queue_keys(p, ledger, waiting);
+    let (i, least) = keys
         .iter()
-        .flat_map(|&(t, pool, _, _)| p.tenants[t].lineage.iter().map(move |&a| (a, pool)))
-        .collect();
-    let stale: Vec<usize> = (0..queue.len())
-        .filter(|&i| {
-            let wl = &p.workloads[queue[i]];
-            wl.pools.iter().any(|&pool| {
-                p.tenants[wl.tenant]
-                    .lineage
-                    .iter()
-                    .any(|&t| changed.contains(&(t, pool)))
-            })
-        })
-        .collect();
-    let workloads: Vec<usize> = stale.iter().map(|&i| queue[i]).collect();
-    for (i, key) in stale.into_iter().zip(queue_keys(p, ledger, &workloads)) {
-        keys[i] = key;
-    }
-    debug_assert!(
-        keys.iter().eq(queue_keys(p, ledger, queue).iter()),
-        "a key the admission moved was not recomputed"
+        .enumerate()
+        .min_by(|a, b| a.1.cmp(b.1))
+        .expect("a pick comes from a non-empty queue");
+    let (priority, borrows, share, submitted, _) = least;
+    assert_eq!(
+        (waiting[i], (*priority, *borrows, share.clone(), *submitted)),
+        (w, key.clone()),
+        "the queue's pick differs from the scan's"
     );
+    waiting.remove(i);
 }
 
 /// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
