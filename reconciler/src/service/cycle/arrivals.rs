@@ -57,11 +57,6 @@ const EVENTS_PER_PASS: u32 = 2_000;
 /// the square of its arrivals; between passes the session moves on and starts afresh.
 const ARRIVALS_PER_PASS: usize = 256;
 
-/// Passes of more arrivals than this decide them in pick order (`ArrivalOrder`); smaller ones
-/// in submission order. A burst from many tenants in submission order is cut into passes of a
-/// few arrivals each (see `decide_arrivals`); a steady trickle is a few arrivals a pass anyway.
-const ORDERED_PASS: usize = 16;
-
 /// What the arrival path compares with, set by the full cycle that keeps a standing decision.
 #[derive(Debug, Default)]
 pub(super) struct Watch {
@@ -355,17 +350,10 @@ impl Reconciler {
                 submitted_at: snapshot::unix(record.submitted_at),
             })
             .collect();
-        // A few arrivals go in submission order: a reorder then ends the pass and the next
-        // runs at once, which measured cheaper at a steady rate than keying them (the passes
-        // stay short, and a submission's decision is published with its pass).
-        let mut order = (pending.len() > ORDERED_PASS).then(|| standing.arrival_order(&pending));
-        let mut in_submission_order = 0..pending.len();
+        let mut order = standing.arrival_order(&pending);
         let mut admitted: BTreeSet<String> = BTreeSet::new();
         let mut decided = vec![false; pending.len()];
-        while let Some(i) = match order.as_mut() {
-            Some(order) => standing.next_arrival(order, &pending),
-            None => in_submission_order.next(),
-        } {
+        while let Some(i) = standing.next_arrival(&mut order, &pending) {
             let key = &arrivals[i].1;
             match standing.decide(&pending[i]) {
                 Ok(Admission::Decided {
