@@ -64,7 +64,7 @@ pub enum FleetError {
     #[error("node {node}: action {id} arrived after action {after}; action ids must only grow")]
     ActionOutOfOrder { node: String, id: u64, after: u64 },
 
-    /// etcd did not answer within [`REQUEST_TIMEOUT`](crate::access::REQUEST_TIMEOUT). The
+    /// etcd did not answer within [`REQUEST_TIMEOUT`]. The
     /// request may still be applied once etcd answers again: a write's outcome is unknown
     /// (as after a broken connection), and only its fence and guards, checked by etcd when it
     /// applies it, say whether it can take effect.
