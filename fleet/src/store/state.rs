@@ -155,6 +155,20 @@ struct StoredAction {
     error: Option<String>,
 }
 
+impl StoredAction {
+    /// A journal entry that opens: the intent to carry out `action`.
+    fn intent(cycle: u64, action: serde_json::Value, now: i64) -> StoredAction {
+        StoredAction {
+            cycle,
+            action,
+            state: ActionState::Intent,
+            begun_at: now,
+            ended_at: None,
+            error: None,
+        }
+    }
+}
+
 /// [`Carried`] as stored.
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -380,14 +394,7 @@ impl EtcdStore {
             let id = journal.next();
             batch.put(
                 self.layout.open(id),
-                &StoredAction {
-                    cycle,
-                    action: action.clone(),
-                    state: ActionState::Intent,
-                    begun_at: now,
-                    ended_at: None,
-                    error: None,
-                },
+                &StoredAction::intent(cycle, action.clone(), now),
             )?;
             journal.close(&mut batch);
             self.etcd.commit(&batch.guards, &batch.writes)?;
@@ -476,14 +483,7 @@ impl EtcdStore {
                     let id = journal.next();
                     batch.put(
                         self.layout.open(id),
-                        &StoredAction {
-                            cycle,
-                            action: action.clone(),
-                            state: ActionState::Intent,
-                            begun_at: now,
-                            ended_at: None,
-                            error: None,
-                        },
+                        &StoredAction::intent(cycle, action.clone(), now),
                     )?;
                     begun.push(id);
                 }

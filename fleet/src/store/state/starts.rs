@@ -83,14 +83,7 @@ impl EtcdStore {
                 let id = journal.next();
                 batch.put(
                     self.layout.open(id),
-                    &StoredAction {
-                        cycle,
-                        action: s.action.clone(),
-                        state: ActionState::Intent,
-                        begun_at: now,
-                        ended_at: None,
-                        error: None,
-                    },
+                    &StoredAction::intent(cycle, s.action.clone(), now),
                 )?;
                 let (at, mut record) = self.staged(&mut batch, s.workload)?;
                 let draft = lifecycle::mark_starting(&mut record, s.bindings)?;
