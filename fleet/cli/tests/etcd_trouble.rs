@@ -220,7 +220,53 @@ fn await_recovered(fleet: &Fleet, naming: &str) -> Value {
 
 #[test]
 fn etcd_away_past_the_lease_degrades_the_status_and_loses_nothing() {
-    let mut fleet = Fleet::start();
+    etcd_outage_loses_nothing(
+        Fleet::start(),
+        // Standing by comes only once the term's lease deadline passed, so the outage is past
+        // the lease (2 s).
+        |fleet| fleet.etcd.kill(),
+        |fleet| {
+            fleet
+                .etcd
+                .restart()
+                .unwrap_or_else(|e| panic!("etcd restarts on its data: {e}"))
+        },
+        "etcd: ",
+    );
+}
+
+#[test]
+fn a_hung_etcd_degrades_the_status_the_leader_steps_down_and_recovers_running_nothing_twice() {
+    // A node grace longer than the pause: etcd expires the agents' registrations when it
+    // resumes (their leases ran out meanwhile) and they register again within it, so no
+    // node is lost and nothing is moved.
+    etcd_outage_loses_nothing(
+        Fleet::start_with_grace("60s"),
+        // Hung (SIGSTOP: its connections stay open, nothing answers) past the lease: the
+        // replica's calls to etcd time out, it counts its term over at the lease's deadline
+        // and steps down, which needs its cycle to end.
+        |fleet| {
+            fleet.etcd.pause().unwrap_or_else(|e| panic!("{e}"));
+            fleet
+                .replica
+                .await_line("tessera-fleet reconcile: standing by");
+        },
+        |fleet| fleet.etcd.resume().unwrap_or_else(|e| panic!("{e}")),
+        "etcd",
+    );
+}
+
+/// A workload runs; `outage` takes etcd away past the lease: the replica stands by, its
+/// status, served from memory, Degraded naming etcd, while the workload runs on. `back`
+/// brings etcd back: the replica leads again, the workload runs where it ran as the same
+/// process, started once, a new submission runs once, and `/status` recovers (no condition
+/// containing `recovered_from`).
+fn etcd_outage_loses_nothing(
+    mut fleet: Fleet,
+    outage: impl FnOnce(&mut Fleet),
+    back: impl FnOnce(&mut Fleet),
+    recovered_from: &str,
+) {
     let view = View::connect(&fleet.etcd);
     fleet.submit("web", "3g.40gb");
     let (node, attempt, pid) = view.await_one("web");
@@ -229,10 +275,7 @@ fn etcd_away_past_the_lease_degrades_the_status_and_loses_nothing() {
     fleet.await_running("web");
     assert_eq!(view.starts("web"), 1, "started once");
 
-    // etcd away for longer than the lease (2 s): the replica cannot renew its term and
-    // stands by, and its status, served from memory, is Degraded naming etcd. Standing by
-    // comes only once the term's lease deadline passed, so this is past the lease.
-    fleet.etcd.kill();
+    outage(&mut fleet);
     let degraded = eventually("the standby's status Degraded naming etcd", || {
         let s = fleet.status()?;
         let conditions = conditions(&s);
@@ -242,12 +285,8 @@ fn etcd_away_past_the_lease_degrades_the_status_and_loses_nothing() {
     });
     eprintln!("degraded: {:?}", conditions(&degraded));
     assert!(!gone(pid), "the workload runs on while etcd is away");
-    fleet
-        .etcd
-        .restart()
-        .unwrap_or_else(|e| panic!("etcd restarts on its data: {e}"));
+    back(&mut fleet);
 
-    // etcd back: the replica leads again, nothing was lost or started twice.
     fleet
         .replica
         .await_line("tessera-fleet reconcile: leading (term ");
@@ -257,62 +296,7 @@ fn etcd_away_past_the_lease_degrades_the_status_and_loses_nothing() {
     fleet.reap.push(api_pid);
     assert_eq!(api_attempt, 0);
     fleet.await_running("api");
-    let recovered = await_recovered(&fleet, "etcd: ");
-    eprintln!("recovered: {recovered}");
-    assert!(!gone(pid), "web was not stopped");
-    assert_eq!(
-        view.running("web"),
-        BTreeMap::from([(node, vec![(0, Some(pid))])]),
-        "web runs where it ran, the same process"
-    );
-    assert_eq!(view.starts("web"), 1, "web was started once");
-    assert_eq!(view.starts("api"), 1, "api was started once");
-}
-
-#[test]
-fn a_hung_etcd_degrades_the_status_the_leader_steps_down_and_recovers_running_nothing_twice() {
-    // A node grace longer than the pause: etcd expires the agents' registrations when it
-    // resumes (their leases ran out meanwhile) and they register again within it, so no
-    // node is lost and nothing is moved.
-    let mut fleet = Fleet::start_with_grace("60s");
-    let view = View::connect(&fleet.etcd);
-    fleet.submit("web", "3g.40gb");
-    let (node, attempt, pid) = view.await_one("web");
-    fleet.reap.push(pid);
-    assert_eq!(attempt, 0);
-    fleet.await_running("web");
-    assert_eq!(view.starts("web"), 1, "started once");
-
-    // etcd hung (SIGSTOP: its connections stay open, nothing answers) past the lease: the
-    // replica's calls to etcd time out, it counts its term over at the lease's deadline and
-    // steps down, which needs its cycle to end, and its status, served from memory, is
-    // Degraded naming etcd.
-    fleet.etcd.pause().unwrap_or_else(|e| panic!("{e}"));
-    fleet
-        .replica
-        .await_line("tessera-fleet reconcile: standing by");
-    let degraded = eventually("the standby's status Degraded naming etcd", || {
-        let s = fleet.status()?;
-        let conditions = conditions(&s);
-        let standing_by = conditions.iter().any(|c| c.contains("stands by"));
-        let etcd = conditions.iter().any(|c| c.starts_with("etcd: "));
-        (s["health"] == "Degraded" && standing_by && etcd).then_some(s)
-    });
-    eprintln!("degraded: {:?}", conditions(&degraded));
-    assert!(!gone(pid), "the workload runs on while etcd hangs");
-    fleet.etcd.resume().unwrap_or_else(|e| panic!("{e}"));
-
-    // etcd answers again: the replica leads again, nothing was lost or started twice.
-    fleet
-        .replica
-        .await_line("tessera-fleet reconcile: leading (term ");
-    fleet.await_running("web");
-    fleet.submit("api", "4g.40gb");
-    let (_, api_attempt, api_pid) = view.await_one("api");
-    fleet.reap.push(api_pid);
-    assert_eq!(api_attempt, 0);
-    fleet.await_running("api");
-    let recovered = await_recovered(&fleet, "etcd");
+    let recovered = await_recovered(&fleet, recovered_from);
     eprintln!("recovered: {recovered}");
     assert!(!gone(pid), "web was not stopped");
     assert_eq!(
