@@ -19,23 +19,14 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::{Agent, Replica, conditions, eventually, gone};
+use support::{ADMIN, Agent, PRODUCT, Replica, agents_data, conditions, eventually, gone};
 use tessera_fleet::testing::TestEtcd;
 
-const ADMIN: &str = "admin-token-0123456789abcdef";
-const PRODUCT: &str = "product-token-0123456789abcdef";
 const CLUSTER: &str = "agents";
-
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/agents")
-        .join(name)
-}
 
 /// One replica, two agents and the tokens, on a fresh etcd.
 struct Fleet {
@@ -57,7 +48,7 @@ impl Fleet {
     /// A fleet whose nodes are lost after `grace` away.
     fn start_with_grace(grace: &str) -> Fleet {
         let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
-        let repo = support::policy_repo(&data("policy"));
+        let repo = support::policy_repo(&agents_data("policy"));
         let work = tempfile::tempdir().unwrap();
         std::fs::write(
             work.path().join("tokens.yaml"),
@@ -99,7 +90,7 @@ impl Fleet {
             &self.etcd,
             CLUSTER,
             node,
-            &data("nodes.yaml"),
+            &agents_data("nodes.yaml"),
             &self.work.path().join(node),
             &self.work.path().join(format!("{node}.log")),
             &["--runtime", "process", "--insecure-runtime"],
@@ -200,6 +191,17 @@ impl View {
     }
 }
 
+/// Submits `web` and waits for it to run: the node and the process, started once at attempt 0.
+fn web_running_once(fleet: &mut Fleet, view: &View) -> (String, u32) {
+    fleet.submit("web", "3g.40gb");
+    let (node, attempt, pid) = view.await_one("web");
+    fleet.reap.push(pid);
+    assert_eq!(attempt, 0);
+    fleet.await_running("web");
+    assert_eq!(view.starts("web"), 1, "started once");
+    (node, pid)
+}
+
 /// Waits for a Degraded `/status` with a condition that contains `naming`.
 fn await_degraded(fleet: &Fleet, naming: &str) -> Value {
     eventually(&format!("/status Degraded naming {naming:?}"), || {
@@ -268,12 +270,7 @@ fn etcd_outage_loses_nothing(
     recovered_from: &str,
 ) {
     let view = View::connect(&fleet.etcd);
-    fleet.submit("web", "3g.40gb");
-    let (node, attempt, pid) = view.await_one("web");
-    fleet.reap.push(pid);
-    assert_eq!(attempt, 0);
-    fleet.await_running("web");
-    assert_eq!(view.starts("web"), 1, "started once");
+    let (node, pid) = web_running_once(&mut fleet, &view);
 
     outage(&mut fleet);
     let degraded = eventually("the standby's status Degraded naming etcd", || {
@@ -312,11 +309,7 @@ fn etcd_outage_loses_nothing(
 fn an_agent_paused_past_its_lease_is_lost_then_rejoins_without_running_anything_twice() {
     let mut fleet = Fleet::start();
     let view = View::connect(&fleet.etcd);
-    fleet.submit("web", "3g.40gb");
-    let (node, attempt, pid) = view.await_one("web");
-    fleet.reap.push(pid);
-    assert_eq!(attempt, 0);
-    fleet.await_running("web");
+    let (node, pid) = web_running_once(&mut fleet, &view);
     let other = if node == "n1" { "n2" } else { "n1" };
 
     // Paused past its lease and the grace: the node is lost and the status names it; the

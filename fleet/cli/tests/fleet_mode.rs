@@ -10,30 +10,22 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Value, json};
-use support::{Agent, Replica, conditions, eventually, gone};
+use support::{ADMIN, Agent, PRODUCT, Replica, agents_data, conditions, eventually, gone};
 use tessera_fleet::protocol::Observed;
 use tessera_fleet::testing::TestEtcd;
 
-const ADMIN: &str = "admin-token-0123456789abcdef";
-const PRODUCT: &str = "product-token-0123456789abcdef";
 const CLUSTER: &str = "agents";
 const WORKLOAD: &str = "product/web";
-
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/agents")
-        .join(name)
-}
 
 fn agent(etcd: &TestEtcd, work: &Path, node: &str) -> Agent {
     Agent::spawn(
         etcd,
         CLUSTER,
         node,
-        &data("nodes.yaml"),
+        &agents_data("nodes.yaml"),
         &work.join(node),
         &work.join(format!("{node}.log")),
         &["--runtime", "process", "--insecure-runtime"],
@@ -101,7 +93,7 @@ fn status(replica: &Replica) -> Value {
 #[test]
 fn the_leader_runs_workloads_on_agents_and_moves_them_off_a_lost_node() {
     let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
-    let repo = support::policy_repo(&data("policy"));
+    let repo = support::policy_repo(&agents_data("policy"));
     let work = tempfile::tempdir().unwrap();
     std::fs::write(
         work.path().join("tokens.yaml"),
@@ -237,7 +229,7 @@ const KILLS: usize = 20;
 #[test]
 fn leaders_killed_at_random_moments_apply_nothing_twice_run_nothing_twice_and_lose_nothing() {
     let etcd = TestEtcd::start().unwrap_or_else(|e| panic!("{e}"));
-    let repo = support::policy_repo(&data("policy"));
+    let repo = support::policy_repo(&agents_data("policy"));
     let work = tempfile::tempdir().unwrap();
     std::fs::write(
         work.path().join("tokens.yaml"),

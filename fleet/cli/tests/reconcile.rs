@@ -17,14 +17,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::eventually;
+use support::{ADMIN, PRODUCT, eventually};
 use tessera_fleet::keys::Keys;
 use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_fleet::testing::TestEtcd;
 use tessera_reconciler::store::StateStore;
 
-const ADMIN: &str = "admin-token-0123456789abcdef";
-const PRODUCT: &str = "product-token-0123456789abcdef";
 const CLUSTER: &str = "replicas";
 /// The leader's lease period (`--lease-ttl`).
 const LEASE: Duration = Duration::from_secs(2);

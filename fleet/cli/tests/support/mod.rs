@@ -19,6 +19,17 @@ use tessera_fleet::store::{EtcdStore, StoreRuntime};
 use tessera_fleet::testing::TestEtcd;
 use tessera_reconciler::store::StateStore;
 
+/// The tokens the process tests' services are given (`tokens.yaml` in their data).
+pub const ADMIN: &str = "admin-token-0123456789abcdef";
+pub const PRODUCT: &str = "product-token-0123456789abcdef";
+
+/// A file of `tests/data/agents`, the fleet tests' policy, nodes and tokens.
+pub fn agents_data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/agents")
+        .join(name)
+}
+
 /// Every wait is bounded by this: a guard against a hang, never a timing assertion.
 pub const PATIENCE: Duration = Duration::from_secs(90);
 
