@@ -323,6 +323,39 @@ impl Dispatcher {
         })
     }
 
+    /// Empties the `bound` of `node`, which the leader has seen away past its grace, in one
+    /// fenced transaction guarded on the node's registration being absent. Returns whether
+    /// it was written: `false` when the agent has registered again meanwhile (the node is
+    /// back, not lost). Once written, an agent that registers again reads this `bound` (it
+    /// reads `bound` after its registration, and etcd orders the two), so it stops what the
+    /// leader is about to place elsewhere; that is why the leader requeues a lost node's
+    /// workloads only after this write.
+    pub async fn unbind_lost(&mut self, node: &str) -> Result<bool, FleetError> {
+        let bytes = protocol::encode(&Bound {
+            version: VERSION,
+            workloads: BTreeMap::new(),
+        });
+        let guard = Guard::Absent {
+            key: self.keys.registration(node)?,
+        };
+        let write = Write::Put {
+            key: self.keys.bound(node)?,
+            value: bytes.clone(),
+        };
+        match self.fence.write(&self.client, &[guard], &[write]).await {
+            Ok(_) => {
+                self.bound.insert(node.to_string(), Some(bytes));
+                Ok(true)
+            }
+            Err(FleetError::Conflict { .. }) => Ok(false),
+            Err(e) => {
+                // Whether it was applied is unknown: read the node's `bound` again.
+                self.bound.remove(node);
+                Err(e)
+            }
+        }
+    }
+
     /// Writes one wave's transactions, up to [`PIPELINE`] in flight at once (they concern
     /// different nodes, or different nodes' pieces of the same rank, so their order does not
     /// matter); returns how many. After a failure the rest of the plan is not written.

@@ -90,6 +90,13 @@ struct Sent {
     /// Nodes of a gang start that no copy reached (a dispatch cut part-way): the start fails
     /// once the copies that were sent have settled (see [`AgentNodes::match_open`]).
     missing: BTreeSet<String>,
+    /// Nodes of a stop or checkpoint that no copy reached (a dispatch cut part-way): the next
+    /// dispatch sends them one, and the action is recorded only once those have settled too.
+    resend: BTreeSet<String>,
+    /// Copies failed because their node was lost before settling them: left in etcd rather
+    /// than pruned (pruning takes a copy for settled), so that the agent, if it comes back,
+    /// settles them itself and that outcome is pruned then.
+    abandoned: BTreeSet<(String, u64)>,
 }
 
 /// The leader's node side: the agents, through etcd.
@@ -118,6 +125,9 @@ pub struct AgentNodes {
     /// Settled copies the arrival path records after `launch` returns: pruned by the next
     /// call, once recorded.
     to_prune: Vec<EarlierOutcome>,
+    /// Lost nodes whose `bound` this term has emptied (see [`NodeSide::lost`]): only these are
+    /// reported lost, and their copies in flight are failed.
+    unbound: BTreeSet<String>,
 }
 
 impl AgentNodes {
@@ -143,6 +153,7 @@ impl AgentNodes {
             last_bound: BTreeMap::new(),
             unsure: false,
             to_prune: Vec::new(),
+            unbound: BTreeSet::new(),
         })
     }
 
@@ -192,11 +203,12 @@ impl AgentNodes {
             self.match_open(store, own, true, now)
                 .map_err(|e| format!("matching open intents: {e}"))?;
         }
-        let bound = bound(store, self.snapshot().as_deref())
+        let bound = bound(store, self.snapshot().as_deref(), &self.unbound)
             .map_err(|e| format!("reading the workloads: {e}"))?;
         let quiet = plan.is_empty()
             && self.housekeeping.is_empty()
             && self.to_prune.is_empty()
+            && self.in_flight.values().all(|s| s.resend.is_empty())
             && bound == self.last_bound
             && self
                 .started
@@ -206,9 +218,6 @@ impl AgentNodes {
             return Ok(Vec::new());
         }
         let housekeeping = std::mem::take(&mut self.housekeeping);
-        let skip = housekeeping.len();
-        let mut all = housekeeping.clone();
-        all.extend(plan);
         let settle = self.options.settle;
         let runtime = self.runtime.clone();
         if let Err(e) = self.ensure(BTreeSet::new()) {
@@ -217,6 +226,12 @@ impl AgentNodes {
             self.unsure = true;
             return Err(e);
         }
+        // The copies partly-sent stops and checkpoints still owe, sent first.
+        let owed = self.take_owed();
+        let skip = housekeeping.len() + owed.len();
+        let mut all = housekeeping.clone();
+        all.extend(owed.iter().map(|(_, p)| p.clone()));
+        all.extend(plan);
         let started = self.started.as_mut().expect("ensured");
         let report = {
             let runner = &mut started.runner;
@@ -227,8 +242,11 @@ impl AgentNodes {
             Ok(report) => report,
             Err(e) => {
                 // What was written is a prefix of each node's actions: the next call matches
-                // the open intents against what is in flight.
+                // the open intents against what is in flight. The owed copies are sent again
+                // (a stop or checkpoint copy that did go is then sent twice: see
+                // `take_owed`).
                 self.housekeeping = housekeeping;
+                self.give_back_owed(owed);
                 self.unsure = true;
                 let message = format!("sending the plan to the agents: {e}");
                 self.trouble = Some(message.clone());
@@ -237,9 +255,18 @@ impl AgentNodes {
         };
         self.trouble = None;
         self.last_bound = bound;
+        let hk = housekeeping.len();
+        for ((id, _), outcome) in owed.iter().zip(&report.outcomes[hk..skip]) {
+            if let Some(sent) = self.in_flight.get_mut(id) {
+                for c in &outcome.copies {
+                    sent.copies
+                        .insert((c.node.clone(), c.id), settled_result(&c.settled));
+                }
+            }
+        }
         let outcomes: Vec<ActionOutcome> = report.outcomes[skip..].to_vec();
         // The housekeeping's outcomes need no record: pruned once settled.
-        let mut consumable: Vec<EarlierOutcome> = report.outcomes[..skip]
+        let mut consumable: Vec<EarlierOutcome> = report.outcomes[..hk]
             .iter()
             .flat_map(|o| o.copies.iter())
             .filter_map(|c| settled_copy(&c.node, c.id, &c.settled))
@@ -273,10 +300,11 @@ impl AgentNodes {
                 None => consumable.push(outcome.clone()),
             }
         }
+        self.fail_copies_on_lost_nodes();
         let complete: Vec<ActionId> = self
             .in_flight
             .iter()
-            .filter(|(_, sent)| sent.copies.values().all(Option::is_some))
+            .filter(|(_, sent)| sent.resend.is_empty() && sent.copies.values().all(Option::is_some))
             .map(|(id, _)| *id)
             .collect();
         for id in complete {
@@ -290,6 +318,9 @@ impl AgentNodes {
                 describe(&result)
             );
             for ((node, copy), how) in sent.copies {
+                if sent.abandoned.contains(&(node.clone(), copy)) {
+                    continue;
+                }
                 let result = how.expect("complete");
                 consumable.push(EarlierOutcome {
                     node,
@@ -395,12 +426,33 @@ impl AgentNodes {
                     missing.iter().cloned().collect::<Vec<_>>().join(", ")
                 );
             }
+            // A stop or checkpoint that reached only some of the nodes its workload runs on
+            // is completed instead: a stop is idempotent, and recording it done short of a
+            // node would requeue the workload while that node's replica runs on. A
+            // checkpoint's copies carry one deadline, so a late copy is the same signal sent
+            // late; failing it instead would have the next plan signal again the replicas
+            // that got it (see ARCHITECTURE.md, "The leader's node side").
+            let resend: BTreeSet<String> = running_nodes(store, &action)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|node| !copies.keys().any(|(sent_to, _)| sent_to == node))
+                .collect();
+            if !resend.is_empty() {
+                warn!(
+                    journal = entry.id,
+                    "{action} reached only some of its nodes; sending it to {} before it is \
+                     recorded",
+                    resend.iter().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
             self.in_flight.insert(
                 entry.id,
                 Sent {
                     action,
                     copies,
                     missing,
+                    resend,
+                    abandoned: BTreeSet::new(),
                 },
             );
         }
@@ -421,6 +473,60 @@ impl AgentNodes {
             .into_iter()
             .filter_map(|(id, a)| Some((id, a?)))
             .collect())
+    }
+
+    /// The copies partly-sent stops and checkpoints owe (see [`AgentNodes::match_open`]),
+    /// each routed to the nodes that never got one, by journal entry. Should a dispatch that
+    /// carried them fail part-way, they are all owed again ([`AgentNodes::give_back_owed`]):
+    /// a node may then get a stop or checkpoint twice, which a stop does not mind and a
+    /// checkpoint only where the dispatch was cut between its two writes.
+    fn take_owed(&mut self) -> Vec<(ActionId, PlannedAction)> {
+        let mut owed = Vec::new();
+        for (id, sent) in &mut self.in_flight {
+            if sent.resend.is_empty() {
+                continue;
+            }
+            let nodes: Vec<String> = std::mem::take(&mut sent.resend).into_iter().collect();
+            match PlannedAction::new(sent.action.clone(), None, &nodes) {
+                Ok(planned) => owed.push((*id, planned)),
+                Err(e) => warn!(journal = id, "{e}"),
+            }
+        }
+        owed
+    }
+
+    fn give_back_owed(&mut self, owed: Vec<(ActionId, PlannedAction)>) {
+        for (id, planned) in owed {
+            if let Some(sent) = self.in_flight.get_mut(&id) {
+                sent.resend.extend(planned.nodes);
+            }
+        }
+    }
+
+    /// Fails the unsettled copies on nodes lost (and unbound) since they were sent: their
+    /// agent may never settle them, and the action, a start above all, would otherwise stay
+    /// in flight for ever, its workload's key busy. The failure takes the usual path (a
+    /// start's other copies stopped, the workload queued again). The copies stay in etcd: an
+    /// agent that comes back settles them itself, a start refused since `bound` no longer
+    /// names it.
+    fn fail_copies_on_lost_nodes(&mut self) {
+        if self.unbound.is_empty() {
+            return;
+        }
+        for (id, sent) in &mut self.in_flight {
+            for ((node, copy), how) in &mut sent.copies {
+                if how.is_none() && self.unbound.contains(node) {
+                    warn!(
+                        journal = id,
+                        "{}: node {node} lost before it settled it", sent.action
+                    );
+                    *how = Some(Err(format!(
+                        "node {node} lost before it settled the action"
+                    )));
+                    sent.abandoned.insert((node.clone(), *copy));
+                }
+            }
+        }
     }
 
     /// Keys with an action in flight: nothing new is sent on them until it settles.
@@ -462,6 +568,8 @@ impl AgentNodes {
                     .collect(),
                 // Sent by this term to every node it routed the action to.
                 missing: BTreeSet::new(),
+                resend: BTreeSet::new(),
+                abandoned: BTreeSet::new(),
             },
         );
     }
@@ -805,10 +913,36 @@ impl NodeSide for AgentNodes {
             .into_iter()
             .map(|u| (u.node, u.reason))
             .collect();
-        snapshot
-            .lost()
-            .into_iter()
-            .map(|n| (n.to_string(), reasons.get(n).cloned().unwrap_or_default()))
+        let lost: BTreeSet<String> = snapshot.lost().into_iter().map(str::to_string).collect();
+        // A node back (Ready or NotReady again) is bound as any other by the next dispatch.
+        self.unbound.retain(|node| lost.contains(node));
+        // A lost node's workloads are requeued by the caller, so its `bound` is emptied
+        // first, guarded on its registration being absent: an agent that registers again
+        // after that reads the empty `bound` and stops them, and one that registered before
+        // it makes the write fail, and its node is not lost after all. A node whose write
+        // fails or cannot be made now is not reported: its workloads stay where they are
+        // until a later call manages it.
+        let runtime = self.runtime.clone();
+        let fresh: Vec<String> = lost.difference(&self.unbound).cloned().collect();
+        for node in fresh {
+            let Some(started) = self.started.as_mut() else {
+                break;
+            };
+            match runtime.block_on(started.runner.unbind_lost(&node)) {
+                Ok(true) => {
+                    info!(node = %node, "lost: its bound workloads emptied before they are requeued");
+                    self.unbound.insert(node);
+                }
+                Ok(false) => info!(node = %node, "registered again before it was unbound"),
+                Err(e) => warn!(node = %node, "cannot unbind the lost node yet: {e}"),
+            }
+        }
+        lost.into_iter()
+            .filter(|node| self.unbound.contains(node))
+            .map(|node| {
+                let why = reasons.get(&node).cloned().unwrap_or_default();
+                (node, why)
+            })
             .collect()
     }
 
@@ -953,6 +1087,24 @@ fn gang_nodes(action: &Action) -> BTreeSet<String> {
     }
 }
 
+/// The nodes a stop or checkpoint is meant for: those its workload's record binds it to, while
+/// the workload is placed (its copies go there, as `carry_out` routes them); none for other
+/// actions, or a workload no longer placed (a stop recorded already, a requeue since).
+fn running_nodes(store: &dyn StateStore, action: &Action) -> Result<BTreeSet<String>, StoreError> {
+    let (Action::Stop { workload, .. } | Action::Checkpoint { workload, .. }) = action else {
+        return Ok(BTreeSet::new());
+    };
+    let Some(key) = WorkloadKey::parse(workload) else {
+        return Ok(BTreeSet::new());
+    };
+    Ok(match store.get(&key)? {
+        Some(record) if record.phase.holds_placement() => {
+            record.bindings.iter().map(|b| b.node.clone()).collect()
+        }
+        _ => BTreeSet::new(),
+    })
+}
+
 fn workload_key(action: &Action) -> Option<String> {
     match action {
         Action::Checkpoint { workload, .. }
@@ -1060,9 +1212,13 @@ fn everything_open(store: &dyn StateStore) -> Result<InFlight, StoreError> {
 /// Every node's `bound`: the workloads placed on it (starting, running or checkpointing) at
 /// their attempt; a node with none gets an empty one, so an agent coming back stops what was
 /// moved away from it.
+/// A lost node whose `bound` was emptied (`unbound`) keeps an empty one whatever the store
+/// still places there, so that a dispatch between its emptying and the requeue of its
+/// workloads does not bind them to it again.
 fn bound(
     store: &dyn StateStore,
     snapshot: Option<&FleetSnapshot>,
+    unbound: &BTreeSet<String>,
 ) -> Result<BTreeMap<String, Bound>, StoreError> {
     let mut out: BTreeMap<String, Bound> = BTreeMap::new();
     if let Some(snapshot) = snapshot {
@@ -1074,7 +1230,11 @@ fn bound(
         if !record.phase.holds_placement() {
             continue;
         }
-        for b in &record.bindings {
+        for b in record
+            .bindings
+            .iter()
+            .filter(|b| !unbound.contains(&b.node))
+        {
             out.entry(b.node.clone())
                 .or_insert_with(empty_bound)
                 .workloads
@@ -1136,6 +1296,8 @@ mod tests {
                 .map(|(i, (node, how))| (((*node).to_string(), i as u64), Some(how.clone())))
                 .collect(),
             missing: missing.iter().map(|n| (*n).to_string()).collect(),
+            resend: BTreeSet::new(),
+            abandoned: BTreeSet::new(),
         };
         assert_eq!(whole(&sent(&[("n1", Ok(())), ("n2", Ok(()))], &[])), Ok(()));
         let short = whole(&sent(&[("n1", Ok(()))], &["n2"])).unwrap_err();

@@ -431,6 +431,12 @@ impl PlanRunner {
         Ok(transactions)
     }
 
+    /// Empties the `bound` of a node lost to the leader, unless its agent has registered
+    /// again (see [`Dispatcher::unbind_lost`]); whether it was written.
+    pub async fn unbind_lost(&mut self, node: &str) -> Result<bool, FleetError> {
+        self.dispatcher.unbind_lost(node).await
+    }
+
     /// The actions in flight, per node (this runner's and a predecessor's).
     pub fn in_flight(&self) -> &BTreeMap<String, BTreeSet<u64>> {
         self.dispatcher.outstanding()
