@@ -24,11 +24,18 @@
 //! got none, and the usual failure path runs (the started replicas stopped, the workload
 //! queued again). No gang is ever recorded `Running` with replicas that were never started.
 //!
+//! **A stop or checkpoint that reached only some nodes** is completed instead: the nodes the
+//! workload's record binds it to and no copy reached are sent the same action by the next
+//! dispatch, and it is recorded once every copy has settled. Recorded on some nodes' word, a
+//! stop would requeue the workload while a replica that never got its copy runs on.
+//!
 //! **Exits and lost nodes.** A workload ended when the nodes report every replica of its
 //! attempt exited ([`exits`]); the agents are then told to forget it (a stop). A node away
-//! longer than the grace is reported lost: the service requeues its workloads, and `bound`
-//! (written with every dispatch) no longer names them, so the agent, when it comes back,
-//! stops them before it takes any action.
+//! longer than the grace is reported lost only once its `bound` is emptied (fenced, guarded on
+//! its registration being absent): the service then requeues its workloads, and an agent that
+//! registers again reads the empty `bound` and stops them before it takes any action. Copies in
+//! flight on such a node are failed, so that a start there fails rather than waiting for ever,
+//! and a gang's replicas on its other nodes are stopped, since the whole gang is requeued.
 //!
 //! The service's loop is a plain thread and the fleet library is async: every call here runs
 //! its future on a runtime this side owns, with `block_on` from the loop's thread, never on a
@@ -529,6 +536,38 @@ impl AgentNodes {
         }
     }
 
+    /// The caller requeues every workload placed on the lost node `node`; a gang's replicas
+    /// on its other nodes (bound there at the same attempt by the last dispatch) are stopped
+    /// by the next dispatch, ahead of its actions on the same node. Their agents read
+    /// `bound` only when they register again, so without the stop they would run on beside
+    /// the gang placed afresh.
+    fn stop_gangs_of_lost(&mut self, node: &str, lost: &BTreeSet<String>) {
+        let Some(was) = self.last_bound.get(node) else {
+            return;
+        };
+        for (workload, attempt) in &was.workloads {
+            let others: Vec<String> = self
+                .last_bound
+                .iter()
+                .filter(|(other, b)| {
+                    !lost.contains(*other) && b.workloads.get(workload) == Some(attempt)
+                })
+                .map(|(other, _)| other.clone())
+                .collect();
+            if others.is_empty() {
+                continue;
+            }
+            let stop = Action::Stop {
+                workload: workload.clone(),
+                reason: format!("node {node} of its gang lost"),
+            };
+            match PlannedAction::new(stop, None, &others) {
+                Ok(stop) => self.housekeeping.push(stop),
+                Err(e) => warn!("{workload}: {e}"),
+            }
+        }
+    }
+
     /// Keys with an action in flight: nothing new is sent on them until it settles.
     fn busy(&self) -> BTreeSet<String> {
         self.in_flight.values().map(|s| s.action.key()).collect()
@@ -931,6 +970,7 @@ impl NodeSide for AgentNodes {
             match runtime.block_on(started.runner.unbind_lost(&node)) {
                 Ok(true) => {
                     info!(node = %node, "lost: its bound workloads emptied before they are requeued");
+                    self.stop_gangs_of_lost(&node, &lost);
                     self.unbound.insert(node);
                 }
                 Ok(false) => info!(node = %node, "registered again before it was unbound"),

@@ -1,7 +1,8 @@
 //! What a dispatch cut part-way, or a node lost, leaves in flight, and how the leader finishes
 //! it: a stop or checkpoint that reached only some of its workload's nodes is sent to the
 //! rest before it is recorded; a start whose copy's node is lost fails; a lost node's `bound`
-//! is emptied before its workloads are reported for requeueing, unless its agent is back.
+//! is emptied before its workloads are reported for requeueing, unless its agent is back; a
+//! gang that loses a node has its replicas on the others stopped.
 
 mod support;
 
@@ -451,4 +452,45 @@ fn a_lost_node_is_unbound_before_it_is_reported_and_not_once_its_agent_is_back()
         runtime.block_on(bound_of(&client, "infer-0")).as_ref(),
         bound.get("infer-0")
     );
+}
+
+#[test]
+fn a_gang_that_loses_a_node_has_its_replicas_on_the_other_nodes_stopped() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let etcd = etcd();
+    let client = runtime.block_on(connect(&etcd));
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_in_memory().unwrap();
+    let key = WorkloadKey::new("t", "train");
+    let unused = Action::Stop {
+        workload: "t/other".into(),
+        reason: "unused".into(),
+    };
+    // A gang running on train-0 (its agent registered) and gone-0 (away from now on).
+    let _train = runtime.block_on(register(&client, dir.path(), "train-0"));
+    running_then(&store, &["gone-0", "train-0"], &unused);
+    let term = runtime.block_on(leader(&client, "a", LEASE_SECS));
+    let mut nodes = AgentNodes::new(
+        client.clone(),
+        keys(),
+        term.fence().clone(),
+        options(Duration::from_secs(1)),
+    )
+    .unwrap();
+    nodes.in_flight_at_start(&store, 30).unwrap();
+    assert!(runtime.block_on(actions_of(&client, "train-0")).is_empty());
+
+    // The cycle requeues the gang once gone-0 is reported lost; train-0's replica, which its
+    // agent would otherwise keep, is sent a stop by the next dispatch.
+    until_lost(&mut nodes, "gone-0");
+    StateStore::requeue(&store, &key, "node gone-0 lost", 35).unwrap();
+    quiet_cycle(&mut nodes, &store, 2, 40);
+    let to_train = runtime.block_on(actions_of(&client, "train-0"));
+    assert!(
+        to_train
+            .iter()
+            .any(|a| matches!(a, Action::Stop { workload, .. } if workload == "t/train")),
+        "train-0's replica of the requeued gang is sent no stop: {to_train:?}"
+    );
+    assert!(runtime.block_on(actions_of(&client, "gone-0")).is_empty());
 }
