@@ -186,6 +186,13 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Reads the counter, the bindings and what is in flight again where a write failed since
+    /// they were last read (its effect unknown: a dispatch cut part-way wrote a prefix of each
+    /// node's actions, which [`Dispatcher::outstanding`] does not hold until then).
+    pub async fn refresh(&mut self) -> Result<(), FleetError> {
+        self.resync_if_needed().await
+    }
+
     /// The ids written and not yet reported settled, per node.
     pub fn outstanding(&self) -> &BTreeMap<String, BTreeSet<u64>> {
         &self.outstanding

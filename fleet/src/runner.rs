@@ -443,10 +443,13 @@ impl PlanRunner {
     }
 
     /// Every action in flight with what it says (`None` where it could not be read back),
-    /// by node and id: what a new term matches its journal's open intents against.
+    /// by node and id: what a new term matches its journal's open intents against, and the
+    /// next call after a failed dispatch. After a failed write what is in flight is read from
+    /// etcd again first: the part of the dispatch that was written is in flight too.
     pub async fn in_flight_messages(
-        &self,
+        &mut self,
     ) -> Result<BTreeMap<(String, u64), Option<ActionMessage>>, FleetError> {
+        self.dispatcher.refresh().await?;
         let mut out = BTreeMap::new();
         let mut unread = Vec::new();
         for (node, ids) in self.dispatcher.outstanding() {

@@ -35,9 +35,9 @@ const LEASE_SECS: i64 = 30;
 /// How long the tests wait for the view to see a node lost: the grace and many ticks more.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn start_on(nodes: &[&str]) -> Action {
+fn start_of(name: &str, nodes: &[&str]) -> Action {
     Action::Start {
-        workload: "t/train".into(),
+        workload: format!("t/{name}"),
         bindings: nodes
             .iter()
             .map(|node| ReplicaBinding {
@@ -61,16 +61,20 @@ fn launch() -> Launch {
     }
 }
 
-/// `t/train`, two replicas, submitted and its start's intent recorded (`Starting` on
+/// `t/train`, one replica a node, submitted and its start's intent recorded (`Starting` on
 /// `nodes`); returns the start and its journal entry.
 fn starting(store: &Store, nodes: &[&str]) -> (Action, ActionId) {
-    let key = WorkloadKey::new("t", "train");
+    starting_as(store, "train", nodes)
+}
+
+fn starting_as(store: &Store, name: &str, nodes: &[&str]) -> (Action, ActionId) {
+    let key = WorkloadKey::new("t", name);
     let spec = serde_json::from_value(json!({
         "tenant": "t", "sloClass": "training", "gpu": {"count": 1}, "replicas": nodes.len()
     }))
     .unwrap();
-    store.submit("train", &spec, Origin::Submitted, 10).unwrap();
-    let start = start_on(nodes);
+    store.submit(name, &spec, Origin::Submitted, 10).unwrap();
+    let start = start_of(name, nodes);
     let Action::Start { bindings, .. } = &start else {
         unreachable!()
     };
@@ -86,8 +90,14 @@ fn starting(store: &Store, nodes: &[&str]) -> (Action, ActionId) {
 
 /// `t/train` running on `nodes`, and `action`'s intent recorded; returns its journal entry.
 fn running_then(store: &Store, nodes: &[&str], action: &Action) -> ActionId {
-    let (_, start) = starting(store, nodes);
-    let key = WorkloadKey::new("t", "train");
+    running(store, "train", nodes);
+    StateStoreExt::begin_action(store, 2, action, 22).unwrap()
+}
+
+/// `t/<name>` running on `nodes`.
+fn running(store: &Store, name: &str, nodes: &[&str]) {
+    let (_, start) = starting_as(store, name, nodes);
+    let key = WorkloadKey::new("t", name);
     let replicas: Vec<ReplicaProcess> = (0..nodes.len() as u32)
         .map(|replica| ReplicaProcess {
             replica,
@@ -98,7 +108,6 @@ fn running_then(store: &Store, nodes: &[&str], action: &Action) -> ActionId {
     StateStore::mark_running(store, &key, &replicas, 21).unwrap();
     StateStore::close(store, start, Ended::Done, 21).unwrap();
     assert_eq!(store.workload(&key).unwrap().phase, Phase::Running);
-    StateStoreExt::begin_action(store, 2, action, 22).unwrap()
 }
 
 /// A first leader writes `action` to `nodes` only (its dispatch cut before the rest), and
@@ -311,6 +320,81 @@ fn a_checkpoint_that_reached_only_some_nodes_is_completed_with_its_deadline() {
     let record = store.workload(&key).unwrap();
     assert_eq!(record.phase, Phase::Checkpointing);
     assert_eq!(record.grace_deadline, Some(600));
+    assert!(store.open_actions().unwrap().is_empty());
+}
+
+#[test]
+fn a_stop_a_failed_dispatch_left_on_some_nodes_is_completed_by_the_next_cycle() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let etcd = etcd();
+    let client = runtime.block_on(connect(&etcd));
+    let store = Store::open_in_memory().unwrap();
+    let key = WorkloadKey::new("t", "train");
+    running(&store, "train", &["n1", "n2"]);
+    running(&store, "big", &["n2"]);
+    let term = runtime.block_on(leader(&client, "a", LEASE_SECS));
+    // Two operations a transaction, so that n1's copy of the stop and n2's writes go in
+    // different transactions of one wave.
+    let mut nodes = AgentNodes::new(
+        client.clone(),
+        keys(),
+        term.fence().clone(),
+        AgentOptions {
+            max_txn_ops: 2,
+            ..options(Duration::from_secs(60))
+        },
+    )
+    .unwrap();
+    nodes.in_flight_at_start(&store, 30).unwrap();
+
+    // A plan whose n2 transaction etcd refuses (a request past its 1.5 MiB limit), while
+    // n1's, with its copy of the stop, is written.
+    let stop = Action::Stop {
+        workload: "t/train".into(),
+        reason: "preempted".into(),
+    };
+    let too_big = Action::Checkpoint {
+        workload: "t/big".into(),
+        signal: "X".repeat(2 << 20),
+        deadline: 600,
+    };
+    let records = store.live().unwrap();
+    let mut observation = Observation {
+        nodes: Vec::new(),
+        details: Vec::new(),
+    };
+    let mut cx = Carry {
+        store: &store,
+        cycle: 2,
+        now: 40,
+        run_commands: false,
+        records: &records,
+        observation: &mut observation,
+    };
+    let failed = nodes.carry_out(&[too_big, stop.clone()], &mut cx, &mut |_, _| Ok(()));
+    assert!(failed.is_err(), "the dispatch was to fail: {failed:?}");
+    assert_eq!(
+        runtime.block_on(actions_of(&client, "n1")),
+        std::slice::from_ref(&stop)
+    );
+    assert!(runtime.block_on(actions_of(&client, "n2")).is_empty());
+
+    // The next cycle finds n1's copy in flight and sends n2 its own.
+    quiet_cycle(&mut nodes, &store, 3, 50);
+    assert_eq!(
+        store.workload(&key).unwrap().phase,
+        Phase::Running,
+        "a stop that never reached n2 was recorded"
+    );
+    assert_eq!(
+        runtime.block_on(actions_of(&client, "n2")),
+        std::slice::from_ref(&stop),
+        "n2 is sent the stop the failed dispatch did not carry"
+    );
+    runtime.block_on(settle_next(&client, "n1"));
+    assert_eq!(runtime.block_on(settle_next(&client, "n2")), stop);
+    quiet_cycle(&mut nodes, &store, 4, 60);
+    assert_eq!(store.workload(&key).unwrap().phase, Phase::Pending);
     assert!(store.open_actions().unwrap().is_empty());
 }
 
