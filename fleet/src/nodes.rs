@@ -485,8 +485,8 @@ impl AgentNodes {
     /// The copies partly-sent stops and checkpoints owe (see [`AgentNodes::match_open`]),
     /// each routed to the nodes that never got one, by journal entry. Should a dispatch that
     /// carried them fail part-way, they are all owed again ([`AgentNodes::give_back_owed`]):
-    /// a node may then get a stop or checkpoint twice, which a stop does not mind and a
-    /// checkpoint only where the dispatch was cut between its two writes.
+    /// a node whose copy was written then gets a second one, which a stop does not mind and
+    /// a checkpoint's replica takes as a second signal.
     fn take_owed(&mut self) -> Vec<(ActionId, PlannedAction)> {
         let mut owed = Vec::new();
         for (id, sent) in &mut self.in_flight {
@@ -1252,6 +1252,7 @@ fn everything_open(store: &dyn StateStore) -> Result<InFlight, StoreError> {
 /// Every node's `bound`: the workloads placed on it (starting, running or checkpointing) at
 /// their attempt; a node with none gets an empty one, so an agent coming back stops what was
 /// moved away from it.
+///
 /// A lost node whose `bound` was emptied (`unbound`) keeps an empty one whatever the store
 /// still places there, so that a dispatch between its emptying and the requeue of its
 /// workloads does not bind them to it again.
