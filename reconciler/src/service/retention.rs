@@ -187,15 +187,16 @@ mod tests {
     #[test]
     fn a_backlog_is_pruned_a_batch_at_a_time_and_the_recent_and_live_are_kept() {
         let store = Store::open_in_memory().unwrap();
-        history(&store, "old", 5, 40);
-        history(&store, "week", 2, 10);
-        history(&store, "new", 2, 1);
+        // In time order, as the service records it.
         store
             .submit("live", &spec(), Origin::Submitted, NOW - 90 * DAY)
             .unwrap();
         let open = store
             .begin_action(1, &json!("open"), NOW - 90 * DAY)
             .unwrap();
+        history(&store, "old", 5, 40);
+        history(&store, "week", 2, 10);
+        history(&store, "new", 2, 1);
         let retention = Retention::default();
 
         // Batches of 2: the 11 events past 30 days take six steps (the last one finds none
@@ -224,7 +225,7 @@ mod tests {
             .into_iter()
             .map(|r| r.name)
             .collect();
-        assert_eq!(names, ["week-0", "week-1", "new-0", "new-1", "live"]);
+        assert_eq!(names, ["live", "week-0", "week-1", "new-0", "new-1"]);
         assert_eq!(
             store
                 .open_actions()

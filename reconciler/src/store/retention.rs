@@ -13,11 +13,22 @@
 //!   or after the cutoff, a preemption at or after it.
 //!
 //! So pruning usage before `T` leaves the usage of every window that starts at or after `T`
-//! exactly as it was. Every store keeps the same rules (`contract`).
+//! exactly as it was. The event log is read in id order up to its first event at or after
+//! the cutoff, as it is in time order. Every store keeps the same rules (`contract`).
 
 use rusqlite::params;
 
 use super::{Store, StoreError};
+
+/// The closed journal entries that ended before `?1`, the first ended first, at most `?2`
+/// (through the `journal_closed` index).
+const OLD_ENTRIES: &str = "SELECT id FROM journal WHERE state != 'intent' AND ended_at < ?1
+     ORDER BY ended_at, id LIMIT ?2";
+
+/// The workload records that ended before `?1`, the first ended first, at most `?2` (through
+/// the `workloads_ended` index).
+const OLD_RECORDS: &str =
+    "SELECT id FROM workloads WHERE ended_at < ?1 ORDER BY ended_at, id LIMIT ?2";
 
 /// A `limit` as SQLite's integer (a limit past `i64::MAX` is no limit).
 fn sql_limit(limit: usize) -> i64 {
@@ -25,57 +36,59 @@ fn sql_limit(limit: usize) -> i64 {
 }
 
 impl Store {
-    /// Deletes at most `limit` closed journal entries that ended before `before`, oldest
-    /// first; returns how many. Open intents are always kept.
+    /// Deletes at most `limit` closed journal entries that ended before `before`, the first
+    /// ended first; returns how many. Open intents are always kept.
     pub fn prune_journal(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
         Ok(self
             .conn
-            .prepare_cached(
-                "DELETE FROM journal WHERE id IN (
-                     SELECT id FROM journal WHERE state != 'intent' AND ended_at < ?1
-                     ORDER BY id LIMIT ?2)",
-            )?
+            .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({OLD_ENTRIES})"))?
             .execute(params![before, sql_limit(limit)])?)
     }
 
-    /// Deletes at most `limit` events recorded before `before`, oldest first; returns how
-    /// many. Event ids are never reused ([`Store::last_event_id`] stays where it was).
+    /// Deletes at most `limit` events recorded before `before`, oldest first, up to the first
+    /// event recorded at or after it (the log is in time order: reading on would read the
+    /// whole log at every step); returns how many. Event ids are never reused
+    /// ([`Store::last_event_id`] stays where it was).
     pub fn prune_events(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
         Ok(self
             .conn
             .prepare_cached(
                 "DELETE FROM events WHERE id IN (
-                     SELECT id FROM events WHERE at < ?1 ORDER BY id LIMIT ?2)",
+                     SELECT id FROM events
+                     WHERE at < ?1 AND id < COALESCE(
+                         (SELECT id FROM events WHERE at >= ?1 ORDER BY id LIMIT 1),
+                         9223372036854775807)
+                     ORDER BY id LIMIT ?2)",
             )?
             .execute(params![before, sql_limit(limit)])?)
     }
 
-    /// Deletes at most `limit` workload records that ended before `before`, oldest first, with
+    /// Deletes at most `limit` workload records that ended before `before`, the first ended
+    /// first, with
     /// their replicas and the admission split kept for their runs (unless a record of the
     /// same key and submission instant still uses it); returns how many. Live records are
     /// always kept.
     pub fn prune_workloads(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
         let tx = self.write()?;
-        tx.prepare_cached(
+        tx.prepare_cached(&format!(
             "DELETE FROM usage_admissions WHERE EXISTS (
                  SELECT 1 FROM workloads w
-                 WHERE w.id IN (SELECT id FROM workloads WHERE ended_at < ?1 ORDER BY id LIMIT ?2)
+                 WHERE w.id IN ({OLD_RECORDS})
                    AND w.tenant = usage_admissions.tenant AND w.name = usage_admissions.workload
                    AND w.submitted_at = usage_admissions.submitted_at)
              AND NOT EXISTS (
                  SELECT 1 FROM workloads k
                  WHERE k.tenant = usage_admissions.tenant AND k.name = usage_admissions.workload
                    AND k.submitted_at = usage_admissions.submitted_at
-                   AND (k.ended_at IS NULL OR k.ended_at >= ?1))",
-        )?
+                   AND (k.ended_at IS NULL OR k.ended_at >= ?1))"
+        ))?
         .execute(params![before, sql_limit(limit)])?;
         // `ended_at < ?1` is never true of a live record (its `ended_at` is NULL); replicas
         // go with their record (`ON DELETE CASCADE`).
         let pruned = tx
-            .prepare_cached(
-                "DELETE FROM workloads WHERE id IN (
-                     SELECT id FROM workloads WHERE ended_at < ?1 ORDER BY id LIMIT ?2)",
-            )?
+            .prepare_cached(&format!(
+                "DELETE FROM workloads WHERE id IN ({OLD_RECORDS})"
+            ))?
             .execute(params![before, sql_limit(limit)])?;
         tx.commit()?;
         Ok(pruned)
@@ -116,5 +129,35 @@ impl Store {
             .execute(params![before, sql_limit(left)])?;
         tx.commit()?;
         Ok(runs + spells + preemptions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step finds what ended through an index, not by reading every record or entry: a
+    /// store of a month of history answers in the time of what it deletes.
+    #[test]
+    fn what_ended_is_found_through_an_index() {
+        let store = Store::open_in_memory().unwrap();
+        for (query, index) in [
+            (OLD_RECORDS, "workloads_ended"),
+            (OLD_ENTRIES, "journal_closed"),
+        ] {
+            let plan: Vec<String> = store
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {query}"))
+                .unwrap()
+                .query_map(params![0, 10], |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains(&format!("INDEX {index}"))),
+                "{query}: {plan:?}"
+            );
+        }
     }
 }
