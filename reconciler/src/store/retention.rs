@@ -13,8 +13,9 @@
 //!   or after the cutoff, a preemption at or after it.
 //!
 //! So pruning usage before `T` leaves the usage of every window that starts at or after `T`
-//! exactly as it was. The event log is read in id order up to its first event at or after
-//! the cutoff, as it is in time order. Every store keeps the same rules (`contract`).
+//! exactly as it was. The event log, in time order, is read from its oldest event only: a
+//! step reads a batch of rows, never the whole log. Every store keeps the same rules
+//! (`contract`).
 
 use rusqlite::params;
 
@@ -45,20 +46,17 @@ impl Store {
             .execute(params![before, sql_limit(limit)])?)
     }
 
-    /// Deletes at most `limit` events recorded before `before`, oldest first, up to the first
-    /// event recorded at or after it (the log is in time order: reading on would read the
-    /// whole log at every step); returns how many. Event ids are never reused
+    /// Deletes, of the `limit` oldest events, those recorded before `before`; returns how
+    /// many. The log is in time order, so the oldest are the first to age, and a step reads
+    /// `limit` rows however long the log is. Event ids are never reused
     /// ([`Store::last_event_id`] stays where it was).
     pub fn prune_events(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
         Ok(self
             .conn
             .prepare_cached(
                 "DELETE FROM events WHERE id IN (
-                     SELECT id FROM events
-                     WHERE at < ?1 AND id < COALESCE(
-                         (SELECT id FROM events WHERE at >= ?1 ORDER BY id LIMIT 1),
-                         9223372036854775807)
-                     ORDER BY id LIMIT ?2)",
+                     SELECT id FROM (SELECT id, at FROM events ORDER BY id LIMIT ?2)
+                     WHERE at < ?1)",
             )?
             .execute(params![before, sql_limit(limit)])?)
     }
