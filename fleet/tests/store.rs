@@ -103,6 +103,7 @@ fn a_deposed_leaders_store_writes_nothing() {
         ("close", old.close(intent, Ended::Done, 2)),
         ("event", old.record_event("x", None, "y", 2).map(drop)),
         ("carried", old.set_carried(&Default::default(), 2)),
+        ("prune", old.prune_events(100, 10).map(drop)),
     ];
     for (what, result) in refused {
         match result {
@@ -223,7 +224,7 @@ fn writes_larger_than_one_transaction_are_chunked_and_add_up() {
         store.complete_action(id, 2).unwrap();
     }
     let open = store.begin_action(1, &json!("open"), 3).unwrap();
-    assert_eq!(store.prune_journal(10).unwrap(), entries);
+    assert_eq!(store.prune_journal(10, usize::MAX).unwrap(), entries);
     assert_eq!(
         store
             .open_actions()
@@ -246,6 +247,37 @@ fn writes_larger_than_one_transaction_are_chunked_and_add_up() {
     assert_eq!(store.recent_workload_events(&key, 600).unwrap(), all);
     let rest = store.events(all[249].id, 10_000).unwrap();
     assert_eq!(rest, all[250..]);
+
+    // Retention beyond one commit and up to a limit: events (60 a commit), with their copies
+    // per workload; ended records (25 a commit); usage rows (100 a commit), once closed.
+    assert_eq!(store.prune_events(400, 150).unwrap(), 150, "the limit");
+    assert_eq!(store.prune_events(400, usize::MAX).unwrap(), 250);
+    assert_eq!(store.events(0, 10_000).unwrap(), all[400..]);
+    assert_eq!(store.recent_workload_events(&key, 600).unwrap(), all[400..]);
+    let ended = 70;
+    for i in 0..ended {
+        let name = format!("done-{i}");
+        store
+            .submit(&name, &spec("a"), Origin::Submitted, 600)
+            .unwrap();
+        store.cancel(&WorkloadKey::new("a", &name), 601).unwrap();
+    }
+    store
+        .submit("live", &spec("a"), Origin::Submitted, 600)
+        .unwrap();
+    assert_eq!(store.prune_workloads(700, 50).unwrap(), 50);
+    assert_eq!(store.prune_workloads(700, usize::MAX).unwrap(), ended - 50);
+    let left: Vec<String> = store
+        .list(None)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(left, ["live"]);
+    assert!(store.tenants_with("done-3").unwrap().is_empty());
+    store.meter_runs(&[], &[], 300).unwrap();
+    assert_eq!(store.prune_usage(1000, usize::MAX).unwrap(), runs);
+    assert!(store.usage(0, 1000).unwrap().is_empty());
 }
 
 /// A service restarted against the same etcd (a new runtime, connection and term) finds its

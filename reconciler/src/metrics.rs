@@ -64,6 +64,12 @@ pub struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `journal`, `events`, `workloads` or `usage`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabels {
     pub status: String,
 }
@@ -98,6 +104,7 @@ pub struct Metrics {
     full_solves: Family<ReasonLabels, Counter>,
     sync: Family<StatusLabels, Gauge>,
     health: Family<StatusLabels, Gauge>,
+    pruned: Family<KindLabels, Counter>,
     utilization: utilization::UtilizationMetrics,
     sm_activity: sm_activity::SmActivityMetrics,
     /// Label sets set at the previous cycle, so that a pool or reason that disappears reads 0
@@ -155,6 +162,7 @@ impl Metrics {
             full_solves: Family::default(),
             sync: Family::default(),
             health: Family::default(),
+            pruned: Family::default(),
             utilization: utilization::UtilizationMetrics::default(),
             sm_activity: sm_activity::SmActivityMetrics::default(),
             seen: Mutex::new(Seen::default()),
@@ -286,6 +294,11 @@ impl Metrics {
             "health_status",
             "1 for the current health (Healthy, Progressing, Degraded)",
             m.health.clone(),
+        );
+        registry.register(
+            "pruned",
+            "Rows deleted by retention, by kind (journal, events, workloads, usage)",
+            m.pruned.clone(),
         );
         m.utilization.register(&mut registry);
         m.sm_activity.register(&mut registry);
@@ -511,6 +524,15 @@ impl Metrics {
                     .inc();
             }
         }
+    }
+
+    /// A retention step deleted `rows` of `kind` (a kind is shown from the first step, at 0).
+    pub fn record_pruned(&self, kind: &str, rows: usize) {
+        self.pruned
+            .get_or_create(&KindLabels {
+                kind: kind.to_string(),
+            })
+            .inc_by(u64::try_from(rows).unwrap_or(u64::MAX));
     }
 
     pub fn record_status(&self, sync: &str, health: &str) {

@@ -95,6 +95,8 @@ pub struct ReconcileArgs {
     pub output: TextOrJson,
     #[command(flatten)]
     pub signatures: SignatureArgs,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
     /// Serve `POST /v1/hooks/git` for GitHub and GitLab push webhooks, authenticated with the
     /// shared secret in FILE: a push is fetched at once.
     #[arg(long, value_name = "FILE")]
@@ -149,6 +151,69 @@ pub struct FleetArgs {
     /// before the node is lost and its workloads are placed elsewhere.
     #[arg(long, default_value = "60s", value_parser = duration)]
     pub node_grace: Duration,
+}
+
+/// How long the service keeps what has ended, as slurmdbd's `Purge*After` settings: each
+/// kind is pruned once it is older than its time (never what is still open, live or metered).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetentionArgs {
+    /// How long a closed entry of the action journal is kept after it closed: a duration of
+    /// at least 1h, or `forever`. Open intents are never deleted.
+    #[arg(long, default_value = "7d", value_parser = retention, value_name = "DURATION|forever")]
+    pub retain_journal: Keep,
+    /// How long an event is kept after it was recorded (`GET /v1/events`, `describe`).
+    #[arg(long, default_value = "30d", value_parser = retention, value_name = "DURATION|forever")]
+    pub retain_events: Keep,
+    /// How long an ended workload (succeeded, failed, cancelled) is kept after it ended; `GET
+    /// /v1/workloads/NAME` answers 404 for it after. Live workloads are never deleted.
+    #[arg(long, default_value = "30d", value_parser = retention, value_name = "DURATION|forever")]
+    pub retain_workloads: Keep,
+    /// How long metered usage (`tessera report usage`) is kept after it ended. Billing data:
+    /// kept forever unless set. A run still placed is never deleted.
+    #[arg(long, default_value = "forever", value_parser = retention, value_name = "DURATION|forever")]
+    pub retain_usage: Keep,
+    /// How often the service prunes what is past its keeping time (and once at start-up),
+    /// a bounded batch at a time between cycles.
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    pub prune_interval: Duration,
+}
+
+/// A keeping time: a duration, or forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    For(Duration),
+    Forever,
+}
+
+impl Keep {
+    /// The duration; `None` for forever.
+    pub fn duration(self) -> Option<Duration> {
+        match self {
+            Keep::For(d) => Some(d),
+            Keep::Forever => None,
+        }
+    }
+}
+
+/// The shortest keeping time: what recovery, the crash-loop count of interrupted starts and
+/// the restart back-off read is minutes old, and an incident needs its history afterwards.
+pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
+
+/// The value parser of the `--retain-*` flags: a duration of at least [`MIN_RETENTION`], or
+/// `forever`.
+pub fn retention(value: &str) -> Result<Keep, String> {
+    if value.trim() == "forever" {
+        return Ok(Keep::Forever);
+    }
+    let keep = duration(value)
+        .map_err(|_| "not a keeping time: write a duration (e.g. 12h, 7d, 90d) or `forever`")?;
+    if keep < MIN_RETENTION {
+        return Err(format!(
+            "{value} is under 1h: keep at least an hour (what recovery and the restart \
+             back-off read is recent), or write `forever`"
+        ));
+    }
+    Ok(Keep::For(keep))
 }
 
 /// Where a fleet-mode leader runs the workloads.
@@ -247,6 +312,47 @@ mod tests {
             bad.contains("--store") && bad.contains("HOST:PORT"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn keeping_times_default_to_a_week_a_month_and_forever_for_usage() {
+        let parse = |flags: &[&str]| {
+            let argv = [&["reconcile", "--repo", "policy"][..], flags].concat();
+            Cli::try_parse_from(argv)
+                .map(|cli| cli.args.retention)
+                .map_err(|e| e.to_string())
+        };
+        let day = |n: u64| Keep::For(Duration::from_secs(n * 86_400));
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.retain_journal, day(7));
+        assert_eq!(defaults.retain_events, day(30));
+        assert_eq!(defaults.retain_workloads, day(30));
+        assert_eq!(defaults.retain_usage, Keep::Forever);
+        assert_eq!(defaults.prune_interval, Duration::from_secs(3600));
+
+        let set = parse(&[
+            "--retain-journal",
+            "forever",
+            "--retain-usage",
+            "400d",
+            "--retain-events",
+            "1h30m",
+            "--prune-interval",
+            "10m",
+        ])
+        .unwrap();
+        assert_eq!(set.retain_journal.duration(), None);
+        assert_eq!(set.retain_usage, day(400));
+        assert_eq!(set.retain_events, Keep::For(Duration::from_secs(5400)));
+        assert_eq!(set.prune_interval, Duration::from_secs(600));
+
+        let short = parse(&["--retain-workloads", "10m"]).unwrap_err();
+        assert!(
+            short.contains("--retain-workloads") && short.contains("under 1h"),
+            "{short}"
+        );
+        let bad = parse(&["--retain-events", "a month"]).unwrap_err();
+        assert!(bad.contains("`forever`"), "{bad}");
     }
 
     #[test]

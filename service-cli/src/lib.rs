@@ -13,7 +13,8 @@ pub mod setup;
 pub mod store;
 
 pub use args::{
-    DriverKind, FleetArgs, NodesKind, ReconcileArgs, RuntimeKind, SignatureArgs, TextOrJson,
+    DriverKind, FleetArgs, Keep, NodesKind, ReconcileArgs, RetentionArgs, RuntimeKind,
+    SignatureArgs, TextOrJson,
 };
 pub use setup::{SetupError, config, driver, load_trust};
 pub use store::{StoreArg, StoreArgError};

@@ -1,6 +1,7 @@
 //! What the flags make: the service's [`Config`] and its node driver.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tessera_reconciler::driver::faults::{FaultPlan, FaultPlanError};
 use tessera_reconciler::driver::nvml::NvmlDriver;
@@ -9,6 +10,7 @@ use tessera_reconciler::driver::{DriverError, NodeDriver};
 use tessera_reconciler::repo::{Source, TrustError, TrustedSigners};
 use tessera_reconciler::runtime::{Confinement, SandboxConfig};
 use tessera_reconciler::service::Config;
+use tessera_reconciler::service::retention::Retention;
 
 use crate::args::{DriverKind, ReconcileArgs, RuntimeKind};
 
@@ -17,6 +19,14 @@ use crate::args::{DriverKind, ReconcileArgs, RuntimeKind};
 pub enum SetupError {
     #[error("--cycle-period must be at least 1s")]
     CyclePeriod,
+    #[error("--prune-interval must be at least 1m")]
+    PruneInterval,
+    #[error(
+        "--retain-workloads ({keep}s) is shorter than --restart-backoff-max ({backoff}s): a \
+         crash-looping committed workload's history would be deleted while it waits; keep \
+         ended workloads longer"
+    )]
+    RetentionBelowBackoff { keep: u64, backoff: u64 },
     #[error("{path}: cannot read: {source}")]
     Read {
         path: PathBuf,
@@ -87,6 +97,25 @@ pub fn config(args: &ReconcileArgs) -> Result<Config, SetupError> {
     }
     if config.cycle_period.is_zero() {
         return Err(SetupError::CyclePeriod);
+    }
+    let keep = &args.retention;
+    config.retention = Retention {
+        journal: keep.retain_journal.duration(),
+        events: keep.retain_events.duration(),
+        workloads: keep.retain_workloads.duration(),
+        usage: keep.retain_usage.duration(),
+        interval: keep.prune_interval,
+    };
+    if keep.prune_interval < Duration::from_secs(60) {
+        return Err(SetupError::PruneInterval);
+    }
+    if let Some(workloads) = config.retention.workloads
+        && workloads <= config.restart_backoff_max
+    {
+        return Err(SetupError::RetentionBelowBackoff {
+            keep: workloads.as_secs(),
+            backoff: config.restart_backoff_max.as_secs(),
+        });
     }
     Ok(config)
 }

@@ -64,6 +64,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     if args.once {
         bail!("--once runs without replicas: use `tessera reconcile --store sqlite:PATH`");
     }
+    let advertise = advertised_url(args.listen, args.fleet.advertise.as_deref())?;
     let keys = Keys::new(&args.fleet.cluster)?;
     let credentials = crate::secret::credentials(
         args.fleet.etcd_user.as_deref(),
@@ -80,12 +81,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             Some(id) => id.clone(),
             None => format!("{}/{}", host_name(), args.listen),
         },
-        advertise: Some(
-            args.fleet
-                .advertise
-                .clone()
-                .unwrap_or_else(|| format!("http://{}", args.listen)),
-        ),
+        advertise: Some(advertise),
     };
     let ttl = i64::try_from(args.fleet.lease_ttl.as_secs().max(1)).unwrap_or(i64::MAX);
     let store_runtime = StoreRuntime::new().context("cannot start the store's runtime")?;
@@ -109,6 +105,43 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         replica.run().await
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The URL other replicas reach this one's API at, which standbys forward writes to and name
+/// in their answers: `--advertise`, else `http://` and `--listen`. A replica listening on
+/// every address (`0.0.0.0`, `::`) has no such default: `http://0.0.0.0:8080` would send a
+/// remote standby's forwarded writes to itself. It refuses to start without `--advertise`, as
+/// etcd refuses `--listen-client-urls` without `--advertise-client-urls`: the operator knows
+/// which of the machine's names and addresses the other replicas reach, a guess (the host
+/// name, the first interface) would be wrong on many networks and fail only at failover.
+fn advertised_url(listen: SocketAddr, advertise: Option<&str>) -> anyhow::Result<String> {
+    if let Some(url) = advertise {
+        let host = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+            .filter(|rest| !rest.is_empty());
+        let Some(host) = host else {
+            bail!("--advertise {url:?}: write the API's URL as clients reach it, http://HOST:PORT");
+        };
+        if let Ok(addr) = host.trim_end_matches('/').parse::<SocketAddr>()
+            && addr.ip().is_unspecified()
+        {
+            bail!(
+                "--advertise {url:?} names every address, not one other replicas can reach: \
+                 give this machine's name or address"
+            );
+        }
+        return Ok(url.to_string());
+    }
+    if listen.ip().is_unspecified() {
+        bail!(
+            "--listen {listen} listens on every address of this machine, so the replicas \
+             cannot tell which one reaches it: give --advertise http://HOST:{port} with the \
+             name or address the other replicas reach this one at",
+            port = listen.port()
+        );
+    }
+    Ok(format!("http://{listen}"))
 }
 
 struct Replica<'a> {
@@ -488,4 +521,44 @@ fn host_name() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "replica".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(listen: &str, advertise: Option<&str>) -> Result<String, String> {
+        advertised_url(listen.parse().unwrap(), advertise).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_replica_advertises_its_listen_address_or_the_url_it_is_given() {
+        assert_eq!(
+            url("127.0.0.1:8080", None).unwrap(),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(url("[::1]:8080", None).unwrap(), "http://[::1]:8080");
+        assert_eq!(url("10.0.0.7:8080", None).unwrap(), "http://10.0.0.7:8080");
+        assert_eq!(
+            url("0.0.0.0:8080", Some("https://cp-1.example:8443")).unwrap(),
+            "https://cp-1.example:8443"
+        );
+    }
+
+    #[test]
+    fn a_replica_on_every_address_needs_an_advertised_url_that_names_one() {
+        for listen in ["0.0.0.0:8080", "[::]:8080"] {
+            let e = url(listen, None).unwrap_err();
+            assert!(e.contains("--advertise http://HOST:8080"), "{e}");
+        }
+        for bad in [
+            "cp-1:8080",
+            "http://",
+            "http://0.0.0.0:8080",
+            "http://[::]:80/",
+        ] {
+            let e = url("0.0.0.0:8080", Some(bad)).unwrap_err();
+            assert!(e.contains("--advertise"), "{bad}: {e}");
+        }
+    }
 }

@@ -271,6 +271,30 @@ fn fleet(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// A replica listening on every address refuses to start without the URL the others reach it
+/// at, before it touches etcd or the state directory.
+#[test]
+fn a_replica_listening_on_every_address_asks_for_advertise() {
+    let work = tempfile::tempdir().unwrap();
+    let state = work.path().join("state");
+    let port = support::free_port().to_string();
+    let etcd = format!("etcd://127.0.0.1:{port}");
+    let (code, _, stderr) = fleet(&[
+        "reconcile",
+        "--repo",
+        "policy",
+        "--store",
+        &etcd,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--listen",
+        "0.0.0.0:8080",
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--advertise http://HOST:8080"), "{stderr}");
+    assert!(!state.exists(), "nothing was prepared");
+}
+
 /// A put and a delete as `client` makes them, `Err` with etcd's status code where refused.
 fn write_as(client: &etcd_client::Client, key: &str) -> Result<(), tonic::Code> {
     let runtime = StoreRuntime::new().unwrap();

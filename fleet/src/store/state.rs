@@ -25,6 +25,7 @@ use super::layout::{Layout, Sequence, id_of};
 use super::lifecycle::{self, Draft};
 use crate::election::{Guard, Write};
 
+mod retention;
 mod runs;
 mod starts;
 
@@ -230,13 +231,6 @@ struct StoredSpell {
 /// The most reserved-idle spells charged in one commit: two guards and two writes each, and
 /// the counter and the watermark.
 const SPELLS_PER_COMMIT: usize = 30;
-
-/// The most journal entries pruned in one commit.
-const PRUNED_PER_COMMIT: usize = 100;
-
-/// How many of its commits a prune lets conflict (entries deleted meanwhile by another
-/// prune) before it gives up; each conflict is read again, so this only bounds a livelock.
-const PRUNE_CONFLICTS: usize = 16;
 
 fn to_i64(what: &'static str, value: u64) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value })
@@ -953,40 +947,20 @@ impl StateStore for EtcdStore {
         Ok(u32::try_from(count).unwrap_or(u32::MAX))
     }
 
-    fn prune_journal(&self, before: i64) -> Result<usize, StoreError> {
-        let mut pruned = 0;
-        let mut conflicts = 0;
-        loop {
-            let old: Vec<KeyValue> = self
-                .etcd
-                .range(&self.layout.closed_prefix(), None, false)?
-                .into_iter()
-                .filter(|kv| {
-                    decode::<StoredAction>(kv).is_ok_and(|e| e.ended_at.is_some_and(|t| t < before))
-                })
-                .take(PRUNED_PER_COMMIT)
-                .collect();
-            if old.is_empty() {
-                return Ok(pruned);
-            }
-            let mut batch = Batch::default();
-            for kv in &old {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                batch.guard(&key, Some(kv));
-                batch.writes.push(delete(key));
-            }
-            match self.etcd.commit(&batch.guards, &batch.writes) {
-                Ok(()) => pruned += old.len(),
-                Err(Attempt::Conflict) if conflicts < PRUNE_CONFLICTS => conflicts += 1,
-                Err(Attempt::Conflict) => {
-                    return Err(StoreError::Backend {
-                        what: "etcd: journal prune".to_string(),
-                        source: "kept conflicting with other writes".into(),
-                    });
-                }
-                Err(Attempt::Failed(e)) => return Err(e),
-            }
-        }
+    fn prune_journal(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        self.prune_journal_in(before, limit)
+    }
+
+    fn prune_events(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        self.prune_events_in(before, limit)
+    }
+
+    fn prune_workloads(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        self.prune_workloads_in(before, limit)
+    }
+
+    fn prune_usage(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        self.prune_usage_in(before, limit)
     }
 
     fn record_event(

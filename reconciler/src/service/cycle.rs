@@ -15,6 +15,7 @@ use tracing::{Span, info, info_span, warn};
 use super::backoff::Backoff;
 use super::error::{CycleError, FetchError, RecoveryError};
 use super::nodes::{Carry, LocalNodes, NodeSide};
+use super::retention::{Pruned, prune_step};
 use super::standing::{Stale, Standing};
 use super::status::{Condition, Health, Status, Sync};
 use super::{Config, Shared, TenantView};
@@ -189,6 +190,39 @@ impl Reconciler {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Runs one retention step (`retention.rs`) on the loop's store: logs what it deleted and
+    /// counts it in the metrics. A failure is logged and left to the next step: nothing is
+    /// half-deleted, and the cycle does not depend on it.
+    pub fn prune(&mut self, now: i64) -> Result<Pruned, crate::store::StoreError> {
+        let started = Instant::now();
+        let outcome = prune_step(
+            &*self.store,
+            &self.config.retention,
+            now,
+            super::retention::STEP_ROWS,
+        );
+        match &outcome {
+            Ok(pruned) => {
+                for (kind, n) in pruned.by_kind() {
+                    self.shared.metrics.record_pruned(kind, n);
+                }
+                if pruned.total() > 0 {
+                    info!(
+                        journal = pruned.journal,
+                        events = pruned.events,
+                        workloads = pruned.workloads,
+                        usage = pruned.usage,
+                        more = pruned.more,
+                        seconds = started.elapsed().as_secs_f64(),
+                        "retention: pruned what aged past its keeping time"
+                    );
+                }
+            }
+            Err(e) => warn!("retention: the prune step failed (tried again later): {e}"),
+        }
+        outcome
     }
 
     /// Whether a process has ended since the last cycle (polled now).

@@ -17,6 +17,7 @@ mod cycle_tests;
 pub mod error;
 pub mod nodes;
 pub mod restart;
+pub mod retention;
 pub mod run;
 pub mod standing;
 pub mod status;
@@ -82,6 +83,8 @@ pub struct Config {
     /// Apply only commits signed by one of these keys (`--verify-signatures`); `None`: any
     /// commit on the branch.
     pub trusted_signers: Option<crate::repo::TrustedSigners>,
+    /// How long what has ended is kept, and how often the rest is pruned.
+    pub retention: retention::Retention,
 }
 
 /// What one tenant may ask of the API, so that one tenant cannot fill the store or the queue
@@ -121,6 +124,7 @@ impl Config {
             confinement: Confinement::Sandbox(SandboxConfig::default()),
             limits: Limits::default(),
             trusted_signers: None,
+            retention: retention::Retention::default(),
         }
     }
 }

@@ -13,6 +13,7 @@ use tracing::info;
 
 use super::cycle_retry::CycleRetry;
 use super::nodes::{LocalNodes, NodeSide};
+use super::retention::PruneSchedule;
 use super::status::Condition;
 use super::store_source::StoreSource;
 use super::{Config, Handle, Reconciler, Shared, Wake};
@@ -215,7 +216,8 @@ const TICK: Duration = Duration::from_millis(250);
 
 /// The reconcile loop: recovery, then cycles on the period, on wake-ups, and when a process
 /// ends, a failing one tried again after a back-off ([`CycleRetry`]); fetches on the fetch
-/// interval and when the local repository changes.
+/// interval and when the local repository changes; retention's prune steps at start-up and on
+/// their own interval ([`PruneSchedule`]), never inside a cycle.
 pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
     let now = snapshot::now();
     if let Err(e) = reconciler.recover(now) {
@@ -232,7 +234,15 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
     let mut last_cycle = Instant::now();
     let mut last_fetch = Instant::now();
     let mut retry = CycleRetry::default();
+    let mut prune = PruneSchedule::new(reconciler.config().retention.interval, Instant::now());
+    // A cycle has run since the last prune step (a backlog's next step waits for one).
+    let mut cycled = false;
     loop {
+        if prune.due(Instant::now(), cycled) {
+            let outcome = reconciler.prune(snapshot::now());
+            prune.record(outcome.as_ref(), Instant::now());
+            cycled = false;
+        }
         if fetch_due {
             // A failure is held in the status and logged by the reconciler.
             let _ = reconciler.sync_repository(snapshot::now());
@@ -258,6 +268,7 @@ pub fn run_loop(mut reconciler: Reconciler, rx: Receiver<Wake>) {
         if retry.ready(Instant::now()) && (cycle_due || reconciler.has_exits()) {
             let report = reconciler.cycle(snapshot::now());
             last_cycle = Instant::now();
+            cycled = true;
             // Submissions the cycle left undecided are the next one's, now.
             cycle_due = !report.deferred.is_empty();
             if let Some(wait) = retry.record(report.error.is_some(), last_cycle) {
@@ -354,6 +365,8 @@ pub fn run_once(
     if let Err(e) = reconciler.recover(snapshot::now()) {
         reconciler.note(Condition::service(e.to_string()));
     }
+    // A failure is logged by the reconciler and left to the next run.
+    let _ = reconciler.prune(snapshot::now());
     // A failure is held in the status and logged by the reconciler.
     let _ = reconciler.sync_repository(snapshot::now());
     let mut reports = Vec::new();

@@ -14,7 +14,7 @@ use tessera_compiler::units::Gpus;
 
 use super::carried::Carried;
 use super::starts::{StartDone, StartIntent};
-use super::usage::{NewRun, ReservedSpell, RunKey};
+use super::usage::{NewRun, ReservedSpell, RunKey, UsageRow};
 use super::{
     ActionState, EndReason, Ended, Origin, Phase, ReplicaProcess, RevisionStatus, StateStore,
     StateStoreExt, StoreError, WorkloadRecord,
@@ -63,6 +63,8 @@ cases!(
     reserved_idle_is_charged_once_between_decisions,
     a_batch_of_starts_is_two_commits_and_ends_closed,
     a_batch_of_starts_with_a_workload_no_longer_pending_writes_nothing,
+    retention_deletes_ended_workloads_and_old_events_and_keeps_the_live,
+    retention_of_usage_keeps_every_window_after_the_cutoff_and_runs_still_metered,
 );
 
 /// Tenant `a`'s workload `name`. Public, with [`spec`], for the backends' own tests.
@@ -768,13 +770,18 @@ pub fn the_journal_keeps_open_intents_and_closes_each_once(store: &dyn StateStor
     assert!(store.open_actions().unwrap().is_empty());
     let open3 = store.begin_action(9, &json!({"start": "v"}), 22).unwrap();
     assert_eq!(
-        store.prune_journal(15).unwrap(),
+        store.prune_journal(15, usize::MAX).unwrap(),
         1,
         "only the entry closed before 15"
     );
     assert_eq!(
-        store.prune_journal(100).unwrap(),
-        3,
+        store.prune_journal(100, 2).unwrap(),
+        2,
+        "no more than the limit at a time"
+    );
+    assert_eq!(
+        store.prune_journal(100, usize::MAX).unwrap(),
+        1,
         "open intents are kept"
     );
     assert_eq!(
@@ -1157,4 +1164,234 @@ pub fn a_batch_of_starts_with_a_workload_no_longer_pending_writes_nothing(store:
     assert_eq!(store.workload(&a).unwrap().phase, Phase::Pending);
     assert!(store.open_actions().unwrap().is_empty());
     assert_eq!(store.last_event_id().unwrap(), before);
+}
+
+/// Events recorded and workloads ended before the cutoff go, a limited batch at a time; live
+/// workloads (however old), later ones and the id sequences stay.
+pub fn retention_deletes_ended_workloads_and_old_events_and_keeps_the_live(store: &dyn StateStore) {
+    // Ended at 20 and 21: pruned at 25. Live since 12 (running) and 14 (queued): kept.
+    // Ended at 40: kept.
+    store
+        .submit("old", &spec("a"), Origin::Submitted, 10)
+        .unwrap();
+    store
+        .submit("older", &spec("b"), Origin::Submitted, 10)
+        .unwrap();
+    store
+        .submit("run", &spec("a"), Origin::Committed, 12)
+        .unwrap();
+    store
+        .submit("queued", &spec("a"), Origin::Submitted, 14)
+        .unwrap();
+    store.mark_starting(&a("old"), &bindings(), 15).unwrap();
+    store
+        .mark_running(&a("old"), &replicas([7, 8]), 16)
+        .unwrap();
+    store.mark_starting(&a("run"), &bindings(), 17).unwrap();
+    store
+        .mark_running(&a("run"), &replicas([9, 10]), 18)
+        .unwrap();
+    store
+        .finish(&a("old"), EndReason::Exited { code: 0 }, 20)
+        .unwrap();
+    let older = WorkloadKey::new("b", "older");
+    store.cancel(&older, 21).unwrap();
+    store
+        .submit("late", &spec("a"), Origin::Submitted, 30)
+        .unwrap();
+    store.cancel(&a("late"), 40).unwrap();
+    let last = store.last_event_id().unwrap();
+
+    // One at a time when asked for one; then the rest.
+    assert_eq!(store.prune_workloads(25, 1).unwrap(), 1);
+    assert_eq!(store.prune_workloads(25, 100).unwrap(), 1);
+    assert_eq!(store.prune_workloads(25, 100).unwrap(), 0, "nothing left");
+    assert_eq!(store.get(&a("old")).unwrap(), None);
+    assert_eq!(store.get(&older).unwrap(), None);
+    assert!(store.ended(&a("old"), 10).unwrap().is_empty());
+    assert!(store.tenants_with("old").unwrap().is_empty());
+    assert!(store.tenants_with("older").unwrap().is_empty());
+    let names: Vec<String> = store
+        .list(None)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["run", "queued", "late"]);
+    assert_eq!(store.live().unwrap().len(), 2);
+    assert_eq!(store.workload(&a("run")).unwrap().phase, Phase::Running);
+    assert_eq!(
+        store.workload_by_pid(9).unwrap().map(|r| r.name),
+        Some("run".into())
+    );
+    assert_eq!(store.committed().unwrap().len(), 1);
+    assert_eq!(store.live_submitted("a").unwrap(), 1);
+
+    // Events before 25 go, oldest first; the others and the sequence stay.
+    let before: Vec<i64> = store
+        .events(0, 100)
+        .unwrap()
+        .iter()
+        .filter(|e| e.at < 25)
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(store.prune_events(25, 2).unwrap(), 2);
+    assert_eq!(store.prune_events(25, 100).unwrap(), before.len() - 2);
+    let left = store.events(0, 100).unwrap();
+    assert!(left.iter().all(|e| e.at >= 25), "{left:?}");
+    assert_eq!(
+        left.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+        ["submitted", "cancelled"]
+    );
+    assert!(store.workload_events(&a("old"), 0, 100).unwrap().is_empty());
+    assert!(
+        store
+            .recent_workload_events(&a("run"), 10)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(kinds(store, "late"), ["submitted", "cancelled"]);
+    assert_eq!(store.last_event_id().unwrap(), last, "ids are never reused");
+    assert_eq!(store.prune_events(1000, 100).unwrap(), 2);
+    assert_eq!(
+        store.last_event_id().unwrap(),
+        last,
+        "even with no event left"
+    );
+
+    // A pruned name is free and starts a history of its own.
+    store
+        .submit("old", &spec("a"), Origin::Submitted, 50)
+        .unwrap();
+    assert_eq!(store.workload(&a("old")).unwrap().submitted_at, 50);
+    assert!(store.events(0, 100).unwrap()[0].id > last);
+    assert_eq!(
+        store.prune_workloads(1000, 100).unwrap(),
+        1,
+        "late, ended at 40"
+    );
+    assert_eq!(store.list(None).unwrap().len(), 3);
+}
+
+/// Pruning usage before `T` deletes what ended before `T` and never changes the usage of a
+/// window that starts at or after `T`; a run still placed is kept however long ago it was last
+/// metered, so that metering it again counts it once.
+pub fn retention_of_usage_keeps_every_window_after_the_cutoff_and_runs_still_metered(
+    store: &dyn StateStore,
+) {
+    for name in ["done", "live"] {
+        store
+            .submit(name, &spec("a"), Origin::Submitted, 100)
+            .unwrap();
+        store.mark_starting(&a(name), &bindings(), 110).unwrap();
+        store
+            .mark_running(&a(name), &replicas([1, 2]), 120)
+            .unwrap();
+    }
+    let done = run_key("a", "done", 100, 120);
+    let live = run_key("a", "live", 100, 120);
+    store
+        .record_admission("a", "live", 100, Gpus::whole(1), Gpus::whole(0))
+        .unwrap();
+    store
+        .meter_runs(
+            &[],
+            &[
+                new_run(done.clone(), Gpus::whole(2), None),
+                new_run(live.clone(), Gpus::whole(1), None),
+            ],
+            130,
+        )
+        .unwrap();
+    store
+        .meter_runs(&[done.clone(), live.clone()], &[], 200)
+        .unwrap();
+    store
+        .finish(&a("done"), EndReason::Exited { code: 0 }, 200)
+        .unwrap();
+    // The metering that sees the run gone (as the cycle's next one would).
+    store
+        .meter_runs(std::slice::from_ref(&live), &[], 200)
+        .unwrap();
+    let spell = ReservedSpell {
+        tenant: "b".into(),
+        workload: "gang".into(),
+        pool: "train".into(),
+        gpus: 4,
+    };
+    store
+        .meter_reserved(std::slice::from_ref(&spell), 100, 150)
+        .unwrap();
+    store.meter_reserved(&[], 150, 160).unwrap();
+    store
+        .meter_reserved(std::slice::from_ref(&spell), 300, 320)
+        .unwrap();
+    store.record_preemption(&done, "train", 7000, 150).unwrap();
+    store.record_preemption(&live, "train", 3500, 310).unwrap();
+
+    let windows = [(250, 400), (300, 310), (320, 1000), (400, 500)];
+    let kept: Vec<_> = windows
+        .iter()
+        .map(|&(s, u)| store.usage(s, u).unwrap())
+        .collect();
+    let all = store.usage(0, 1000).unwrap();
+
+    // The ended run (to 200), the spell of [100, 150) and the preemption at 150 go; the live
+    // run, metered to 200 but still placed, stays.
+    assert_eq!(store.prune_usage(250, 1).unwrap(), 1);
+    assert_eq!(store.prune_usage(250, 100).unwrap(), 2);
+    assert_eq!(store.prune_usage(250, 100).unwrap(), 0);
+    for (&(s, u), before) in windows.iter().zip(&kept) {
+        assert_eq!(
+            &store.usage(s, u).unwrap(),
+            before,
+            "[{s}, {u}) is unchanged"
+        );
+    }
+    let unit = Gpus::UNITS_PER_GPU;
+    let sum = |rows: &[UsageRow], tenant: &str, field: fn(&UsageRow) -> i64| -> i64 {
+        rows.iter().filter(|r| r.tenant == tenant).map(field).sum()
+    };
+    let rows = store.usage(0, 1000).unwrap();
+    assert_ne!(rows, all);
+    assert_eq!(
+        sum(&rows, "a", |r| r.gpu_unit_seconds),
+        unit * 80,
+        "the live run alone, [120, 200)"
+    );
+    assert_eq!(sum(&rows, "a", |r| r.guaranteed_unit_seconds), unit * 80);
+    assert_eq!(sum(&rows, "a", |r| r.preemption_lost_unit_seconds), 3500);
+    assert_eq!(
+        sum(&rows, "b", |r| r.reserved_idle_unit_seconds),
+        4 * unit * 20,
+        "[300, 320) only"
+    );
+
+    // The live run keeps being metered from where it was, counted once.
+    assert!(
+        store
+            .unmetered_runs(std::slice::from_ref(&live))
+            .unwrap()
+            .is_empty()
+    );
+    store
+        .meter_runs(std::slice::from_ref(&live), &[], 500)
+        .unwrap();
+    let rows = store.usage(0, 1000).unwrap();
+    assert_eq!(
+        sum(&rows, "a", |r| r.gpu_unit_seconds),
+        unit * 380,
+        "[120, 500)"
+    );
+    // Once it has ended and aged past the cutoff, it goes too.
+    store
+        .finish(&a("live"), EndReason::Exited { code: 0 }, 500)
+        .unwrap();
+    store.meter_runs(&[], &[], 510).unwrap();
+    assert_eq!(
+        store.prune_usage(1000, 100).unwrap(),
+        3,
+        "run, spell, preemption"
+    );
+    assert!(store.usage(0, 2000).unwrap().is_empty());
 }

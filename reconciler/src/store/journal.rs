@@ -240,15 +240,6 @@ impl Store {
         Ok(u32::try_from(count).unwrap_or(u32::MAX))
     }
 
-    /// Deletes closed entries that ended before `before`; returns how many. Open intents are
-    /// always kept.
-    pub fn prune_journal(&self, before: i64) -> Result<usize, StoreError> {
-        Ok(self
-            .conn
-            .prepare_cached("DELETE FROM journal WHERE state != 'intent' AND ended_at < ?1")?
-            .execute([before])?)
-    }
-
     fn close_action(
         &self,
         id: ActionId,

@@ -1,8 +1,8 @@
 //! The service's state in SQLite: workloads and their lifecycle ([`workloads`]), the policy
 //! revisions seen ([`revisions`]), the write-ahead action journal ([`journal`]), the event
 //! log ([`events`]), what one decision hands to the next ([`carried`]), metered usage
-//! ([`usage`]), a batch of starts in two commits ([`starts`]) and a batch of submissions in
-//! one ([`submissions`]).
+//! ([`usage`]), a batch of starts in two commits ([`starts`]), a batch of submissions in
+//! one ([`submissions`]) and what retention deletes ([`retention`]).
 //!
 //! [`StateStore`] ([`state`]) is that state as one interface: the service, the API and metering
 //! use it, and fleet mode implements it on etcd. What follows is the SQLite [`Store`].
@@ -21,6 +21,7 @@ pub mod carried;
 pub mod contract;
 pub mod events;
 pub mod journal;
+pub mod retention;
 pub mod revisions;
 mod schema;
 pub mod starts;

@@ -189,6 +189,12 @@ const MIGRATIONS: &[&str] = &[
         reserved_until INTEGER NOT NULL
     );
     "#,
+    // 7: retention (`retention.rs`) finds what ended before a cutoff without reading every
+    // record or entry.
+    r#"
+    CREATE INDEX workloads_ended ON workloads (ended_at) WHERE ended_at IS NOT NULL;
+    CREATE INDEX journal_closed ON journal (ended_at) WHERE state != 'intent';
+    "#,
 ];
 
 /// The schema version this build writes.

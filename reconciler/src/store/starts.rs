@@ -10,6 +10,7 @@
 //! Either commit is whole or absent: a workload that is no longer pending (cancelled since it
 //! was read) fails the first, and nothing of the batch is written.
 
+use rusqlite::OptionalExtension;
 use serde::Serialize;
 use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::Binding;
@@ -46,8 +47,11 @@ impl Store {
     pub fn last_event_id(&self) -> Result<i64, StoreError> {
         let id: Option<i64> = self
             .conn
-            .prepare_cached("SELECT max(id) FROM events")?
-            .query_row([], |r| r.get(0))?;
+            // The sequence, not the largest id left: retention may have deleted every event,
+            // and ids are never reused.
+            .prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'events'")?
+            .query_row([], |r| r.get(0))
+            .optional()?;
         Ok(id.unwrap_or(0))
     }
 

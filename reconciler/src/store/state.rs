@@ -205,8 +205,19 @@ pub trait StateStore: Send {
         since: i64,
         interrupted_prefix: &str,
     ) -> Result<u32, StoreError>;
-    /// Deletes closed entries that ended before `before`; returns how many.
-    fn prune_journal(&self, before: i64) -> Result<usize, StoreError>;
+
+    // Retention (`retention.rs`): each deletes at most `limit` of its kind that ended before
+    // `before` and returns how many; what each must keep is listed there.
+
+    /// Deletes closed entries that ended before `before`; open intents are always kept.
+    fn prune_journal(&self, before: i64, limit: usize) -> Result<usize, StoreError>;
+    /// Deletes events recorded before `before`; ids are never reused after.
+    fn prune_events(&self, before: i64, limit: usize) -> Result<usize, StoreError>;
+    /// Deletes workload records that ended before `before`, and what only they used.
+    fn prune_workloads(&self, before: i64, limit: usize) -> Result<usize, StoreError>;
+    /// Deletes metered usage that ends before `before` and is no longer metered; the usage
+    /// of every window that starts at or after `before` is unchanged.
+    fn prune_usage(&self, before: i64, limit: usize) -> Result<usize, StoreError>;
 
     // The event log (`events.rs`).
 
@@ -528,8 +539,17 @@ impl StateStore for Store {
     ) -> Result<u32, StoreError> {
         Store::interrupted_starts(self, workload, since, interrupted_prefix)
     }
-    fn prune_journal(&self, before: i64) -> Result<usize, StoreError> {
-        Store::prune_journal(self, before)
+    fn prune_journal(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        Store::prune_journal(self, before, limit)
+    }
+    fn prune_events(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        Store::prune_events(self, before, limit)
+    }
+    fn prune_workloads(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        Store::prune_workloads(self, before, limit)
+    }
+    fn prune_usage(&self, before: i64, limit: usize) -> Result<usize, StoreError> {
+        Store::prune_usage(self, before, limit)
     }
 
     fn record_event(
