@@ -57,7 +57,7 @@ impl Solver<'_> {
         {
             return Err(refusal.clone());
         }
-        let mut protected = Blocking::default();
+        let mut protected = Blocking::new(self.tenant_ranks());
         let mut eligible = Vec::new();
         // Eligible by fair share alone, with how far above its share each level of its side
         // is (see `fairly_yields`).
@@ -402,7 +402,7 @@ impl Solver<'_> {
 
     /// Releases victim `v` of `pool` on the solver's own fleet and ledger (a what-if's write:
     /// undone by the marks open).
-    fn release_victim(&mut self, pool: usize, v: usize) {
+    pub(super) fn release_victim(&mut self, pool: usize, v: usize) {
         let p = self.p;
         let vl = &p.workloads[v];
         self.fleet.release(p, v, true);

@@ -18,18 +18,34 @@ pub(super) enum Blocked {
 /// The protected candidates of one preemption search: all counted, the first
 /// [`crate::decision::PROTECTED_LISTED`] by key kept (a borrower refused on a large fleet
 /// has thousands, and a queue has thousands of borrowers).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Blocking {
     /// By (tenant, name). A snapshot's running workloads are numbered in that order, but a
     /// session's carried-out admissions run under the numbers they arrived with.
     pub(super) first: Vec<(usize, Blocked)>,
     pub(super) total: usize,
+    /// Each tenant's rank by name ([`Solver::tenant_ranks`]): candidates are ordered by
+    /// (rank, name), which is their key's order without comparing tenant names.
+    ranks: Rc<[u32]>,
 }
 
 impl Blocking {
+    pub(super) fn new(ranks: Rc<[u32]>) -> Blocking {
+        Blocking {
+            first: Vec::new(),
+            total: 0,
+            ranks,
+        }
+    }
+
     pub(super) fn push(&mut self, p: &Problem, v: usize, why: Blocked) {
         self.total += 1;
-        let key = |u: usize| &p.workloads[u].key;
+        let ranks = &self.ranks;
+        let key = |u: usize| {
+            let wl = &p.workloads[u];
+            debug_assert_eq!(wl.key.tenant, p.tenants[wl.tenant].name);
+            (ranks[wl.tenant], wl.key.name.as_str())
+        };
         // The scan visits candidates by key: past the first few, this returns at once.
         if self.first.len() == crate::decision::PROTECTED_LISTED {
             if self
@@ -49,7 +65,7 @@ impl Blocking {
 /// The protected candidates a reason lists, by key (`tenant/name`), and how many there were
 /// in all. Keys are shown for the listed ones only.
 pub(super) fn listed(p: &Problem, blocked: Blocking) -> (Vec<Protected>, usize) {
-    let Blocking { first, total } = blocked;
+    let Blocking { first, total, .. } = blocked;
     debug_assert!(
         first
             .windows(2)

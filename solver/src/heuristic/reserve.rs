@@ -45,7 +45,7 @@ use std::rc::Rc;
 use tessera_compiler::model::{Sharing, TopologyMode};
 use tessera_compiler::units::Gpus;
 
-use super::{Solver, Status, try_pool};
+use super::{Admitted, Solver, Status, try_pool};
 use crate::decision::{PreemptReason, Reason, ReservationReport};
 use crate::problem::{Demand, Phase, Problem, unix};
 
@@ -424,12 +424,8 @@ impl<'p> Solver<'p> {
         if victims.is_empty() {
             return None;
         }
-        let attempt = |victims: &[usize]| {
-            let (fleet, ledger) = self.without(pool, victims);
-            try_pool(p, &fleet, &ledger, w, pool, p.workloads[w].replicas).ok()
-        };
-        let (fleet, _, _, _) = attempt(victims)?;
-        let used: BTreeSet<usize> = fleet.placed[w]
+        let all = self.admitted_without(w, pool, victims)?;
+        let used: BTreeSet<usize> = all.0.placed[w]
             .iter()
             .flat_map(|sl| sl.iter().flat_map(|x| x.gpus.iter().copied()))
             .collect();
@@ -443,10 +439,16 @@ impl<'p> Solver<'p> {
                     .any(|g| used.contains(g))
             })
             .collect();
-        // Fewer victims place the gang elsewhere at worst; if not even that, all of them.
-        let (chosen, (fleet, ledger, guaranteed, borrowed)) = match attempt(&needed) {
-            Some(x) if !needed.is_empty() => (needed, x),
-            _ => (victims.to_vec(), attempt(victims)?),
+        // Fewer victims place the gang elsewhere at worst; if not even that, all of them (the
+        // what-if above: the fleet and ledger have not changed since).
+        let attempt = if needed.is_empty() {
+            None
+        } else {
+            self.admitted_without(w, pool, &needed)
+        };
+        let (chosen, (fleet, ledger, guaranteed, borrowed)) = match attempt {
+            Some(x) => (needed, x),
+            None => (victims.to_vec(), all),
         };
         for &v in &chosen {
             self.status[v] = Some(Status::Preempt(PreemptReason::Reservation {
@@ -461,6 +463,28 @@ impl<'p> Solver<'p> {
             guaranteed,
             borrowed,
         })
+    }
+
+    /// A what-if: `w` admitted in `pool` with `victims` released. The victims are released on
+    /// the solver's own fleet and ledger and rolled back after (see `journal.rs`), as the
+    /// preemption search's what-ifs are: a clone of the whole fleet per what-if cost its size.
+    fn admitted_without(&mut self, w: usize, pool: usize, victims: &[usize]) -> Option<Admitted> {
+        let p = self.p;
+        let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
+        for &v in victims {
+            self.release_victim(pool, v);
+        }
+        let admitted = try_pool(
+            p,
+            &self.fleet,
+            &self.ledger,
+            w,
+            pool,
+            p.workloads[w].replicas,
+        );
+        self.fleet.rollback(fm);
+        self.ledger.rollback(lm);
+        admitted.ok()
     }
 
     /// The reason for `w`, left waiting while `holds` were barred to it: [`Reason::ReservedFor`]

@@ -32,7 +32,7 @@ impl Solver<'_> {
         {
             return Err(refusal.clone());
         }
-        let mut protected = Blocking::default();
+        let mut protected = Blocking::new(self.tenant_ranks());
         let mut eligible = Vec::new();
         // Eligible by fair share alone, with how far above its share each level of its side
         // is (see `fairly_yields`).
@@ -366,6 +366,7 @@ impl<'p> Solver<'p> {
             hold: self.hold.clone(),
             holds: self.holds.clone(),
             tenant_index: self.tenant_index.clone(),
+            tenant_ranks: self.tenant_ranks.clone(),
         }
     }
 
