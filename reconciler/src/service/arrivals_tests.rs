@@ -279,7 +279,7 @@ fn submissions_are_decided_and_started_by_the_arrival_path() {
 
     // The API's reasons and `/state` follow without a full cycle.
     let index = s.shared.decisions.read().unwrap().clone().unwrap();
-    let decided = &index.workloads[&WorkloadKey::new("a", "one")];
+    let decided = &index.workload(&WorkloadKey::new("a", "one")).unwrap();
     assert_eq!(decided.outcome, "admit");
     assert_eq!(decided.decided_at, Some(crate::snapshot::unix(NOW + 2)));
     let state = s.shared.state.read().unwrap().clone().unwrap();
@@ -305,7 +305,10 @@ fn submissions_are_decided_and_started_by_the_arrival_path() {
     assert_eq!(s.phase("c", "big"), Phase::Pending);
     let index = s.shared.decisions.read().unwrap().clone().unwrap();
     assert_eq!(
-        index.workloads[&WorkloadKey::new("c", "big")].outcome,
+        index
+            .workload(&WorkloadKey::new("c", "big"))
+            .unwrap()
+            .outcome,
         "pending"
     );
     let state = s.shared.state.read().unwrap().clone().unwrap();
