@@ -415,7 +415,7 @@ mod tests {
             full in proptest::collection::btree_set((0u8..4, 0u16..200), 0..150),
             recorded in proptest::collection::vec((0u8..4, 0u16..300), 0..200),
         ) {
-            let key = |(t, n): (u8, u16)| WorkloadKey::new(&format!("t{t}"), &format!("w{n}"));
+            let key = |(t, n): (u8, u16)| WorkloadKey::new(format!("t{t}"), format!("w{n}"));
             let mut expected: BTreeMap<WorkloadKey, Decided> = full
                 .iter()
                 .map(|&(t, n)| (key((t, n)), decided("keep", n)))
