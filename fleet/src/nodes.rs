@@ -54,7 +54,8 @@ use tessera_reconciler::actions::Action;
 use tessera_reconciler::driver::{DriverError, Observation};
 use tessera_reconciler::service::error::CycleError;
 use tessera_reconciler::service::nodes::{
-    Carry, InFlight, Launched, Launching, NodeSide, OnSettled, Unsettled, WorkloadExit,
+    Carry, InFlight, LaunchContext, Launched, Launching, NodeSide, OnSettled, Unsettled,
+    WorkloadExit,
 };
 use tessera_reconciler::store::starts::StartIntent;
 use tessera_reconciler::store::{
@@ -619,6 +620,10 @@ impl NodeSide for AgentNodes {
         format!("agents (etcd, {})", self.keys.root())
     }
 
+    // No `generation`: the view's etcd revision moves with every agent's report (its
+    // processes, its utilisation), so it would send nearly every pass to a full cycle, and not
+    // with the liveness deadlines (a node NotReady, then Lost, changes its health without a
+    // write), so it could not vouch for an observation. The arrival path observes and compares.
     fn observe(&mut self) -> Result<Observation, DriverError> {
         self.snapshot()
             .map(|s| s.observation())
@@ -822,7 +827,7 @@ impl NodeSide for AgentNodes {
         Ok(out)
     }
 
-    fn launch(&mut self, starts: &[Launching<'_>], cx: &Carry<'_>) -> Vec<Launched> {
+    fn launch(&mut self, starts: &[Launching<'_>], cx: &LaunchContext<'_>) -> Vec<Launched> {
         let mut planned = Vec::with_capacity(starts.len());
         let mut routed = Vec::with_capacity(starts.len());
         for s in starts {

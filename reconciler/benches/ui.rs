@@ -218,9 +218,8 @@ fn main() {
         state.running.len(),
         PENDING,
         index
-            .workloads
-            .values()
-            .filter(|w| w.queue_position.is_some())
+            .workloads()
+            .filter(|(_, w)| w.queue_position.is_some())
             .count(),
         index.usage.len(),
     );

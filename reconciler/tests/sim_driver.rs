@@ -767,3 +767,76 @@ fn sm_activity_from_the_state_file_is_reported() {
             .all(|o| o.sm_activity.is_none())
     );
 }
+
+/// What the generation vouches for: the nodes and the GPU instances of an observation.
+fn geometry(obs: &Observation) -> (Vec<tessera_compiler::model::Node>, Vec<String>) {
+    let instances = obs
+        .details
+        .iter()
+        .map(|d| format!("{}: {:?}", d.gpu, d.instances))
+        .collect();
+    (obs.nodes.clone(), instances)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    /// The generation misses no change: after any sequence of calls (those NVML refuses
+    /// included), an observation whose geometry or health differs from the last one comes
+    /// with another generation. Processes come and go without changing it.
+    #[test]
+    fn the_generation_changes_with_every_change_to_geometry_or_health(
+        calls in proptest::collection::vec((0u8..8, 0usize..64, 0u8..8), 1..40)
+    ) {
+        let mut f = fleet();
+        let gpus = f.sim.gpus();
+        let pid = std::process::id();
+        let mut last = (f.sim.generation(), geometry(&f.sim.observe().unwrap()));
+        for (call, at, arg) in calls {
+            let g = &gpus[at % gpus.len()];
+            let gi = u32::from(arg);
+            // Refusals are part of the sequence: what NVML refuses changes nothing.
+            let _ = match call {
+                0 => f.sim.set_mig_mode(g, arg % 2 == 0),
+                1 => f.sim.reset_gpu(g),
+                2 => f.sim.create_gpu_instance(g, gi % 20, arg).map(drop),
+                3 => f.sim.create_compute_instance(g, gi).map(drop),
+                4 => f.sim.destroy_compute_instance(g, gi, 0),
+                5 => f.sim.destroy_gpu_instance(g, gi),
+                6 => f.sim.set_gpu_lost(g, arg % 2 == 0),
+                _ => {
+                    if arg % 2 == 0 {
+                        f.sim.process_started(pid, g, Some(gi));
+                    } else {
+                        f.sim.process_ended(pid);
+                    }
+                    Ok(())
+                }
+            };
+            let generation = f.sim.generation();
+            proptest::prop_assert!(generation.is_some(), "no fault plan: a generation");
+            let now = (generation, geometry(&f.sim.observe().unwrap()));
+            if now.0 == last.0 {
+                proptest::prop_assert_eq!(&now.1, &last.1, "call {} on {}", call, g);
+            }
+            if call == 7 {
+                proptest::prop_assert_eq!(now.0, last.0, "a process is not geometry");
+            }
+            last = now;
+        }
+    }
+}
+
+#[test]
+fn a_fault_plan_leaves_the_sim_without_a_generation() {
+    let mut f = fleet();
+    assert!(f.sim.generation().is_some());
+    f.sim.set_faults(FaultPlan::new(vec![Fault::Lose {
+        node: "train-0".into(),
+        gpu: 0,
+        after: 1,
+    }]));
+    assert_eq!(f.sim.generation(), None, "its faults count observations");
+    f.sim.set_faults(FaultPlan::default());
+    assert!(f.sim.generation().is_some());
+}

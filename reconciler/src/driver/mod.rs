@@ -115,7 +115,7 @@ pub struct GpuUtilization {
 }
 
 /// One observation of the fleet.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
     /// Nodes as `ClusterState` describes them (MIG mode, pending mode, instances with UUIDs,
     /// health; a lost GPU is reported with `health: lost`, never dropped).
@@ -189,6 +189,17 @@ pub trait NodeDriver: Send {
     fn kind(&self) -> &'static str;
 
     fn observe(&mut self) -> Result<Observation, DriverError>;
+
+    /// A number that changes whenever what [`NodeDriver::observe`] reports of the nodes'
+    /// geometry and health may have changed: `Observation::nodes` (MIG modes, instances and
+    /// their UUIDs, health) and the GPU instances of `Observation::details`, whatever changed
+    /// them. Processes, utilization and SM activity are not counted. Read before an
+    /// observation, an unchanged number vouches that the observation still holds, so the
+    /// arrival path needs no new one. `None` (the default): only an observation can tell, as
+    /// for real NVML, where a GPU can fall off the bus or be re-partitioned by hand.
+    fn generation(&self) -> Option<u64> {
+        None
+    }
 
     fn set_mig_mode(&mut self, gpu: &GpuRef, enabled: bool) -> Result<(), DriverError>;
 

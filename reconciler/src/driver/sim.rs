@@ -127,6 +127,9 @@ pub struct SimDriver {
     state_path: PathBuf,
     faults: FaultState,
     process_errors: Vec<DriverError>,
+    /// Bumped by every change to a GPU's geometry, mode or health ([`NodeDriver::generation`]);
+    /// only this driver's calls change them.
+    generation: u64,
 }
 
 /// How many unread process-bookkeeping failures a [`SimDriver`] keeps.
@@ -230,6 +233,7 @@ impl SimDriver {
             state_path: state_path.to_path_buf(),
             faults: FaultState::default(),
             process_errors: Vec::new(),
+            generation: 0,
         };
         driver.persist()?;
         Ok(driver)
@@ -276,6 +280,7 @@ impl SimDriver {
             state_path: path.to_path_buf(),
             faults: FaultState::default(),
             process_errors: Vec::new(),
+            generation: 0,
         })
     }
 
@@ -312,6 +317,9 @@ impl SimDriver {
         let (n, g) = self.locate(gpu)?;
         let before = self.nodes[n].gpus[g].device.clone();
         self.nodes[n].gpus[g].device.set_lost(lost);
+        // Counted even if the write fails and the GPU is put back: a change too many only
+        // costs the arrival path an observation.
+        self.generation += 1;
         self.persist_or_restore(n, g, before)
     }
 
@@ -403,6 +411,7 @@ impl SimDriver {
         let before = self.nodes[n].gpus[g].device.clone();
         let value =
             op(&mut self.nodes[n].gpus[g].device).map_err(|e| nvml(gpu, call, e.nvml_return()))?;
+        self.generation += 1;
         self.persist_or_restore(n, g, before)?;
         Ok(value)
     }
@@ -660,6 +669,18 @@ impl NodeDriver for SimDriver {
         }
         self.reap_dead_processes()?;
         Ok(self.observation())
+    }
+
+    /// The count of changes to the GPUs' geometry, mode and health; `None` while a fault plan
+    /// is set, whose faults count observations (a `lose` fault fires on the N-th call that
+    /// touches its GPU, an observation included): every check then observes, so that the
+    /// faults fire when they would have.
+    fn generation(&self) -> Option<u64> {
+        self.faults
+            .plan()
+            .faults
+            .is_empty()
+            .then_some(self.generation)
     }
 
     fn set_mig_mode(&mut self, gpu: &GpuRef, enabled: bool) -> Result<(), DriverError> {

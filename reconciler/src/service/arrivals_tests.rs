@@ -3,7 +3,7 @@
 //! the fleet it leaves agreeing with the one full cycles leave on the same submissions.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
@@ -75,22 +75,38 @@ fn nodes_yaml() -> String {
     s
 }
 
-/// The simulated driver, shared with the test so that it can change the nodes.
+/// The simulated driver, shared with the test so that it can change the nodes; it counts
+/// the observations made, and keeps its generation to itself unless `vouches` (a node side
+/// that can only observe, as real NVML and fleet mode).
 #[derive(Clone)]
-struct Sim(Arc<Mutex<SimDriver>>);
+struct Sim {
+    driver: Arc<Mutex<SimDriver>>,
+    observations: Arc<AtomicUsize>,
+    vouches: bool,
+}
+
+impl Sim {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimDriver> {
+        self.driver.lock().unwrap()
+    }
+}
 
 impl NodeDriver for Sim {
     fn kind(&self) -> &'static str {
         "sim"
     }
     fn observe(&mut self) -> Result<Observation, DriverError> {
-        self.0.lock().unwrap().observe()
+        self.observations.fetch_add(1, Ordering::SeqCst);
+        self.lock().observe()
+    }
+    fn generation(&self) -> Option<u64> {
+        self.lock().generation().filter(|_| self.vouches)
     }
     fn set_mig_mode(&mut self, gpu: &GpuRef, enabled: bool) -> Result<(), DriverError> {
-        self.0.lock().unwrap().set_mig_mode(gpu, enabled)
+        self.lock().set_mig_mode(gpu, enabled)
     }
     fn reset_gpu(&mut self, gpu: &GpuRef) -> Result<(), DriverError> {
-        self.0.lock().unwrap().reset_gpu(gpu)
+        self.lock().reset_gpu(gpu)
     }
     fn create_gpu_instance(
         &mut self,
@@ -98,26 +114,17 @@ impl NodeDriver for Sim {
         profile_id: u32,
         start: u8,
     ) -> Result<u32, DriverError> {
-        self.0
-            .lock()
-            .unwrap()
-            .create_gpu_instance(gpu, profile_id, start)
+        self.lock().create_gpu_instance(gpu, profile_id, start)
     }
     fn destroy_gpu_instance(&mut self, gpu: &GpuRef, gpu_instance: u32) -> Result<(), DriverError> {
-        self.0
-            .lock()
-            .unwrap()
-            .destroy_gpu_instance(gpu, gpu_instance)
+        self.lock().destroy_gpu_instance(gpu, gpu_instance)
     }
     fn create_compute_instance(
         &mut self,
         gpu: &GpuRef,
         gpu_instance: u32,
     ) -> Result<ComputeInstanceInfo, DriverError> {
-        self.0
-            .lock()
-            .unwrap()
-            .create_compute_instance(gpu, gpu_instance)
+        self.lock().create_compute_instance(gpu, gpu_instance)
     }
     fn destroy_compute_instance(
         &mut self,
@@ -125,9 +132,7 @@ impl NodeDriver for Sim {
         gpu_instance: u32,
         compute_instance: u32,
     ) -> Result<(), DriverError> {
-        self.0
-            .lock()
-            .unwrap()
+        self.lock()
             .destroy_compute_instance(gpu, gpu_instance, compute_instance)
     }
 }
@@ -160,6 +165,11 @@ fn commit(repo: &git2::Repository, policy: &str) {
 }
 
 fn service(incremental: bool) -> Service {
+    service_on(incremental, true)
+}
+
+/// `vouches`: whether the node side keeps a generation (see [`Sim`]).
+fn service_on(incremental: bool, vouches: bool) -> Service {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("policy-repo");
     let repo = git2::Repository::init_opts(
@@ -183,9 +193,13 @@ fn service(incremental: bool) -> Service {
     config.confinement = Confinement::Insecure;
     config.cycle_period = std::time::Duration::from_secs(3600);
     config.incremental = incremental;
-    let sim = Sim(Arc::new(Mutex::new(
-        SimDriver::open(&nodes, &state_dir.join("sim-nodes.json")).unwrap(),
-    )));
+    let sim = Sim {
+        driver: Arc::new(Mutex::new(
+            SimDriver::open(&nodes, &state_dir.join("sim-nodes.json")).unwrap(),
+        )),
+        observations: Arc::new(AtomicUsize::new(0)),
+        vouches,
+    };
     let mirror = Mirror::open(source, &state_dir.join("mirror.git")).unwrap();
     let runtime = Runtime::new(state_dir.join("runtime"), Confinement::Insecure).unwrap();
     let (tx, _rx) = std::sync::mpsc::channel();
@@ -265,7 +279,7 @@ fn submissions_are_decided_and_started_by_the_arrival_path() {
 
     // The API's reasons and `/state` follow without a full cycle.
     let index = s.shared.decisions.read().unwrap().clone().unwrap();
-    let decided = &index.workloads[&WorkloadKey::new("a", "one")];
+    let decided = &index.workload(&WorkloadKey::new("a", "one")).unwrap();
     assert_eq!(decided.outcome, "admit");
     assert_eq!(decided.decided_at, Some(crate::snapshot::unix(NOW + 2)));
     let state = s.shared.state.read().unwrap().clone().unwrap();
@@ -291,7 +305,10 @@ fn submissions_are_decided_and_started_by_the_arrival_path() {
     assert_eq!(s.phase("c", "big"), Phase::Pending);
     let index = s.shared.decisions.read().unwrap().clone().unwrap();
     assert_eq!(
-        index.workloads[&WorkloadKey::new("c", "big")].outcome,
+        index
+            .workload(&WorkloadKey::new("c", "big"))
+            .unwrap()
+            .outcome,
         "pending"
     );
     let state = s.shared.state.read().unwrap().clone().unwrap();
@@ -344,7 +361,7 @@ fn every_change_but_a_submission_sends_arrivals_to_a_full_cycle() {
                     node: "t2".into(),
                     index: 3,
                 };
-                s.sim.0.lock().unwrap().set_gpu_lost(&gpu, true).unwrap();
+                s.sim.lock().set_gpu_lost(&gpu, true).unwrap();
             }
             Change::Revision => {
                 commit(&s.repo, &FLEET.replace("train: 6", "train: 5"));
@@ -364,6 +381,85 @@ fn every_change_but_a_submission_sends_arrivals_to_a_full_cycle() {
             }
             other => panic!("{change:?}: decided {other:?}"),
         }
+    }
+}
+
+/// The nodes' changes between two passes that the arrival path must see: each sends the pass
+/// to a full cycle, whether the node side vouches for its last observation with a generation
+/// or is observed and compared, and the full cycle's decision is made on the changed fleet.
+#[test]
+fn a_node_change_between_passes_sends_arrivals_to_a_full_cycle() {
+    let gpu = GpuRef {
+        node: "t2".into(),
+        index: 3,
+    };
+    type NodeChange = fn(&mut SimDriver, &GpuRef);
+    let changes: [(&str, NodeChange); 3] = [
+        ("lost", |sim, gpu| sim.set_gpu_lost(gpu, true).unwrap()),
+        ("MIG mode pending", |sim, gpu| {
+            sim.set_mig_mode(gpu, true).unwrap()
+        }),
+        ("lost and back", |sim, gpu| {
+            sim.set_gpu_lost(gpu, true).unwrap();
+            sim.set_gpu_lost(gpu, false).unwrap();
+        }),
+    ];
+    for vouches in [true, false] {
+        for (name, change) in changes {
+            let mut s = service_on(true, vouches);
+            s.submit("a", "one", 1, NOW + 1);
+            assert!(s.reconciler.arrivals(NOW + 2).is_some(), "{name}");
+            change(&mut s.sim.lock(), &gpu);
+            s.submit("b", "two", 1, NOW + 3);
+            let pass = s.reconciler.arrivals(NOW + 3);
+            if name == "lost and back" && !vouches {
+                // Observed and compared, a change undone before the pass is no change: the
+                // nodes are as the standing decision saw them.
+                assert!(pass.is_some(), "{name}, observed");
+                continue;
+            }
+            assert!(pass.is_none(), "{name}, vouches: {vouches}");
+            let report = s.reconciler.cycle(NOW + 3);
+            assert_eq!(report.error, None, "{name}");
+            match &report.decided {
+                Decided::Full { why: Some(text) } => {
+                    assert_eq!(
+                        kind_of(text),
+                        "changed",
+                        "{name}, vouches: {vouches}: {text}"
+                    )
+                }
+                other => panic!("{name}, vouches: {vouches}: decided {other:?}"),
+            }
+            assert_eq!(s.phase("b", "two"), Phase::Running, "{name}");
+        }
+    }
+}
+
+/// A node side that keeps a generation is not observed by a pass while the generation
+/// stands: what the pass checks and starts from is the full cycle's last observation. One
+/// without is observed once a pass that has arrivals.
+#[test]
+fn a_pass_observes_the_nodes_only_when_their_generation_cannot_vouch() {
+    for vouches in [true, false] {
+        let mut s = service_on(true, vouches);
+        let before = s.sim.observations.load(Ordering::SeqCst);
+        for (i, tenant) in ["a", "b", "c"].into_iter().enumerate() {
+            let at = NOW + 1 + i as i64;
+            s.submit(tenant, &format!("w{i}"), 1, at);
+            let pass = s.reconciler.arrivals(at).expect("decided by the session");
+            assert_eq!((pass.decided, pass.started), (1, 1), "vouches: {vouches}");
+        }
+        let observed = s.sim.observations.load(Ordering::SeqCst) - before;
+        assert_eq!(observed, if vouches { 0 } else { 3 }, "vouches: {vouches}");
+        // The starts resolved their devices from the vouched-for observation.
+        let running = s.api.live().unwrap();
+        assert!(
+            running
+                .iter()
+                .all(|r| r.phase == Phase::Running
+                    && r.replicas.iter().all(|p| !p.devices.is_empty()))
+        );
     }
 }
 

@@ -697,7 +697,9 @@ impl Reconciler {
             self.dropped = Some(Stale::Unfinished);
         }
         if !plan.actions.is_empty() || keep {
-            // `/state` shows the fleet as this cycle left it, not as it found it.
+            // `/state` shows the fleet as this cycle left it, not as it found it. The generation
+            // first: a change while observing then shows as one to the arrival path.
+            let generation = self.nodes.generation();
             let observation = self.nodes.observe().map_err(CycleError::Observe)?;
             let records = self.store.live()?;
             let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
@@ -732,7 +734,8 @@ impl Reconciler {
                         self.watch = arrivals::Watch::after_cycle(
                             events_before,
                             started,
-                            observation.nodes.clone(),
+                            observation,
+                            generation,
                             self.next_overdue()?,
                         );
                         self.standing = Some(standing);

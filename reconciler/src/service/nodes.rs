@@ -37,6 +37,16 @@ pub trait NodeSide: Send {
     /// The fleet now.
     fn observe(&mut self) -> Result<Observation, DriverError>;
 
+    /// A number that changes whenever what [`NodeSide::observe`] reports of the nodes'
+    /// geometry and health may have changed (`Observation::nodes`, and the GPU instances of
+    /// `Observation::details`), however it changed; read before an observation, an unchanged
+    /// number vouches that the observation still holds. `None` (the default): only an
+    /// observation can tell. What the driver's [`crate::driver::NodeDriver::generation`]
+    /// says, for the local node side.
+    fn generation(&mut self) -> Option<u64> {
+        None
+    }
+
     /// At start, before recovery closes the journal's open intents as interrupted: those of
     /// actions the nodes may still carry out (and their workloads), which recovery leaves open
     /// for the node side to settle. Nothing survives a restart of the single-process service.
@@ -69,7 +79,7 @@ pub trait NodeSide: Send {
 
     /// Starts the arrival path's batch, whose intents and `Starting` are recorded
     /// (`begin_starts`); one outcome per start, in order.
-    fn launch(&mut self, starts: &[Launching<'_>], cx: &Carry<'_>) -> Vec<Launched>;
+    fn launch(&mut self, starts: &[Launching<'_>], cx: &LaunchContext<'_>) -> Vec<Launched>;
 
     /// Whether a workload has ended since the last cycle (checked now).
     fn has_exits(&mut self) -> bool;
@@ -109,6 +119,15 @@ pub struct Carry<'a> {
     pub records: &'a [WorkloadRecord],
     /// The latest observation; refreshed after geometry changes so that starts see new UUIDs.
     pub observation: &'a mut Observation,
+}
+
+/// What starting the arrival path's batch needs from the pass: its starts carry their devices
+/// already resolved, so no observation travels with it.
+pub struct LaunchContext<'a> {
+    pub store: &'a dyn StateStore,
+    pub cycle: u64,
+    pub now: i64,
+    pub run_commands: bool,
 }
 
 /// The actions of a plan that are neither done nor failed.

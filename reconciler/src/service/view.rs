@@ -4,6 +4,7 @@
 //! /v1/workloads/{name}` and `tessera describe` add the recent events.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 use tessera_compiler::WorkloadKey;
@@ -79,19 +80,42 @@ pub struct QueuePosition {
 }
 
 /// The last decision, by workload name.
+///
+/// Two layers: the full cycle's entries, shared by every copy of the index, and what the
+/// arrival path recorded since. The arrival path records into the index the API reads while
+/// API calls hold it (`Arc::make_mut` copies it then), so a copy must cost what the arrivals
+/// since the full cycle cost, not what the fleet is; the recorded layer is folded into the
+/// shared one once it is an eighth of its size, which keeps a copy's cost amortized per
+/// arrival.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DecisionIndex {
     /// The decision's instant.
     pub at: Timestamp,
-    pub workloads: BTreeMap<WorkloadKey, Decided>,
-    /// Each workload's tenant by its key shown as `tenant/name` (how the solver's sentences
-    /// name workloads), to keep other tenants' workloads out of what one tenant reads.
-    pub owners: BTreeMap<String, String>,
+    /// The full cycle's entries (and arrivals folded in since).
+    decided: Arc<Entries>,
+    /// The arrival path's entries since, in place of `decided`'s.
+    recorded: Entries,
     /// Each tenant's GPUs in each pool after the decision, against its guarantee and limit
     /// (the fleet page).
-    pub usage: Vec<TenantUsage>,
+    pub usage: Arc<Vec<TenantUsage>>,
     /// Each pool's capacity and allocation after the decision (the fleet page).
-    pub pools: Vec<PoolReport>,
+    pub pools: Arc<Vec<PoolReport>>,
+}
+
+/// One layer of a [`DecisionIndex`].
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Entries {
+    workloads: BTreeMap<WorkloadKey, Decided>,
+    /// Each workload's tenant by its key shown as `tenant/name` (how the solver's sentences
+    /// name workloads), to keep other tenants' workloads out of what one tenant reads.
+    owners: BTreeMap<String, String>,
+}
+
+impl Entries {
+    fn insert(&mut self, key: WorkloadKey, decided: Decided) {
+        self.owners.insert(key.to_string(), key.tenant.clone());
+        self.workloads.insert(key, decided);
+    }
 }
 
 impl DecisionIndex {
@@ -108,31 +132,21 @@ impl DecisionIndex {
             .zip(1u32..)
             .map(|(name, position)| (name.as_str(), QueuePosition { position, of }))
             .collect();
-        let workloads = decision
-            .workloads
-            .iter()
-            .map(|w| {
-                let key = WorkloadKey::new(&w.tenant, &w.name);
-                let mut decided = Decided::of(w);
-                decided.expected_start = eta.get(key.to_string().as_str()).copied();
-                decided.queue_position = place.get(key.to_string().as_str()).copied();
-                (key, decided)
-            })
-            .collect();
-        let owners = decision
-            .workloads
-            .iter()
-            .map(|w| {
-                let key = WorkloadKey::new(&w.tenant, &w.name);
-                (key.to_string(), w.tenant.clone())
-            })
-            .collect();
+        let mut entries = Entries::default();
+        for w in &decision.workloads {
+            let key = WorkloadKey::new(&w.tenant, &w.name);
+            let shown = key.to_string();
+            let mut decided = Decided::of(w);
+            decided.expected_start = eta.get(shown.as_str()).copied();
+            decided.queue_position = place.get(shown.as_str()).copied();
+            entries.insert(key, decided);
+        }
         DecisionIndex {
             at: decision.now,
-            workloads,
-            owners,
-            usage: decision.usage.clone(),
-            pools: decision.pools.clone(),
+            decided: Arc::new(entries),
+            recorded: Entries::default(),
+            usage: Arc::new(decision.usage.clone()),
+            pools: Arc::new(decision.pools.clone()),
         }
     }
 
@@ -140,11 +154,54 @@ impl DecisionIndex {
     /// decision said. A waiting arrival's place in line and a reservation's expected start
     /// are the full cycle's to give: they are left out until it runs.
     pub fn record(&mut self, w: &WorkloadDecision, at: Timestamp) {
-        let key = WorkloadKey::new(&w.tenant, &w.name);
         let mut decided = Decided::of(w);
         decided.decided_at = Some(at);
-        self.owners.insert(key.to_string(), w.tenant.clone());
-        self.workloads.insert(key, decided);
+        self.insert_recorded(WorkloadKey::new(&w.tenant, &w.name), decided);
+    }
+
+    fn insert_recorded(&mut self, key: WorkloadKey, decided: Decided) {
+        self.recorded.insert(key, decided);
+        if self.recorded.workloads.len() * 8 > self.decided.workloads.len().max(64) {
+            let recorded = std::mem::take(&mut self.recorded);
+            let decided = Arc::make_mut(&mut self.decided);
+            decided.workloads.extend(recorded.workloads);
+            decided.owners.extend(recorded.owners);
+        }
+    }
+
+    /// What the index says about `key`.
+    pub fn workload(&self, key: &WorkloadKey) -> Option<&Decided> {
+        self.recorded
+            .workloads
+            .get(key)
+            .or_else(|| self.decided.workloads.get(key))
+    }
+
+    /// Every workload the index speaks of with what it says, in key order.
+    pub fn workloads(&self) -> impl Iterator<Item = (&WorkloadKey, &Decided)> {
+        let mut decided = self.decided.workloads.iter().peekable();
+        let mut recorded = self.recorded.workloads.iter().peekable();
+        std::iter::from_fn(move || match (decided.peek(), recorded.peek()) {
+            (Some((a, _)), Some((b, _))) => match a.cmp(b) {
+                std::cmp::Ordering::Less => decided.next(),
+                std::cmp::Ordering::Equal => {
+                    decided.next();
+                    recorded.next()
+                }
+                std::cmp::Ordering::Greater => recorded.next(),
+            },
+            (Some(_), None) => decided.next(),
+            (None, _) => recorded.next(),
+        })
+    }
+
+    /// The tenant of the workload shown as `tenant/name`.
+    fn owner(&self, shown: &str) -> Option<&str> {
+        self.recorded
+            .owners
+            .get(shown)
+            .or_else(|| self.decided.owners.get(shown))
+            .map(String::as_str)
     }
 
     /// `message` as tenant `viewer` may read it: the solver's sentences name workloads in
@@ -159,7 +216,7 @@ impl DecisionIndex {
             let closed = i + 1 < parts.len();
             if !quoted {
                 out.push_str(part);
-            } else if closed && self.owners.get(*part).is_some_and(|o| o != viewer) {
+            } else if closed && self.owner(part).is_some_and(|o| o != viewer) {
                 out.push_str("(another tenant's workload)");
             } else {
                 out.push('`');
@@ -268,7 +325,7 @@ impl WorkloadView {
     pub fn of(record: WorkloadRecord, decisions: Option<&DecisionIndex>) -> WorkloadView {
         let decided = decisions
             .filter(|_| !record.phase.is_ended())
-            .and_then(|d| d.workloads.get(&record.key()).map(|w| (d, w)));
+            .and_then(|d| d.workload(&record.key()).map(|w| (d, w)));
         let pool = decided
             .and_then(|(_, w)| w.pool.clone())
             .or_else(|| record.spec.pool.clone());
@@ -326,11 +383,67 @@ mod tests {
 
     fn index() -> DecisionIndex {
         DecisionIndex {
-            owners: [("a/mine", "a"), ("b/theirs", "b")]
-                .into_iter()
-                .map(|(w, t)| (w.to_string(), t.to_string()))
-                .collect(),
+            decided: Arc::new(Entries {
+                owners: [("a/mine", "a"), ("b/theirs", "b")]
+                    .into_iter()
+                    .map(|(w, t)| (w.to_string(), t.to_string()))
+                    .collect(),
+                ..Entries::default()
+            }),
             ..DecisionIndex::default()
+        }
+    }
+
+    fn decided(outcome: &'static str, n: u16) -> Decided {
+        Decided {
+            pool: None,
+            outcome,
+            reason: None,
+            message: Some(n.to_string()),
+            expected_start: None,
+            queue_position: None,
+            decided_at: None,
+        }
+    }
+
+    proptest::proptest! {
+        /// The two layers read as one map with the arrival path's entries written over the
+        /// full cycle's, however many are folded in, and a copy taken between records keeps
+        /// what it read.
+        #[test]
+        fn the_recorded_layer_reads_as_entries_written_over_the_decision(
+            full in proptest::collection::btree_set((0u8..4, 0u16..200), 0..150),
+            recorded in proptest::collection::vec((0u8..4, 0u16..300), 0..200),
+        ) {
+            let key = |(t, n): (u8, u16)| WorkloadKey::new(format!("t{t}"), format!("w{n}"));
+            let mut expected: BTreeMap<WorkloadKey, Decided> = full
+                .iter()
+                .map(|&(t, n)| (key((t, n)), decided("keep", n)))
+                .collect();
+            let mut index = DecisionIndex::default();
+            for (k, d) in &expected {
+                Arc::make_mut(&mut index.decided).insert(k.clone(), d.clone());
+            }
+            let mut copies = Vec::new();
+            for (i, &(t, n)) in recorded.iter().enumerate() {
+                let d = decided("admit", n.wrapping_add(i as u16));
+                index.insert_recorded(key((t, n)), d.clone());
+                expected.insert(key((t, n)), d);
+                if i % 37 == 0 {
+                    copies.push((index.clone(), expected.clone()));
+                }
+            }
+            copies.push((index, expected));
+            for (index, expected) in &copies {
+                let read: Vec<(&WorkloadKey, &Decided)> = index.workloads().collect();
+                let want: Vec<(&WorkloadKey, &Decided)> = expected.iter().collect();
+                proptest::prop_assert_eq!(read, want);
+                for (k, d) in expected {
+                    proptest::prop_assert_eq!(index.workload(k), Some(d));
+                    proptest::prop_assert_eq!(index.owner(&k.to_string()), Some(k.tenant.as_str()));
+                }
+                proptest::prop_assert_eq!(index.workload(&key((9, 0))), None);
+            }
         }
     }
 

@@ -366,8 +366,7 @@ fn queue(d: &DecisionIndex, viewer: &Principal, state: Option<&ClusterStateSpec>
         })
         .unwrap_or_default();
     let mut waiting: Vec<Waiting> = d
-        .workloads
-        .iter()
+        .workloads()
         .filter(|(key, w)| w.outcome == "pending" && viewer.may_act_for(&key.tenant))
         .map(|(key, w)| {
             let message = w.message.clone().unwrap_or_default();

@@ -13,8 +13,10 @@
 //!   events since the standing decision must all be submissions, or the `starting` and
 //!   `running` of workloads the service started itself (an exit, a cancellation, a requeue,
 //!   a checkpoint, a revision: a full cycle);
-//! - the nodes: observed once per pass and compared with what the standing decision's last
-//!   observation reported;
+//! - the nodes: the node side's generation ([`NodeSide::generation`]) compared with the one
+//!   read before the standing decision's last observation, which then still holds and is
+//!   what the pass starts from; where the node side has none (real NVML, fleet mode), the
+//!   nodes observed once per pass and compared with that observation's;
 //! - what only a full cycle does: a new revision, the period passed, a process that ended, a
 //!   committed workload's restart or a run's `maxDuration` due, reconciliation suspended.
 //!
@@ -31,11 +33,12 @@
 //! utilization gauges, queue positions) are the full cycle's and wait for the next one.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tessera_compiler::WorkloadKey;
-use tessera_compiler::model::{Binding, ClusterStateSpec, Node, PendingWorkload, RunningWorkload};
+use tessera_compiler::model::{Binding, ClusterStateSpec, PendingWorkload, RunningWorkload};
 use tessera_compiler::units::Gpus;
 use tessera_solver::decision::{Outcome, ReplicaBinding, WorkloadDecision};
 use tessera_solver::session::{Admission, FullCycle};
@@ -43,7 +46,8 @@ use tracing::{info, warn};
 
 use super::{CycleReport, Decided as HowDecided, Reconciler, log_outcome};
 use crate::actions::{Action, ActionPlan};
-use crate::service::nodes::{Carry, Launched, Launching};
+use crate::driver::Observation;
+use crate::service::nodes::{LaunchContext, Launched, Launching, NodeSide};
 use crate::service::standing::Stale;
 use crate::snapshot;
 use crate::store::starts::{StartDone, StartIntent};
@@ -66,24 +70,51 @@ pub(super) struct Watch {
     /// and `running` events are its own.
     own: BTreeSet<WorkloadKey>,
     /// The nodes as the last full cycle left them.
-    nodes: Vec<Node>,
+    observed: Arc<Observation>,
+    /// The node side's generation read before `observed` was taken.
+    generation: Option<u64>,
     /// When the first placed run reaches its `maxDuration`.
     pub(super) next_overdue: Option<i64>,
 }
 
 impl Watch {
+    /// `generation`: the node side's, read before `observed` was.
     pub(super) fn after_cycle(
         seen: i64,
         own: BTreeSet<WorkloadKey>,
-        nodes: Vec<Node>,
+        observed: Observation,
+        generation: Option<u64>,
         next_overdue: Option<i64>,
     ) -> Watch {
         Watch {
             seen,
             own,
-            nodes,
+            observed: Arc::new(observed),
+            generation,
             next_overdue,
         }
+    }
+
+    /// The nodes as they are now, if nothing in their geometry or health changed since the
+    /// last full cycle (`Err` if something did): the generation compared where the node side
+    /// keeps one, else one observation compared. An observation whose other parts changed
+    /// (processes, utilization) is the one returned, so that what the pass starts from is
+    /// never older than the check.
+    fn unchanged_nodes(&self, nodes: &mut dyn NodeSide) -> Result<Arc<Observation>, Stale> {
+        if let (Some(then), Some(now)) = (self.generation, nodes.generation()) {
+            return if then == now {
+                Ok(self.observed.clone())
+            } else {
+                Err(Stale::Changed("nodes"))
+            };
+        }
+        let observation = nodes
+            .observe()
+            .map_err(|e| Stale::Apply(format!("observing the nodes: {e}")))?;
+        if observation.nodes != self.observed.nodes {
+            return Err(Stale::Changed("nodes"));
+        }
+        Ok(Arc::new(observation))
     }
 }
 
@@ -209,13 +240,7 @@ impl Reconciler {
                 Vec::new(),
             )));
         }
-        let observation = self
-            .nodes
-            .observe()
-            .map_err(|e| Stale::Apply(format!("observing the nodes: {e}")))?;
-        if observation.nodes != self.watch.nodes {
-            return Err(Stale::Changed("nodes"));
-        }
+        let observation = self.watch.unchanged_nodes(self.nodes.as_mut())?;
         let mut records = Vec::with_capacity(arrivals.len());
         for (_, key) in &arrivals {
             match self
@@ -506,14 +531,11 @@ impl Reconciler {
                 plans,
             })
             .collect();
-        let mut observation = observation.clone();
-        let cx = Carry {
+        let cx = LaunchContext {
             store: &*self.store,
             cycle: self.cycle,
             now,
             run_commands: self.config.run_commands,
-            records,
-            observation: &mut observation,
         };
         let outcomes = self.nodes.launch(&launching, &cx);
         drop(launching);

@@ -9,7 +9,10 @@ use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::Binding;
 use tracing::{Span, info_span};
 
-use super::{Carry, InFlight, Launched, Launching, NodeSide, OnSettled, Unsettled, WorkloadExit};
+use super::{
+    Carry, InFlight, LaunchContext, Launched, Launching, NodeSide, OnSettled, Unsettled,
+    WorkloadExit,
+};
 use crate::actions::Action;
 use crate::driver::{DriverError, GpuRef, NodeDriver, Observation};
 use crate::runtime::{Exited, Runtime};
@@ -45,6 +48,10 @@ impl NodeSide for LocalNodes {
 
     fn observe(&mut self) -> Result<Observation, DriverError> {
         self.driver.observe()
+    }
+
+    fn generation(&mut self) -> Option<u64> {
+        self.driver.generation()
     }
 
     fn in_flight_at_start(
@@ -152,7 +159,7 @@ impl NodeSide for LocalNodes {
         Ok(out)
     }
 
-    fn launch(&mut self, starts: &[Launching<'_>], cx: &Carry<'_>) -> Vec<Launched> {
+    fn launch(&mut self, starts: &[Launching<'_>], cx: &LaunchContext<'_>) -> Vec<Launched> {
         starts
             .iter()
             .map(|s| {
