@@ -2,7 +2,8 @@
 //! it: a stop or checkpoint that reached only some of its workload's nodes is sent to the
 //! rest before it is recorded; a start whose copy's node is lost fails; a lost node's `bound`
 //! is emptied before its workloads are reported for requeueing, unless its agent is back; a
-//! gang that loses a node has its replicas on the others stopped.
+//! gang that loses a node has its replicas on the others stopped; a gang start that reached
+//! only some of its nodes is failed, not taken for the whole start.
 
 mod support;
 
@@ -16,6 +17,7 @@ use support::{TTL_SECS, connect, etcd, keys, leader, read_prefix, two_lease_peri
 use tessera_compiler::WorkloadKey;
 use tessera_fleet::actions::ActionFeed;
 use tessera_fleet::dispatch::{DEFAULT_MAX_TXN_OPS, Dispatcher, NodeAction, Plan};
+use tessera_fleet::election::Leadership;
 use tessera_fleet::nodes::{AgentNodes, AgentOptions};
 use tessera_fleet::protocol::{self, ActionMessage, Bound, Launch, VERSION};
 use tessera_fleet::registration::{Registrar, Registration};
@@ -180,6 +182,11 @@ fn options(grace: Duration) -> AgentOptions {
     }
 }
 
+/// The node side of the term `term` leads, with node grace `grace`.
+fn agent_nodes(client: &Client, term: &Leadership, grace: Duration) -> AgentNodes {
+    AgentNodes::new(client.clone(), keys(), term.fence().clone(), options(grace)).unwrap()
+}
+
 /// One cycle's carrying out of an empty plan: what records earlier actions' outcomes and
 /// sends the housekeeping.
 fn quiet_cycle(nodes: &mut AgentNodes, store: &Store, cycle: u64, now: i64) {
@@ -230,13 +237,7 @@ fn a_stop_that_reached_only_some_nodes_is_sent_to_the_rest_before_it_is_recorded
     runtime.block_on(cut_dispatch(&client, &stop, &["n1"], &["n1"]));
 
     let second = runtime.block_on(leader(&client, "b", LEASE_SECS));
-    let mut nodes = AgentNodes::new(
-        client.clone(),
-        keys(),
-        second.fence().clone(),
-        options(Duration::from_secs(60)),
-    )
-    .unwrap();
+    let mut nodes = agent_nodes(&client, &second, Duration::from_secs(60));
     let in_flight = nodes.in_flight_at_start(&store, 30).unwrap();
 
     // Not recorded done on n1's word: n2's replica would run on beside the requeued workload.
@@ -297,13 +298,7 @@ fn a_checkpoint_that_reached_only_some_nodes_is_completed_with_its_deadline() {
     runtime.block_on(cut_dispatch(&client, &checkpoint, &["n1"], &["n1"]));
 
     let second = runtime.block_on(leader(&client, "b", LEASE_SECS));
-    let mut nodes = AgentNodes::new(
-        client.clone(),
-        keys(),
-        second.fence().clone(),
-        options(Duration::from_secs(60)),
-    )
-    .unwrap();
+    let mut nodes = agent_nodes(&client, &second, Duration::from_secs(60));
     nodes.in_flight_at_start(&store, 30).unwrap();
     assert_eq!(
         store.workload(&key).unwrap().phase,
@@ -428,13 +423,7 @@ fn a_start_whose_node_is_lost_fails_and_its_started_copy_is_stopped() {
     ));
 
     let second = runtime.block_on(leader(&client, "b", LEASE_SECS));
-    let mut nodes = AgentNodes::new(
-        client.clone(),
-        keys(),
-        second.fence().clone(),
-        options(Duration::from_secs(1)),
-    )
-    .unwrap();
+    let mut nodes = agent_nodes(&client, &second, Duration::from_secs(1));
     let in_flight = nodes.in_flight_at_start(&store, 30).unwrap();
     assert!(in_flight.starts.contains(&key), "{in_flight:?}");
     assert!(in_flight.actions.contains(&journal));
@@ -486,13 +475,7 @@ fn a_lost_node_is_unbound_before_it_is_reported_and_not_once_its_agent_is_back()
     // t/train runs on train-0, whose agent is away.
     running_then(&store, &["train-0"], &stop);
     let term = runtime.block_on(leader(&client, "a", LEASE_SECS));
-    let mut nodes = AgentNodes::new(
-        client.clone(),
-        keys(),
-        term.fence().clone(),
-        options(Duration::from_secs(1)),
-    )
-    .unwrap();
+    let mut nodes = agent_nodes(&client, &term, Duration::from_secs(1));
     nodes.in_flight_at_start(&store, 30).unwrap();
     let before = runtime.block_on(bound_of(&client, "train-0")).unwrap();
     assert_eq!(before.workloads.get("t/train"), Some(&0), "{before:?}");
@@ -554,13 +537,7 @@ fn a_gang_that_loses_a_node_has_its_replicas_on_the_other_nodes_stopped() {
     let _train = runtime.block_on(register(&client, dir.path(), "train-0"));
     running_then(&store, &["gone-0", "train-0"], &unused);
     let term = runtime.block_on(leader(&client, "a", LEASE_SECS));
-    let mut nodes = AgentNodes::new(
-        client.clone(),
-        keys(),
-        term.fence().clone(),
-        options(Duration::from_secs(1)),
-    )
-    .unwrap();
+    let mut nodes = agent_nodes(&client, &term, Duration::from_secs(1));
     nodes.in_flight_at_start(&store, 30).unwrap();
     assert!(runtime.block_on(actions_of(&client, "train-0")).is_empty());
 
@@ -577,4 +554,50 @@ fn a_gang_that_loses_a_node_has_its_replicas_on_the_other_nodes_stopped() {
         "train-0's replica of the requeued gang is sent no stop: {to_train:?}"
     );
     assert!(runtime.block_on(actions_of(&client, "gone-0")).is_empty());
+}
+
+#[test]
+fn a_gang_start_that_reached_only_some_nodes_is_failed_and_its_started_copies_stopped() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let etcd = etcd();
+    let client = runtime.block_on(connect(&etcd));
+    let store = Store::open_in_memory().unwrap();
+    let key = WorkloadKey::new("t", "train");
+
+    // The first leader records the start's intent (the workload `Starting`), then its
+    // dispatch is cut after n1's copy, which n1's agent starts: n2's never reaches etcd.
+    let (start, _) = starting(&store, &["n1", "n2"]);
+    assert_eq!(store.workload(&key).unwrap().phase, Phase::Starting);
+    runtime.block_on(cut_dispatch(&client, &start, &["n1"], &["n1"]));
+
+    // A new term takes over what is in flight.
+    let second = runtime.block_on(leader(&client, "b", LEASE_SECS));
+    let mut nodes = agent_nodes(&client, &second, Duration::from_secs(60));
+    let in_flight = nodes.in_flight_at_start(&store, 30).unwrap();
+
+    let record = store.workload(&key).unwrap();
+    assert_ne!(
+        record.phase,
+        Phase::Running,
+        "a gang start that never reached n2 was taken as started"
+    );
+    assert_eq!(record.phase, Phase::Pending, "the failure path requeues it");
+    assert!(in_flight.starts.is_empty(), "{in_flight:?}");
+    assert!(store.open_actions().unwrap().is_empty());
+    let events = store.recent_workload_events(&key, 10).unwrap();
+    let requeued = events
+        .iter()
+        .find(|e| e.kind == "requeued")
+        .unwrap_or_else(|| panic!("no requeue among {events:?}"));
+    assert!(requeued.message.contains("n2"), "{}", requeued.message);
+
+    // The replica n1 started is stopped with the next dispatch; n2 is sent nothing.
+    quiet_cycle(&mut nodes, &store, 2, 40);
+    let sent = runtime.block_on(actions_of(&client, "n1"));
+    assert!(
+        sent.iter()
+            .any(|a| matches!(a, Action::Stop { workload, .. } if workload == "t/train")),
+        "{sent:?}"
+    );
+    assert!(runtime.block_on(actions_of(&client, "n2")).is_empty());
 }
