@@ -37,6 +37,24 @@ const LEASE_SECS: i64 = 30;
 /// How long the tests wait for the view to see a node lost: the grace and many ticks more.
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// A runtime, a fresh etcd (stopped when dropped) and a client of it.
+struct Opened {
+    runtime: tokio::runtime::Runtime,
+    etcd: tessera_fleet::testing::TestEtcd,
+    client: Client,
+}
+
+fn opened() -> Opened {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let etcd = etcd();
+    let client = runtime.block_on(connect(&etcd));
+    Opened {
+        runtime,
+        etcd,
+        client,
+    }
+}
+
 fn start_of(name: &str, nodes: &[&str]) -> Action {
     Action::Start {
         workload: format!("t/{name}"),
@@ -205,6 +223,23 @@ fn quiet_cycle(nodes: &mut AgentNodes, store: &Store, cycle: u64, now: i64) {
     nodes.carry_out(&[], &mut cx, &mut |_, _| Ok(())).unwrap();
 }
 
+/// `key`'s record was queued again with a reason naming `node`.
+fn assert_requeued_naming(store: &Store, key: &WorkloadKey, node: &str) {
+    let events = store.recent_workload_events(key, 10).unwrap();
+    let requeued = events
+        .iter()
+        .find(|e| e.kind == "requeued")
+        .unwrap_or_else(|| panic!("no requeue among {events:?}"));
+    assert!(requeued.message.contains(node), "{}", requeued.message);
+}
+
+/// Whether `actions` hold a stop of `workload`.
+fn stops(actions: &[Action], workload: &str) -> bool {
+    actions
+        .iter()
+        .any(|a| matches!(a, Action::Stop { workload: w, .. } if w == workload))
+}
+
 /// Asks the node side which nodes are lost until `node` is among them.
 fn until_lost(nodes: &mut AgentNodes, node: &str) {
     let deadline = std::time::Instant::now() + PATIENCE;
@@ -222,9 +257,11 @@ fn until_lost(nodes: &mut AgentNodes, node: &str) {
 
 #[test]
 fn a_stop_that_reached_only_some_nodes_is_sent_to_the_rest_before_it_is_recorded() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = etcd();
-    let client = runtime.block_on(connect(&etcd));
+    let Opened {
+        runtime,
+        etcd: _etcd,
+        client,
+    } = opened();
     let store = Store::open_in_memory().unwrap();
     let key = WorkloadKey::new("t", "train");
     let stop = Action::Stop {
@@ -284,9 +321,11 @@ fn a_stop_that_reached_only_some_nodes_is_sent_to_the_rest_before_it_is_recorded
 
 #[test]
 fn a_checkpoint_that_reached_only_some_nodes_is_completed_with_its_deadline() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = etcd();
-    let client = runtime.block_on(connect(&etcd));
+    let Opened {
+        runtime,
+        etcd: _etcd,
+        client,
+    } = opened();
     let store = Store::open_in_memory().unwrap();
     let key = WorkloadKey::new("t", "train");
     let checkpoint = Action::Checkpoint {
@@ -320,9 +359,11 @@ fn a_checkpoint_that_reached_only_some_nodes_is_completed_with_its_deadline() {
 
 #[test]
 fn a_stop_a_failed_dispatch_left_on_some_nodes_is_completed_by_the_next_cycle() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = etcd();
-    let client = runtime.block_on(connect(&etcd));
+    let Opened {
+        runtime,
+        etcd: _etcd,
+        client,
+    } = opened();
     let store = Store::open_in_memory().unwrap();
     let key = WorkloadKey::new("t", "train");
     running(&store, "train", &["n1", "n2"]);
@@ -405,9 +446,11 @@ async fn register(client: &Client, dir: &Path, node: &str) -> Registrar {
 
 #[test]
 fn a_start_whose_node_is_lost_fails_and_its_started_copy_is_stopped() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = etcd();
-    let client = runtime.block_on(connect(&etcd));
+    let Opened {
+        runtime,
+        etcd: _etcd,
+        client,
+    } = opened();
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_in_memory().unwrap();
     let key = WorkloadKey::new("t", "train");
@@ -438,23 +481,13 @@ fn a_start_whose_node_is_lost_fails_and_its_started_copy_is_stopped() {
         record.phase
     );
     assert!(store.open_actions().unwrap().is_empty());
-    let events = store.recent_workload_events(&key, 10).unwrap();
-    let requeued = events
-        .iter()
-        .find(|e| e.kind == "requeued")
-        .unwrap_or_else(|| panic!("no requeue among {events:?}"));
-    assert!(requeued.message.contains("gone-0"), "{}", requeued.message);
+    assert_requeued_naming(&store, &key, "gone-0");
 
     // train-0's replica is stopped with the next dispatch; gone-0's copy stays for its agent
     // to settle (refused: its `bound` no longer names the workload).
     quiet_cycle(&mut nodes, &store, 3, 50);
     let to_train = runtime.block_on(actions_of(&client, "train-0"));
-    assert!(
-        to_train
-            .iter()
-            .any(|a| matches!(a, Action::Stop { workload, .. } if workload == "t/train")),
-        "{to_train:?}"
-    );
+    assert!(stops(&to_train, "t/train"), "{to_train:?}");
     assert_eq!(runtime.block_on(actions_of(&client, "gone-0")), [start]);
     let gone = runtime.block_on(bound_of(&client, "gone-0")).unwrap();
     assert!(gone.workloads.is_empty(), "{gone:?}");
@@ -462,9 +495,11 @@ fn a_start_whose_node_is_lost_fails_and_its_started_copy_is_stopped() {
 
 #[test]
 fn a_lost_node_is_unbound_before_it_is_reported_and_not_once_its_agent_is_back() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = etcd();
-    let client = runtime.block_on(connect(&etcd));
+    let Opened {
+        runtime,
+        etcd: _etcd,
+        client,
+    } = opened();
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_in_memory().unwrap();
     let key = WorkloadKey::new("t", "train");
@@ -523,9 +558,11 @@ fn a_lost_node_is_unbound_before_it_is_reported_and_not_once_its_agent_is_back()
 
 #[test]
 fn a_gang_that_loses_a_node_has_its_replicas_on_the_other_nodes_stopped() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = etcd();
-    let client = runtime.block_on(connect(&etcd));
+    let Opened {
+        runtime,
+        etcd: _etcd,
+        client,
+    } = opened();
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_in_memory().unwrap();
     let key = WorkloadKey::new("t", "train");
@@ -548,9 +585,7 @@ fn a_gang_that_loses_a_node_has_its_replicas_on_the_other_nodes_stopped() {
     quiet_cycle(&mut nodes, &store, 2, 40);
     let to_train = runtime.block_on(actions_of(&client, "train-0"));
     assert!(
-        to_train
-            .iter()
-            .any(|a| matches!(a, Action::Stop { workload, .. } if workload == "t/train")),
+        stops(&to_train, "t/train"),
         "train-0's replica of the requeued gang is sent no stop: {to_train:?}"
     );
     assert!(runtime.block_on(actions_of(&client, "gone-0")).is_empty());
@@ -558,9 +593,11 @@ fn a_gang_that_loses_a_node_has_its_replicas_on_the_other_nodes_stopped() {
 
 #[test]
 fn a_gang_start_that_reached_only_some_nodes_is_failed_and_its_started_copies_stopped() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let etcd = etcd();
-    let client = runtime.block_on(connect(&etcd));
+    let Opened {
+        runtime,
+        etcd: _etcd,
+        client,
+    } = opened();
     let store = Store::open_in_memory().unwrap();
     let key = WorkloadKey::new("t", "train");
 
@@ -584,20 +621,11 @@ fn a_gang_start_that_reached_only_some_nodes_is_failed_and_its_started_copies_st
     assert_eq!(record.phase, Phase::Pending, "the failure path requeues it");
     assert!(in_flight.starts.is_empty(), "{in_flight:?}");
     assert!(store.open_actions().unwrap().is_empty());
-    let events = store.recent_workload_events(&key, 10).unwrap();
-    let requeued = events
-        .iter()
-        .find(|e| e.kind == "requeued")
-        .unwrap_or_else(|| panic!("no requeue among {events:?}"));
-    assert!(requeued.message.contains("n2"), "{}", requeued.message);
+    assert_requeued_naming(&store, &key, "n2");
 
     // The replica n1 started is stopped with the next dispatch; n2 is sent nothing.
     quiet_cycle(&mut nodes, &store, 2, 40);
     let sent = runtime.block_on(actions_of(&client, "n1"));
-    assert!(
-        sent.iter()
-            .any(|a| matches!(a, Action::Stop { workload, .. } if workload == "t/train")),
-        "{sent:?}"
-    );
+    assert!(stops(&sent, "t/train"), "{sent:?}");
     assert!(runtime.block_on(actions_of(&client, "n2")).is_empty());
 }
