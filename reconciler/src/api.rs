@@ -380,21 +380,15 @@ async fn status(State(state): State<AppState>, MaybeCaller(who): MaybeCaller) ->
 }
 
 async fn cluster_state(State(state): State<AppState>, _: Operator) -> Result<Response, ApiError> {
-    let snapshot = state.handle.cluster_state().ok_or_else(|| {
+    let spec = state.handle.cluster_state().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "no cycle has observed the fleet yet; retry in a moment",
         )
     })?;
     // A whole document, so that `curl .../state > state.json` is what `tessera plan --state`
-    // reads.
-    Ok(Json(json!({
-        "apiVersion": tessera_compiler::model::API_VERSION,
-        "kind": "ClusterState",
-        "metadata": { "name": "observed" },
-        "spec": snapshot,
-    }))
-    .into_response())
+    // reads; serialized from the shared snapshot, with no copy of it as a JSON tree.
+    Ok(Json(crate::snapshot::document(&spec)).into_response())
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

@@ -104,3 +104,29 @@ mod tests {
         assert_eq!(rfc3339(-5), "1969-12-31T23:59:55Z");
     }
 }
+
+/// `spec` as a whole `ClusterState` document, as `GET /state` writes it and `tessera plan
+/// --state` reads it; serialized from the snapshot itself, with no copy of it.
+pub fn document(spec: &ClusterStateSpec) -> Document<'_> {
+    Document {
+        api_version: tessera_compiler::model::API_VERSION,
+        kind: "ClusterState",
+        metadata: DocumentMetadata { name: "observed" },
+        spec,
+    }
+}
+
+/// See [`document`].
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Document<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: DocumentMetadata,
+    spec: &'a ClusterStateSpec,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct DocumentMetadata {
+    name: &'static str,
+}

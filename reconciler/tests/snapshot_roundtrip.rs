@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload};
 use tessera_compiler::{CompiledPolicy, SourceFile, compile};
 use tessera_reconciler::driver::Observation;
-use tessera_reconciler::snapshot::{RunningFacts, Tracked, cluster_state};
+use tessera_reconciler::snapshot::{self, RunningFacts, Tracked, cluster_state};
 use tessera_reconciler::store::carried::Carried;
 use tessera_solver::carry::carry_out;
 use tessera_solver::{Outcome, SolveOptions, solve};
@@ -240,13 +240,7 @@ fn round_trip(train: &[u32], infer: u32, gangs: &[Gang]) -> Result<usize, String
         OBSERVED_AT + 60,
     );
     // As `GET /state` writes it and `tessera plan --state` reads it.
-    let document = serde_json::to_string_pretty(&serde_json::json!({
-        "apiVersion": "tessera/v1alpha1",
-        "kind": "ClusterState",
-        "metadata": {"name": "observed"},
-        "spec": exported,
-    }))
-    .unwrap();
+    let document = serde_json::to_string_pretty(&snapshot::document(&exported)).unwrap();
     let (policy, state) = compiled(&document)
         .map_err(|e| format!("plan refuses the exported snapshot:\n{e}\n{document}"))?;
     solve(&policy, &state, &SolveOptions::default())

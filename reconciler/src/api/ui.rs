@@ -127,7 +127,7 @@ pub(super) async fn page(
             viewer: &who,
             now,
             status: &status,
-            state: cluster.as_ref(),
+            state: cluster.as_deref(),
             decisions: decisions.as_deref(),
             day: day.as_ref(),
         });

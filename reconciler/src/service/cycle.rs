@@ -515,7 +515,8 @@ impl Reconciler {
         let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
         let carried = self.store.carried()?;
         let state = snapshot::cluster_state(&observation, &tracked, &carried, now);
-        *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(state.clone());
+        *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) =
+            Some(Arc::new(state.clone()));
 
         let solve_started = Instant::now();
         let period = i64::try_from(self.config.cycle_period.as_secs()).unwrap_or(i64::MAX);
@@ -704,7 +705,8 @@ impl Reconciler {
             let records = self.store.live()?;
             let tracked: Vec<Tracked> = records.iter().map(self::tracked).collect();
             let after = snapshot::cluster_state(&observation, &tracked, &carried_next, now);
-            *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = Some(after.clone());
+            *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) =
+                Some(Arc::new(after.clone()));
             if keep && let Some(decision) = report.decision.as_ref() {
                 // Submitted while this cycle ran, or deferred by it: not decided yet, so not
                 // part of what the decision stands for; the next cycle finds them as arrivals.

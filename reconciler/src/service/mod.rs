@@ -182,7 +182,7 @@ impl From<StoreError> for ServiceError {
 /// What the loop publishes for the API, and what the API hands the loop.
 pub struct Shared {
     pub status: RwLock<Status>,
-    pub state: RwLock<Option<ClusterStateSpec>>,
+    pub state: RwLock<Option<Arc<ClusterStateSpec>>>,
     /// Tenants and their SLO classes under the revision in force, for checking submissions.
     pub tenants: RwLock<Option<Vec<TenantView>>>,
     pub metrics: Metrics,
@@ -494,7 +494,10 @@ impl Handle {
             .clone()
     }
 
-    pub fn cluster_state(&self) -> Option<ClusterStateSpec> {
+    /// The fleet as the last cycle left it (`GET /state`), shared: a reader holds the
+    /// snapshot without copying it, and the arrival path copies it only to change one a
+    /// reader still holds.
+    pub fn cluster_state(&self) -> Option<Arc<ClusterStateSpec>> {
         self.shared
             .state
             .read()

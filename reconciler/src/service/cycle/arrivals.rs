@@ -293,7 +293,12 @@ impl Reconciler {
             .unwrap_or_else(|e| e.into_inner())
             .as_mut()
         {
-            fold(state, runs, std::mem::take(&mut decided.waiting), now);
+            fold(
+                std::sync::Arc::make_mut(state),
+                runs,
+                std::mem::take(&mut decided.waiting),
+                now,
+            );
         }
         Ok(Some((
             Arrivals {
