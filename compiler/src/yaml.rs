@@ -5,7 +5,8 @@
 //! maps every JSON pointer in it back to a line and column.
 
 use std::collections::HashMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
+use std::sync::OnceLock;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
@@ -37,24 +38,44 @@ pub struct NodePos {
 }
 
 /// JSON pointer (RFC 6901, as jsonschema reports instance paths) to position.
+///
+/// Recorded as a tree while the document is lowered (each node's parent and last pointer
+/// segment) and indexed by pointer on the first lookup. Lookups happen only for diagnostics,
+/// while a fleet's snapshot has millions of nodes: building and hashing every node's pointer
+/// eagerly cost more than parsing the YAML.
 #[derive(Debug, Clone, Default)]
 pub struct SpanIndex {
-    nodes: HashMap<String, NodePos>,
+    /// Every node in the order it was lowered, parents before children.
+    nodes: Vec<Recorded>,
+    /// Each node's last pointer segment, escaped, one after the other in `nodes`' order.
+    segments: String,
+    by_pointer: OnceLock<HashMap<String, NodePos>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Recorded {
+    /// Index of the parent in [`SpanIndex::nodes`]; `None` for the document's root.
+    parent: Option<u32>,
+    /// Where this node's segment ends in [`SpanIndex::segments`] (it starts where the
+    /// previous node's ends).
+    segment_end: usize,
+    pos: NodePos,
 }
 
 impl SpanIndex {
     /// The node at `pointer`, or the nearest ancestor that exists (a missing field is reported
     /// at the mapping that lacks it).
     pub fn lookup(&self, pointer: &str) -> NodePos {
+        let nodes = self.by_pointer();
         let mut p = pointer;
         loop {
-            if let Some(pos) = self.nodes.get(p) {
+            if let Some(pos) = nodes.get(p) {
                 return *pos;
             }
             match p.rfind('/') {
                 Some(i) => p = &p[..i],
                 None => {
-                    return self.nodes.get("").copied().unwrap_or(NodePos {
+                    return nodes.get("").copied().unwrap_or(NodePos {
                         value: Pos { line: 1, column: 1 },
                         key: None,
                     });
@@ -72,6 +93,37 @@ impl SpanIndex {
     pub fn value(&self, pointer: &str) -> Pos {
         self.lookup(pointer).value
     }
+
+    /// Records the node whose segment was just appended to `segments`; its index.
+    fn record(&mut self, parent: Option<u32>, pos: NodePos) -> u32 {
+        self.nodes.push(Recorded {
+            parent,
+            segment_end: self.segments.len(),
+            pos,
+        });
+        // `parse`'s budget bounds a file to millions of nodes, far from `u32::MAX`.
+        u32::try_from(self.nodes.len() - 1).unwrap_or(u32::MAX)
+    }
+
+    fn by_pointer(&self) -> &HashMap<String, NodePos> {
+        self.by_pointer.get_or_init(|| {
+            let mut pointers: Vec<String> = Vec::with_capacity(self.nodes.len());
+            let mut start = 0;
+            for r in &self.nodes {
+                let segment = &self.segments[start..r.segment_end];
+                start = r.segment_end;
+                pointers.push(match r.parent.and_then(|i| pointers.get(i as usize)) {
+                    Some(parent) => format!("{parent}/{segment}"),
+                    None => String::new(),
+                });
+            }
+            pointers
+                .into_iter()
+                .zip(&self.nodes)
+                .map(|(pointer, r)| (pointer, r.pos))
+                .collect()
+        })
+    }
 }
 
 /// One document of a file, ready for validation.
@@ -83,7 +135,19 @@ pub struct ParsedDocument {
 
 /// Escapes one JSON pointer segment.
 pub fn escape(segment: &str) -> String {
-    segment.replace('~', "~0").replace('/', "~1")
+    let mut out = String::with_capacity(segment.len());
+    escape_into(&mut out, segment);
+    out
+}
+
+fn escape_into(out: &mut String, segment: &str) {
+    for c in segment.chars() {
+        match c {
+            '~' => out.push_str("~0"),
+            '/' => out.push_str("~1"),
+            c => out.push(c),
+        }
+    }
 }
 
 /// The policy language nests a dozen levels at most; 48 leaves room for free-form annotations.
@@ -120,8 +184,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<ParsedDocument>, Diagnostic> 
     let mut docs = Vec::with_capacity(nodes.len());
     for node in nodes {
         let mut spans = SpanIndex::default();
-        let mut pointer = String::new();
-        let value = lower(node, None, &mut pointer, &mut spans).map_err(|(pos, message)| {
+        let value = lower(node, None, None, &mut spans).map_err(|(pos, message)| {
             Diagnostic::new(Code::InvalidValue, message).at(Some(Location {
                 file: file.to_owned(),
                 line: pos.line,
@@ -221,17 +284,16 @@ fn root_cause(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
     }
 }
 
-/// Converts the span-carrying tree to JSON, recording every node's position under its pointer.
+/// Converts the span-carrying tree to JSON, recording every node's position. The caller has
+/// appended the node's pointer segment to `spans.segments`; `parent` is its parent's index.
 fn lower(
     node: Spanned<Node>,
     key: Option<Pos>,
-    pointer: &mut String,
+    parent: Option<u32>,
     spans: &mut SpanIndex,
 ) -> Result<Value, (Pos, String)> {
     let pos = Pos::of(&node.referenced);
-    spans
-        .nodes
-        .insert(pointer.clone(), NodePos { value: pos, key });
+    let me = spans.record(parent, NodePos { value: pos, key });
     Ok(match node.value {
         Node::Null => Value::Null,
         Node::Bool(b) => Value::Bool(b),
@@ -245,22 +307,17 @@ fn lower(
         Node::Seq(items) => {
             let mut out = Vec::with_capacity(items.len());
             for (i, item) in items.into_iter().enumerate() {
-                let len = pointer.len();
-                pointer.push('/');
-                pointer.push_str(&i.to_string());
-                out.push(lower(item, None, pointer, spans)?);
-                pointer.truncate(len);
+                // Writing to a `String` cannot fail.
+                let _ = write!(spans.segments, "{i}");
+                out.push(lower(item, None, Some(me), spans)?);
             }
             Value::Array(out)
         }
         Node::Map(entries) => {
             let mut out = serde_json::Map::with_capacity(entries.len());
             for (k, v) in entries {
-                let len = pointer.len();
-                pointer.push('/');
-                pointer.push_str(&escape(&k.value));
-                let value = lower(v, Some(Pos::of(&k.referenced)), pointer, spans)?;
-                pointer.truncate(len);
+                escape_into(&mut spans.segments, &k.value);
+                let value = lower(v, Some(Pos::of(&k.referenced)), Some(me), spans)?;
                 out.insert(k.value, value);
             }
             Value::Object(out)
@@ -379,6 +436,23 @@ mod tests {
             docs[1].spans.key_or_value("/kind"),
             Pos { line: 6, column: 1 }
         );
+    }
+
+    #[test]
+    fn keys_with_pointer_characters_are_found_escaped() {
+        let docs = parse("e.yaml", "a/b:\n  c~d: [1, 2]\n").unwrap();
+        let s = &docs[0].spans;
+        assert_eq!(
+            s.value("/a~1b/c~0d/1"),
+            Pos {
+                line: 2,
+                column: 12
+            }
+        );
+        assert_eq!(s.key_or_value("/a~1b/c~0d"), Pos { line: 2, column: 3 });
+        assert_eq!(s.key_or_value("/a~1b"), Pos { line: 1, column: 1 });
+        // Unescaped, the same characters name nothing: the nearest ancestor is the root.
+        assert_eq!(s.value("/a/b"), Pos { line: 1, column: 1 });
     }
 
     #[test]
