@@ -171,9 +171,10 @@ fn readme_and_ci_run_the_same_test_command() {
         1,
         "the README names one test command: {readme:?}"
     );
-    assert_eq!(
-        ci, readme,
-        "CI runs what the README tells contributors to run"
+    // CI may run more (the solver's tests on HiGHS), never less.
+    assert!(
+        ci.contains(&readme[0]),
+        "CI runs what the README tells contributors to run: {readme:?} is not among {ci:?}"
     );
     assert!(
         readme[0].contains("--locked"),
