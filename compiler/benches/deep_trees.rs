@@ -2,6 +2,10 @@
 //! cycle, and a wide tree. A figure to read, never an assertion:
 //! `cargo bench -p tessera-compiler --bench deep_trees` (add `-- N...` for other sizes).
 
+// The production binaries' allocator, so that the figures describe what users run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::fmt::Write as _;
 use std::time::Instant;
 

@@ -3,6 +3,10 @@
 //! `cargo bench -p tessera-compiler --bench validate_10k` (add `-- --tenants N` for another
 //! size).
 
+// The production binaries' allocator, so that the figures describe what users run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;

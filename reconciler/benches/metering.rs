@@ -3,6 +3,10 @@
 //! `cargo bench --workspace --bench metering`; prints medians. (`cargo test --workspace --bench
 //! metering` runs it in the debug profile: an upper bound.)
 
+// The production binaries' allocator, so that the figures describe what users run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;

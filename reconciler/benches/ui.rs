@@ -8,6 +8,10 @@
 //! `cargo bench --workspace --bench ui` (release). `cargo test --workspace --bench ui` runs
 //! it in the debug profile: an upper bound.
 
+// The production binaries' allocator, so that the figures describe what users run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};

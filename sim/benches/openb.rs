@@ -24,6 +24,10 @@
 //! `published` is `SimConfig::published_runs()` (what the paper's simulator and run scripts did,
 //! which reproduces the published figures).
 
+// The production binaries' allocator, so that the figures describe what users run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;

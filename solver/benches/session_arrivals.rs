@@ -20,6 +20,10 @@
 //! `-- --nodes N --running R` for another size. Profile with `perf record -g` on the built
 //! binary (the release profile keeps line tables).
 
+// The production binaries' allocator, so that the figures describe what users run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
 use tessera_compiler::model::{ClusterStateSpec, PendingWorkload, RunningWorkload};
