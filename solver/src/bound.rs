@@ -18,7 +18,8 @@
 //! from that priority's sources while keeping what the earlier ones send (an augmenting path
 //! starts at the source and never returns to it, so no earlier source arc loses flow). Amounts
 //! are integer quota units ([`Gpus::units`]), so the optimum is exact up to the one division at
-//! the end; the simplex this replaced was the largest part of a cycle at fleet scale.
+//! the end. The simplex this replaced took about a fifth of a cycle's CPU at 12.5× the
+//! reference fleet (70,000 workloads); the flow takes a few tens of milliseconds there.
 
 use std::collections::HashMap;
 
@@ -67,7 +68,8 @@ pub(crate) fn lp_bound_of(p: &Problem, live: impl Fn(usize) -> bool) -> Option<f
     }
     // Priority descending (the greedy order), then what makes two workloads interchangeable:
     // equal tenant and pools make one source of their summed GPUs, which keeps the network
-    // small at fleet scale (tens of thousands of workloads, a few thousand sources).
+    // small at fleet scale (tens of thousands of workloads, one source per tenant, priority
+    // and set of pools).
     weighted.sort_unstable_by(|&(va, a), &(vb, b)| {
         let (x, y) = (&p.workloads[a], &p.workloads[b]);
         vb.cmp(&va)
