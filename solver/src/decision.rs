@@ -27,8 +27,8 @@ pub struct Decision {
     /// priority. Higher is better.
     pub objective: f64,
     /// An upper bound on `objective`: the optimum of the LP relaxation of admission into pools
-    /// (see `bound.rs`; placement detail relaxed away). `None` only if the LP solver failed; no
-    /// bound is ever estimated.
+    /// (see `bound.rs`: solved exactly, as a flow; placement detail relaxed away). The solver
+    /// always sets it; `None` is for a decision without one. No bound is ever estimated.
     pub bound: Option<f64>,
     /// `(bound − objective) / |bound|` when a bound exists; `None` otherwise.
     pub gap: Option<f64>,
