@@ -1,5 +1,6 @@
 //! From parsed YAML to typed documents: envelope checks, schema validation, deserialization.
 
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -169,6 +170,12 @@ fn typed<S: DeserializeOwned>(
     file: &str,
     wrap: impl FnOnce(S) -> Document,
 ) -> Result<(String, Document), Diagnostic> {
+    // Tracking the path costs a key copy per field, and a fleet's snapshot has millions: it is
+    // done only when the plain deserialization fails, to say where (the same deserializer, so
+    // the same outcome).
+    if let Ok(env) = Envelope::<S>::deserialize(&parsed.value) {
+        return Ok((env.metadata.name, wrap(env.spec)));
+    }
     match serde_path_to_error::deserialize::<_, Envelope<S>>(&parsed.value) {
         Ok(env) => Ok((env.metadata.name, wrap(env.spec))),
         Err(e) => {
