@@ -130,8 +130,16 @@ fn node_key_into<'a>(
     let mut sorted: SmallVec<[(u64, &GpuState); 16]> = gpus.map(|s| (gpu_head(s), s)).collect();
     // As `(head, instance words)` pairs compare: the head, then the words in order.
     sorted.sort_unstable_by(|a, b| {
-        a.0.cmp(&b.0)
-            .then_with(|| instance_words(a.1).cmp(instance_words(b.1)))
+        a.0.cmp(&b.0).then_with(|| {
+            // GPUs without MIG instances (every GPU of a whole-GPU or shared pool) are equal
+            // once their heads are; the words' iterators compared even empty were a fifth of
+            // the queue's time at 50,000 GPUs.
+            if a.1.geometry.is_empty() && b.1.geometry.is_empty() {
+                std::cmp::Ordering::Equal
+            } else {
+                instance_words(a.1).cmp(instance_words(b.1))
+            }
+        })
     });
     key.clear();
     key.extend([pool as u64, cpu_left, memory_left]);
