@@ -865,13 +865,18 @@ impl Fleet {
             }
             None
         };
-        // Domains and nodes best-fit: the smallest free room first, so large ones stay free.
-        let mut domains: Vec<usize> = (0..info.domains.len()).collect();
-        domains.sort_by_cached_key(|&d| (domain_free(self, d), info.domains[d].as_str()));
-        let domain_sets: Vec<&[usize]> = domains.iter().map(|&d| members[d].as_slice()).collect();
+        // Domains and nodes best-fit: the smallest free room first, so large ones stay free;
+        // then by name (the pool's domains are sorted by name, so by index). Ordered only for
+        // a gang with a topology: the free room of every node of the pool is summed for it.
+        let domain_sets = || -> Vec<&[usize]> {
+            let mut domains: Vec<usize> = (0..info.domains.len()).collect();
+            domains.sort_by_cached_key(|&d| (domain_free(self, d), d));
+            domains.iter().map(|&d| members[d].as_slice()).collect()
+        };
         match wl.topology {
             TopologyMode::Required => {
                 // A domain that takes every replica, else one that takes at least `min`.
+                let domain_sets = domain_sets();
                 let mut scratch = Misses::default();
                 if let Some(f) = try_sets(&domain_sets, want, &mut scratch) {
                     return Ok(f);
@@ -900,7 +905,7 @@ impl Fleet {
                 nodes.sort_by_cached_key(|&n| (self.node_free(p, n), n));
                 let node_sets: Vec<&[usize]> = nodes.iter().map(std::slice::from_ref).collect();
                 // A one-node, then one-domain placement, if it takes the whole gang.
-                for sets in [node_sets, domain_sets] {
+                for sets in [node_sets, domain_sets()] {
                     for set in sets {
                         // A set where not even one replica has a place cannot take it: skip
                         // the clone (most nodes of a busy pool).
