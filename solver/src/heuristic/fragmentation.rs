@@ -110,10 +110,15 @@ fn gpu_head(s: &GpuState) -> u64 {
 
 /// One word per MIG instance of a GPU (profile, start, held), in the geometry's order.
 fn instance_words(s: &GpuState) -> impl Iterator<Item = u64> + '_ {
-    s.geometry.iter().map(|pl| {
-        (u64::from(pl.profile_id) << 16)
-            | (u64::from(pl.start) << 8)
-            | u64::from(s.held.contains_key(&pl.start))
+    // The held starts as a bit set, read once: a lookup in the held map per instance was most
+    // of a MIG node's key.
+    let mut held = [0u64; 4];
+    for &start in s.held.keys() {
+        held[usize::from(start >> 6)] |= 1 << (start & 63);
+    }
+    s.geometry.iter().map(move |pl| {
+        let is_held = held[usize::from(pl.start >> 6)] >> (pl.start & 63) & 1;
+        (u64::from(pl.profile_id) << 16) | (u64::from(pl.start) << 8) | is_held
     })
 }
 
