@@ -152,7 +152,15 @@ fn build((name, gb, names): &Builtin) -> GpuModel {
 /// The H200 and B200 entries assume H100's placement rules (unverified on
 /// hardware).
 pub fn builtin_models() -> Vec<GpuModel> {
-    BUILTINS.iter().map(build).collect()
+    builtins().to_vec()
+}
+
+/// [`builtin_models`], built once and borrowed: resolving a profile name against every model
+/// is done per workload of a snapshot, and building the catalog each time was most of reading
+/// a 65,000-workload snapshot.
+pub fn builtins() -> &'static [GpuModel] {
+    static MODELS: std::sync::OnceLock<Vec<GpuModel>> = std::sync::OnceLock::new();
+    MODELS.get_or_init(|| BUILTINS.iter().map(build).collect())
 }
 
 /// A built-in model by exact name, else by case-insensitive name.

@@ -20,7 +20,7 @@ pub mod nvml_return;
 pub mod placement;
 pub mod shape;
 
-pub use catalog::{GpuModel, MigProfiles, builtin_model, builtin_models};
+pub use catalog::{GpuModel, MigProfiles, builtin_model, builtin_models, builtins};
 pub use device::{DeviceError, MigDevice};
 pub use enumerate::{
     all_layouts, all_profile_ids, maximal_layout_multisets, maximal_layouts, maximal_multisets,

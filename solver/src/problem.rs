@@ -1057,11 +1057,10 @@ fn fallback_demand(spec: &WorkloadSpec) -> Option<Demand> {
         return Some(Demand::Share { fraction });
     }
     let p = spec.gpu.mig_profile.as_deref()?;
-    let id = p.parse().ok().or_else(|| {
-        mig::builtin_models()
-            .iter()
-            .find_map(|m| m.resolve_profile(p))
-    })?;
+    let id = p
+        .parse()
+        .ok()
+        .or_else(|| mig::builtins().iter().find_map(|m| m.resolve_profile(p)))?;
     Some(Demand::Mig { profile_id: id })
 }
 

@@ -296,7 +296,7 @@ fn fallback_demand(spec: &WorkloadSpec, share: Option<Gpus>) -> Option<GpuDemand
     }
     let p = spec.gpu.mig_profile.as_deref()?;
     let id = p.parse().ok().or_else(|| {
-        tessera_mig::builtin_models()
+        tessera_mig::builtins()
             .iter()
             .find_map(|m| m.resolve_profile(p))
     })?;

@@ -5,7 +5,9 @@
 //! `fragmentation.rs`).
 
 use super::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+
+use smallvec::SmallVec;
 
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -85,6 +87,13 @@ pub(crate) struct Fleet {
     /// preemption search's bounds ask for them for every node of a pool per gang, and a
     /// replica's search for a place skips the nodes that offer none.
     pub(super) free: CowVec<NodeFree>,
+    /// Each node's measure against the mix as it stands, with its pool, once taken: every gang
+    /// measures each node with room before placing on it, and a gang changes a few nodes.
+    /// Set through a shared chunk (the value is the same for every fleet that shares it: a
+    /// fleet that changes a node first clears its entry, which copies the chunk), cleared by
+    /// every write to the node's GPUs, CPU or memory ([`Fleet::occupy`], [`Fleet::release`],
+    /// a rollback) and by a new mix.
+    measured: CowVec<Cell<Option<(usize, Measure)>>>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
@@ -101,6 +110,9 @@ pub(crate) struct Fleet {
     pub(super) relayout_offers: RelayoutOffers,
     /// The values replaced while a what-if's mark is open (see `journal.rs`).
     pub(super) journal: FleetJournalSlot,
+    /// Whether `occupy` keeps the offers and free room as it writes: not while
+    /// [`Fleet::with`] places a snapshot's running work (it counts them all once after).
+    keeping: bool,
 }
 
 /// What a node's healthy GPUs hold free, kept by the fleet (see [`Fleet::recount`]).
@@ -144,7 +156,15 @@ pub(super) enum Plan {
 }
 
 impl Fleet {
+    #[cfg(test)]
     pub(super) fn new(p: &Problem) -> Fleet {
+        Fleet::with(p, |_| {})
+    }
+
+    /// The fleet with what `occupy` places on it ([`Fleet::occupy`]'s writes without its
+    /// bookkeeping), each GPU's offers and each node's free room then counted once: a snapshot
+    /// of 65,000 running workloads recounted a node for every replica it holds.
+    pub(super) fn with(p: &Problem, occupy: impl FnOnce(&mut Fleet)) -> Fleet {
         let mut fleet = Fleet {
             gpu: p
                 .gpus
@@ -161,13 +181,18 @@ impl Fleet {
             memory: vec![0; p.nodes.len()].into(),
             placed: vec![None; p.workloads.len()].into(),
             free: vec![NodeFree::default(); p.nodes.len()].into(),
+            measured: vec![Cell::new(None); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
             relayouts: Rc::default(),
             relayout_offers: Rc::default(),
             journal: FleetJournalSlot::default(),
+            keeping: true,
         };
+        fleet.keeping = false;
+        occupy(&mut fleet);
+        fleet.keeping = true;
         for g in 0..p.gpus.len() {
             fleet.reoffer(p, g);
         }
@@ -240,11 +265,13 @@ impl Fleet {
     /// (a session's finished work), as a cycle on the snapshot without them would.
     pub(crate) fn forget(&mut self, p: &Problem, gone: impl Fn(usize) -> bool) {
         self.mix = Rc::new(Mix::new(p, |w| !gone(w)));
+        self.measured = vec![Cell::new(None); p.nodes.len()].into();
     }
 
     pub(super) fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
         let wl = &p.workloads[w];
         self.save_node(slot.node);
+        self.measured[slot.node] = Cell::new(None);
         self.cpu[slot.node] += wl.cpu.0;
         self.memory[slot.node] += wl.memory.0;
         for &g in &slot.gpus {
@@ -268,13 +295,17 @@ impl Fleet {
                 }
             }
         }
-        for &g in &slot.gpus {
-            self.reoffer(p, g);
-        }
         let node = slot.node;
+        if self.keeping {
+            for &g in &slot.gpus {
+                self.reoffer(p, g);
+            }
+        }
         self.save_placed(w);
         Rc::make_mut(self.placed[w].get_or_insert_with(Rc::default)).push(slot);
-        self.recount(p, node);
+        if self.keeping {
+            self.recount(p, node);
+        }
     }
 
     /// Frees everything `w` holds; `preempted` marks it for drains.
@@ -283,6 +314,7 @@ impl Fleet {
         self.save_placed(w);
         for slot in self.placed[w].take().unwrap_or_default().iter() {
             self.save_node(slot.node);
+            self.measured[slot.node] = Cell::new(None);
             for &g in &slot.gpus {
                 self.save_gpu(g);
             }
@@ -333,6 +365,18 @@ impl Fleet {
         self.free[n].units
     }
 
+    /// Whether node `n`'s free GPUs, as [`Fleet::recount`] keeps them, could take a replica of
+    /// `demand`: `false` only where [`Fleet::option`] finds no place (it asks for that many
+    /// GPUs free whole, a free or re-laid-out instance, or a GPU with the fraction's room).
+    fn may_host(&self, n: usize, demand: Demand) -> bool {
+        let free = &self.free[n];
+        match demand {
+            Demand::Whole { count } => free.whole >= count,
+            Demand::Mig { .. } => free.offers.may_offer(demand),
+            Demand::Share { fraction } => free.units >= fraction.units(),
+        }
+    }
+
     /// `F` and `H` of node `n` (see `fragmentation.rs`) as it is, or, with `after`, once a
     /// replica of that workload takes its CPU and memory and these GPU states replace the node's.
     pub(super) fn measure(
@@ -342,6 +386,12 @@ impl Fleet {
         n: usize,
         after: Option<(usize, &[(usize, GpuState)])>,
     ) -> Measure {
+        if after.is_none()
+            && let Some((at, m)) = self.measured[n].get()
+            && at == pool
+        {
+            return m;
+        }
         let node = &p.nodes[n];
         let mut cpu = node.cpu.0.saturating_sub(self.cpu[n]);
         let mut memory = node.memory.0.saturating_sub(self.memory[n]);
@@ -359,7 +409,16 @@ impl Fleet {
                 .find(|c| c.0 == g)
                 .map_or(&*self.gpu[g], |c| &c.1)
         });
-        self.mix.measure(p, pool, cpu, memory, gpus)
+        let m = self.mix.measure(p, pool, cpu, memory, gpus);
+        if after.is_none() {
+            self.measured[n].set(Some((pool, m)));
+        }
+        m
+    }
+
+    /// Forgets node `n`'s measure (its state is being put back by a rollback).
+    pub(super) fn unmeasure(&mut self, n: usize) {
+        self.measured[n] = Cell::new(None);
     }
 
     /// The GPU states `plan` leaves behind for a replica of `w`, as [`Fleet::apply`] writes them.
@@ -528,9 +587,13 @@ impl Fleet {
                 let before =
                     || scored.then(|| *before.get_or_init(|| self.measure(p, pool, n, None)));
                 let mut best: Option<((u32, u64, i64), usize, Placement)> = None;
+                // A GPU laid out and held as one scored before scores as it did (the node's
+                // GPUs are a multiset to the measure) and loses the tie to it: a node's GPUs
+                // mostly share a layout, and each score measures the whole node.
+                let mut scored_states: SmallVec<[&GpuState; 8]> = SmallVec::new();
                 for &g in &gpus {
                     let s = &self.gpu[g];
-                    if s.whole.is_some() {
+                    if s.whole.is_some() || scored_states.iter().any(|t| same_mig_state(s, t)) {
                         continue;
                     }
                     if let Some(pl) = s
@@ -554,6 +617,7 @@ impl Fleet {
                         if best.as_ref().is_none_or(|b| key < b.0) {
                             best = Some((key, g, *pl));
                         }
+                        scored_states.push(s);
                     }
                 }
                 if let Some((_, gpu, placement)) = best {
@@ -733,9 +797,29 @@ impl Fleet {
                     &mut Misses::default(),
                 );
             }
+            // The nodes whose free room, as kept, could take a replica: in a busy pool a
+            // few in a hundred, and telling costs one read of what is kept per node.
             if best.is_none() {
+                let roomy = nodes.iter().copied().filter(|&n| self.may_host(n, demand));
+                best = self.best_option(
+                    p,
+                    w,
+                    pool,
+                    roomy,
+                    scored,
+                    &mut before,
+                    &mut Misses::default(),
+                );
+            }
+            // Why nothing fits is read only when no replica was placed (`capacity_reason`),
+            // and it names what the first nodes scanned lack: then every node is asked.
+            if best.is_none() && placed == 0 {
                 best =
                     self.best_option(p, w, pool, nodes.iter().copied(), scored, &mut before, miss);
+                debug_assert!(
+                    best.is_none(),
+                    "a node the free room left out took a replica"
+                );
             }
             // The choice is the whole scan's, node by node (`option` on every node).
             debug_assert_eq!(
@@ -989,6 +1073,17 @@ impl Fleet {
             free: Gpus::from_units(free),
         }
     }
+}
+
+/// Whether two MIG GPUs' states offer a replica the same places at the same cost: the same
+/// instances laid out, the same ones held (by whom does not matter), nothing else on them.
+fn same_mig_state(a: &GpuState, b: &GpuState) -> bool {
+    a.whole.is_none()
+        && b.whole.is_none()
+        && a.shares.is_empty()
+        && b.shares.is_empty()
+        && a.geometry == b.geometry
+        && a.held.keys().eq(b.held.keys())
 }
 
 /// The nodes of each of `info`'s domains, in pool order.

@@ -75,7 +75,11 @@ impl Fleet {
                         None => j.saved.remove(&g),
                     };
                 }
-                Undo::Cpu(n, v) => self.cpu[n] = v,
+                // Every write to a node's state saves its CPU first (`save_node`).
+                Undo::Cpu(n, v) => {
+                    self.cpu[n] = v;
+                    self.unmeasure(n);
+                }
                 Undo::Memory(n, v) => self.memory[n] = v,
                 Undo::Placed(w, v) => self.placed[w] = v,
                 Undo::Free(n, v) => self.free[n] = v,

@@ -172,12 +172,32 @@ type RefusalKey = (usize, Option<usize>, i64);
 /// A refused preemption: the protected workloads listed, and how many there were.
 type Refusal = (Vec<Protected>, usize);
 
-/// A running workload of the snapshot, with its tenant (kept beside it: the preemption search
-/// tests thousands of candidates' tenants against a scope before it reads anything else).
+/// A running workload of the snapshot, with what the preemption search reads of it to tell
+/// whether it may be a victim (kept beside it: the search tests tens of thousands of
+/// candidates per gang on a 50,000-GPU fleet, and reading each one's workload cost a cache miss
+/// or two apiece).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Running {
     pub(crate) workload: usize,
     pub(crate) tenant: usize,
+    pub(crate) class: usize,
+    pub(crate) started_at: i64,
+}
+
+impl Running {
+    /// Running workload `w` of `p`; `None` when it is not running.
+    pub(crate) fn of(p: &Problem, w: usize) -> Option<Running> {
+        let wl = &p.workloads[w];
+        match wl.phase {
+            Phase::Running { started_at, .. } => Some(Running {
+                workload: w,
+                tenant: wl.tenant,
+                class: wl.class,
+                started_at,
+            }),
+            Phase::Pending { .. } => None,
+        }
+    }
 }
 
 pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
@@ -186,17 +206,19 @@ pub(crate) fn pool_of(p: &Problem, w: usize) -> usize {
 
 impl<'p> Solver<'p> {
     pub(crate) fn new(p: &'p Problem) -> Self {
-        let mut fleet = Fleet::new(p);
-        let mut running_by_pool = vec![Vec::new(); p.pools.len()];
-        for (w, wl) in p.workloads.iter().enumerate() {
-            if let Phase::Running { slots, .. } = &wl.phase {
-                for s in slots {
-                    fleet.occupy(p, w, placed_of(p, w, s));
+        let fleet = Fleet::with(p, |fleet| {
+            for (w, wl) in p.workloads.iter().enumerate() {
+                if let Phase::Running { slots, .. } = &wl.phase {
+                    for s in slots {
+                        fleet.occupy(p, w, placed_of(p, w, s));
+                    }
                 }
-                running_by_pool[pool_of(p, w)].push(Running {
-                    workload: w,
-                    tenant: wl.tenant,
-                });
+            }
+        });
+        let mut running_by_pool = vec![Vec::new(); p.pools.len()];
+        for w in 0..p.workloads.len() {
+            if let Some(run) = Running::of(p, w) {
+                running_by_pool[pool_of(p, w)].push(run);
             }
         }
         Solver {

@@ -75,6 +75,8 @@ impl Solver<'_> {
         for &Running {
             workload: v,
             tenant,
+            class,
+            started_at,
         } in &self.running_by_pool[pool]
         {
             if in_scope.as_ref().is_some_and(|s| !s[tenant]) {
@@ -83,13 +85,9 @@ impl Solver<'_> {
             if !matches!(self.status[v], Some(Status::Keep)) {
                 continue;
             }
-            let vl = &p.workloads[v];
-            let class = &p.classes[vl.class];
+            let class = &p.classes[class];
             // Names are cloned only for the few candidates a reason lists (see `listed`).
             let name = v;
-            let Phase::Running { started_at, .. } = vl.phase else {
-                continue;
-            };
             let ran = (p.now - started_at).max(0) as u64;
             if !class.preemptible {
                 protected.push(p, name, Blocked::NonPreemptible);
@@ -100,12 +98,12 @@ impl Solver<'_> {
                     Blocked::MinRuntime(class.min_runtime_seconds - ran),
                 );
             } else if self.within_guarantee[v]
-                && !(class.priority < prio && (requester_guaranteed || vl.tenant == wl.tenant))
+                && !(class.priority < prio && (requester_guaranteed || tenant == wl.tenant))
             {
                 // Guarantee protection guards against other tenants' borrowing; within one
                 // tenant, priority alone decides.
                 if class.priority < prio {
-                    owners.insert(vl.tenant);
+                    owners.insert(tenant);
                 }
                 protected.push(p, name, Blocked::WithinGuarantee);
             } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
@@ -123,10 +121,10 @@ impl Solver<'_> {
             } else if !self.within_guarantee[v]
                 && requester_guaranteed
                 && class.priority >= prio
-                && vl.tenant == wl.tenant
+                && tenant == wl.tenant
             {
                 // Reclaiming from oneself is no reclaim.
-                own.insert(vl.tenant);
+                own.insert(tenant);
                 protected.push(p, name, Blocked::NotLowerPriority);
             } else {
                 eligible.push(v);
@@ -198,15 +196,10 @@ impl Solver<'_> {
         // this one asserts it). The fleet's free units are read before any what-if writes on
         // it.
         let pool_nodes = &p.pools[pool].nodes;
-        let free_at: Vec<i64> = (0..p.nodes.len())
-            .map(|n| {
-                if p.nodes[n].pool == Some(pool) {
-                    self.fleet.node_free(p, n)
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let mut free_at = vec![0i64; p.nodes.len()];
+        for &n in pool_nodes {
+            free_at[n] = self.fleet.node_free(p, n);
+        }
         let pool_free: i64 = pool_nodes.iter().map(|&n| free_at[n]).sum();
         let needed = amount.units();
         let holds = |v: usize| {
@@ -256,7 +249,7 @@ impl Solver<'_> {
         // last, from the side furthest above its share first.
         // The cheap checks come first and do not depend on the order: only the victims that
         // pass them are sorted (a pool holds thousands of candidates, few of which make room).
-        let mut singles: Vec<usize> = eligible
+        let singles: Vec<usize> = eligible
             .iter()
             .copied()
             .filter(|&v| {
@@ -266,9 +259,18 @@ impl Solver<'_> {
                 single_fit(&self.fleet, v) >= min_member
             })
             .collect();
-        singles.sort_by_cached_key(|&v| (fair_victims.get(&v).cloned(), cost(v)));
+        // Tried cheapest first. The cheapest nearly always suffices (it passed the bounds
+        // above): it is found by a scan, and the others are sorted only when it does not.
+        // Keys are distinct (they end with the workload's key), so the order is the sort's.
+        let mut singles: Vec<_> = singles
+            .into_iter()
+            .map(|v| ((fair_victims.get(&v).cloned(), cost(v)), v))
+            .collect();
+        let cheapest = (0..singles.len()).min_by(|&a, &b| singles[a].0.cmp(&singles[b].0));
         let mut chosen = None;
-        for &v in &singles {
+        let mut sorted = false;
+        let mut next = cheapest.map(|i| singles.swap_remove(i).1);
+        while let Some(v) = next {
             let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
             self.release_victim(pool, v);
             let attempt = attempt_on(&self.fleet, &self.ledger, &[v]);
@@ -278,6 +280,12 @@ impl Solver<'_> {
                 chosen = Some((vec![v], admitted));
                 break;
             }
+            if !sorted {
+                // Descending, so that the cheapest left is popped from the end.
+                singles.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+                sorted = true;
+            }
+            next = singles.pop().map(|(_, v)| v);
         }
         // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
         if chosen.is_none() {

@@ -38,6 +38,10 @@ impl Blocking {
         }
     }
 
+    /// Counts candidate `v`, and lists it while fewer than the listed number are. Candidates
+    /// come in key order (a pool's running workloads are kept by tenant and name, see
+    /// `Solver::running_by_pool`), so the first ones pushed are the first by key; a scan of
+    /// tens of thousands of protected candidates compares no names.
     pub(super) fn push(&mut self, p: &Problem, v: usize, why: Blocked) {
         self.total += 1;
         let ranks = &self.ranks;
@@ -46,19 +50,15 @@ impl Blocking {
             debug_assert_eq!(wl.key.tenant, p.tenants[wl.tenant].name);
             (ranks[wl.tenant], wl.key.name.as_str())
         };
-        // The scan visits candidates by key: past the first few, this returns at once.
-        if self.first.len() == crate::decision::PROTECTED_LISTED {
-            if self
-                .first
+        debug_assert!(
+            self.first
                 .last()
-                .is_some_and(|&(last, _)| key(last) < key(v))
-            {
-                return;
-            }
-            self.first.pop();
+                .is_none_or(|&(last, _)| key(last) < key(v)),
+            "protected candidates pushed out of key order"
+        );
+        if self.first.len() < crate::decision::PROTECTED_LISTED {
+            self.first.push((v, why));
         }
-        let at = self.first.partition_point(|&(u, _)| key(u) < key(v));
-        self.first.insert(at, (v, why));
     }
 }
 

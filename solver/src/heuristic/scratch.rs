@@ -47,6 +47,7 @@ impl Solver<'_> {
         for &Running {
             workload: v,
             tenant,
+            ..
         } in &self.running_by_pool[pool]
         {
             if in_scope.as_ref().is_some_and(|s| !s[tenant]) {

@@ -865,13 +865,8 @@ impl Session {
             let running = &mut parts.running_by_pool[pool_of(p, w)];
             let key = &p.workloads[w].key;
             let at = running.partition_point(|r| p.workloads[r.workload].key < *key);
-            running.insert(
-                at,
-                heuristic::Running {
-                    workload: w,
-                    tenant: p.workloads[w].tenant,
-                },
-            );
+            let run = heuristic::Running::of(p, w).expect("an admission carried out runs");
+            running.insert(at, run);
         }
         for &w in &admitted {
             self.guarantee_index(pool_of(&self.problem, w), w, true);
