@@ -287,8 +287,22 @@ impl Solver<'_> {
             }
             next = singles.pop().map(|(_, v)| v);
         }
+        // Every candidate released at once gives the highest bounds any set of them reaches
+        // (both grow with the set): when even those refuse, no what-if can succeed, and the
+        // accumulation below is not tried. A gang that no victim here makes room for
+        // otherwise walked the whole candidate list in cost order.
+        let hopeless = || {
+            let mut all = Bound::new(base_fit, &replicas_on);
+            let mut frees = Vec::new();
+            for &v in &eligible {
+                frees.extend(frees_of(&self.fleet, v));
+            }
+            all.add(&frees);
+            let freed: i64 = eligible.iter().map(|&v| holds(v)).sum();
+            pool_free + freed < needed || all.fit < min_member
+        };
         // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
-        if chosen.is_none() {
+        if chosen.is_none() && !hopeless() {
             // Among borrowed work of the requester's priority, the side furthest above its
             // share gives first. Drawn from a heap, lowest first: the set is mostly far smaller than the pool's
             // candidates, which a sort would order whole. The workload breaks ties as the
@@ -319,11 +333,11 @@ impl Solver<'_> {
             let mut bound = Bound::new(base_fit, &replicas_on);
             let mut freed = 0;
             while let Some(std::cmp::Reverse((_, v))) = order.pop() {
+                // What `v` frees is read from its own placements, which no other victim's
+                // release changes.
                 let f = frees_of(&self.fleet, v);
                 bound.add(&f);
                 frees.push(f);
-                marks.push((self.fleet.mark(), self.ledger.mark()));
-                self.release_victim(pool, v);
                 set.push(v);
                 freed += holds(v);
                 if pool_free + freed < needed {
@@ -331,6 +345,14 @@ impl Solver<'_> {
                 }
                 if bound.fit < min_member {
                     continue;
+                }
+                // Released only when a what-if is due, in the set's order, each after its
+                // mark, as if released one by one: a search whose bounds never allow a
+                // what-if (a gang no set of these victims makes room for) releases none, where
+                // it released every candidate of the pool and rolled them all back.
+                for &u in &set[marks.len()..] {
+                    marks.push((self.fleet.mark(), self.ledger.mark()));
+                    self.release_victim(pool, u);
                 }
                 if let Ok(admitted) = attempt_on(&self.fleet, &self.ledger, &set) {
                     let search = Pruning {

@@ -204,6 +204,10 @@ impl Signed {
     }
 }
 
+/// Arrivals a session has room for when it opens ([`Session::reserve`]): more than a period's
+/// arrival path takes on a busy fleet (the service decides at most 16 at once).
+pub const ARRIVAL_ROOM: usize = 256;
+
 impl Session {
     /// Runs the full cycle on `state` and keeps it. The decision is the one [`crate::solve`]
     /// gives.
@@ -227,7 +231,7 @@ impl Session {
             .map(|(i, w)| (w.key.clone(), i))
             .collect();
         let problem_pools = problem.pools.len();
-        let session = Session {
+        let mut session = Session {
             policy: policy.clone(),
             blank: Ledger::new(&problem),
             problem,
@@ -236,7 +240,20 @@ impl Session {
             bound,
             by_guarantee: vec![None; problem_pools],
         };
+        session.reserve(ARRIVAL_ROOM);
         Ok((session, decision))
+    }
+
+    /// Makes room for `arrivals` more workloads, so that deciding them grows no table: an
+    /// arrival adds an entry to tables as long as the fleet's workloads (70,000 at 50,000
+    /// GPUs), and a table at capacity is copied whole to grow, on the arrival path. A session
+    /// reserves [`ARRIVAL_ROOM`] when it opens; a clone has no room to spare.
+    pub fn reserve(&mut self, arrivals: usize) {
+        self.problem.workloads.reserve(arrivals);
+        if let Some(parts) = self.parts.as_mut() {
+            parts.status.reserve(arrivals);
+            parts.within_guarantee.reserve(arrivals);
+        }
     }
 
     /// The cycle [`crate::solve`] runs (the heuristic, then the integer program per pool), and
@@ -630,12 +647,20 @@ impl Session {
             .into_iter()
             .filter_map(|(x, was)| {
                 // Most picks decided again wait for the same reason: no decision to build.
-                if let (Some(Status::Pending(a)), Some(Status::Pending(b))) = (&was, &s.status[x])
-                    && a == b
-                {
+                let waits = match (&was, &s.status[x]) {
+                    (Some(Status::Pending(a)), Some(Status::Pending(b))) => Some(a == b),
+                    _ => None,
+                };
+                if waits == Some(true) {
                     return None;
                 }
                 let now = heuristic::workload_decision(p, &s.fleet, x, s.status[x].as_ref()).0;
+                // Waiting for another reason: a waiting decision carries its reason whole, so
+                // it differs (the reason of a borrower behind protected work counts the
+                // protected, which one preemption changes for thousands of waiting picks).
+                if waits == Some(false) {
+                    return Some(now);
+                }
                 let then = heuristic::workload_decision(p, &before, x, was.as_ref()).0;
                 (now != then).then_some(now)
             })
