@@ -90,11 +90,8 @@ pub struct Refined;
 
 impl Solver for Refined {
     fn solve(&self, problem: &Problem, time_limit: Duration) -> Decision {
-        ilp::refine(
-            problem,
-            heuristic::solve(problem),
-            ilp::Budget::new(time_limit),
-        )
+        let (incumbent, keep) = heuristic::solve_keeping(problem);
+        ilp::refine(problem, incumbent, &keep, ilp::Budget::new(time_limit))
     }
 }
 

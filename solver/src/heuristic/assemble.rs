@@ -87,9 +87,17 @@ pub(super) fn orphan_cause(c: &OrphanCause) -> String {
 
 /// Runs one heuristic cycle.
 pub fn solve(p: &Problem) -> Decision {
+    solve_keeping(p).0
+}
+
+/// [`solve`], with what its step (a) kept (see [`Solver::run`]).
+pub(crate) fn solve_keeping(p: &Problem) -> (Decision, KeepPhase) {
     let mut s = Solver::new(p);
-    s.run();
-    decision(p, &s, Method::Heuristic, crate::bound::lp_bound(p))
+    let keep = s.run();
+    (
+        decision(p, &s, Method::Heuristic, crate::bound::lp_bound(p)),
+        keep,
+    )
 }
 
 /// The decision for one workload of the problem given its status, and what it adds to the

@@ -94,6 +94,11 @@ pub(crate) struct Fleet {
     /// every write to the node's GPUs, CPU or memory ([`Fleet::occupy`], [`Fleet::release`],
     /// a rollback) and by a new mix.
     measured: CowVec<Cell<Option<(usize, Measure)>>>,
+    /// Each node's measure key as it stands (`fragmentation.rs`), once built, kept and cleared
+    /// as `measured` is: a placement's measure is looked up by the key after it, which
+    /// [`key_after`] derives from this one and the GPUs the placement changes without reading
+    /// the node's other GPUs.
+    keys: CowVec<RefCell<Option<Rc<[u64]>>>>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
@@ -182,6 +187,7 @@ impl Fleet {
             placed: vec![None; p.workloads.len()].into(),
             free: vec![NodeFree::default(); p.nodes.len()].into(),
             measured: vec![Cell::new(None); p.nodes.len()].into(),
+            keys: vec![RefCell::new(None); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
@@ -266,12 +272,13 @@ impl Fleet {
     pub(crate) fn forget(&mut self, p: &Problem, gone: impl Fn(usize) -> bool) {
         self.mix = Rc::new(Mix::new(p, |w| !gone(w)));
         self.measured = vec![Cell::new(None); p.nodes.len()].into();
+        self.keys = vec![RefCell::new(None); p.nodes.len()].into();
     }
 
     pub(super) fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
         let wl = &p.workloads[w];
         self.save_node(slot.node);
-        self.measured[slot.node] = Cell::new(None);
+        self.unmeasure(slot.node);
         self.cpu[slot.node] += wl.cpu.0;
         self.memory[slot.node] += wl.memory.0;
         for &g in &slot.gpus {
@@ -314,7 +321,7 @@ impl Fleet {
         self.save_placed(w);
         for slot in self.placed[w].take().unwrap_or_default().iter() {
             self.save_node(slot.node);
-            self.measured[slot.node] = Cell::new(None);
+            self.unmeasure(slot.node);
             for &g in &slot.gpus {
                 self.save_gpu(g);
             }
@@ -409,6 +416,24 @@ impl Fleet {
                 .find(|c| c.0 == g)
                 .map_or(&*self.gpu[g], |c| &c.1)
         });
+        if after.is_some() && self.mix.scores(pool) {
+            let changes: SmallVec<[(&GpuState, &GpuState); 8]> = changed
+                .iter()
+                .filter(|c| self.usable(p, c.0))
+                .map(|c| (&*self.gpu[c.0], &c.1))
+                .collect();
+            let mut key = Vec::new();
+            if key_after(&self.node_key(p, pool, n), cpu, memory, &changes, &mut key)
+                && let Some(m) = self.mix.remembered(&key)
+            {
+                debug_assert_eq!(
+                    key,
+                    Mix::key(pool, cpu, memory, gpus.clone()),
+                    "the key derived after a placement differs from the one built"
+                );
+                return m;
+            }
+        }
         let m = self.mix.measure(p, pool, cpu, memory, gpus);
         if after.is_none() {
             self.measured[n].set(Some((pool, m)));
@@ -419,6 +444,27 @@ impl Fleet {
     /// Forgets node `n`'s measure (its state is being put back by a rollback).
     pub(super) fn unmeasure(&mut self, n: usize) {
         self.measured[n] = Cell::new(None);
+        self.keys[n] = RefCell::new(None);
+    }
+
+    /// Node `n`'s measure key as it stands (see [`Fleet::keys`]).
+    fn node_key(&self, p: &Problem, pool: usize, n: usize) -> Rc<[u64]> {
+        if let Some(key) = self.keys[n].borrow().as_ref()
+            && key.first() == Some(&(pool as u64))
+        {
+            return Rc::clone(key);
+        }
+        let node = &p.nodes[n];
+        let cpu = node.cpu.0.saturating_sub(self.cpu[n]);
+        let memory = node.memory.0.saturating_sub(self.memory[n]);
+        let gpus = node
+            .gpus
+            .iter()
+            .filter(|&&g| self.usable(p, g))
+            .map(|&g| &*self.gpu[g]);
+        let key: Rc<[u64]> = Mix::key(pool, cpu, memory, gpus).into();
+        *self.keys[n].borrow_mut() = Some(Rc::clone(&key));
+        key
     }
 
     /// The GPU states `plan` leaves behind for a replica of `w`, as [`Fleet::apply`] writes them.

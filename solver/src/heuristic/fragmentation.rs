@@ -154,6 +154,57 @@ fn node_key_into<'a>(
     }
 }
 
+/// The key of a node whose key is `before` (see [`node_key_into`]) once it has `cpu_left` and
+/// `memory_left` and each GPU of `changes` goes from its first state to its second, written
+/// into `out`: the same words `node_key_into` writes for that node, built from the changed GPUs
+/// alone (a key is its GPUs' words in sorted order, so the changed ones' words are taken out
+/// and theirs after put in). `false` when `before` does not hold a changed GPU's words (it is
+/// not that node's key).
+pub(super) fn key_after(
+    before: &[u64],
+    cpu_left: u64,
+    memory_left: u64,
+    changes: &[(&GpuState, &GpuState)],
+    out: &mut Vec<u64>,
+) -> bool {
+    // Declared first: the key's GPUs borrow the changed ones' words from it.
+    let mut added: SmallVec<[u64; 16]> = SmallVec::new();
+    let mut spans: SmallVec<[(usize, usize); 8]> = SmallVec::new();
+    let mut gpus: SmallVec<[&[u64]; 16]> = SmallVec::new();
+    let mut i = 3;
+    while i < before.len() {
+        // A GPU's words are its head, then one word per instance: the head counts them.
+        let end = i + 1 + ((before[i] >> 55) & 0xff) as usize;
+        let Some(words) = before.get(i..end) else {
+            return false;
+        };
+        gpus.push(words);
+        i = end;
+    }
+    for (old, new) in changes {
+        let was: SmallVec<[u64; 8]> = std::iter::once(gpu_head(old))
+            .chain(instance_words(old))
+            .collect();
+        let Some(at) = gpus.iter().position(|g| **g == was[..]) else {
+            return false;
+        };
+        gpus.swap_remove(at);
+        let start = added.len();
+        added.push(gpu_head(new));
+        added.extend(instance_words(new));
+        spans.push((start, added.len()));
+    }
+    gpus.extend(spans.iter().map(|&(a, b)| &added[a..b]));
+    // As `node_key_into` orders them: the head, then the instance words (a slice's order).
+    gpus.sort_unstable();
+    out.clear();
+    out.extend([before[0], cpu_left, memory_left]);
+    for g in gpus {
+        out.extend_from_slice(g);
+    }
+    true
+}
+
 /// How one node measures, before or after a placement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Measure {
@@ -271,6 +322,25 @@ impl Mix {
             Some(units) => Gpus::from_units(i64::try_from(units).unwrap_or(i64::MAX)),
             None => Gpus::ZERO,
         }
+    }
+
+    /// The key [`Mix::measure`] remembers a node of `pool` with `cpu_left`, `memory_left` and
+    /// these (healthy) GPUs by.
+    pub(super) fn key<'a>(
+        pool: usize,
+        cpu_left: u64,
+        memory_left: u64,
+        gpus: impl Iterator<Item = &'a GpuState>,
+    ) -> Vec<u64> {
+        let mut key = Vec::new();
+        node_key_into(&mut key, pool, cpu_left, memory_left, gpus);
+        key
+    }
+
+    /// The measure remembered for a node with key `key`, if any, as [`Mix::measure`] gives
+    /// it.
+    pub(super) fn remembered(&self, key: &[u64]) -> Option<Measure> {
+        self.remembered.borrow().get(key).copied()
     }
 
     /// `F` and `H` of a node with `cpu_left` and `memory_left` and these (healthy) GPUs,

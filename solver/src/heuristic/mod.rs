@@ -54,7 +54,7 @@ use crate::quota::{self, Ledger};
 // The integer program's replay builds its decision with this cycle's own steps, so it lives
 // beside the ILP but is a child of this module, which keeps the cycle's internals private.
 mod replay;
-pub(crate) use replay::{Admission, Directive, KeepPhase, keep_phase, solve_directed};
+pub(crate) use replay::{Admission, Directive, KeepPhase, solve_directed};
 
 // Reservations read and write the cycle's internals as its own steps do.
 mod reserve;
@@ -307,12 +307,23 @@ impl<'p> Solver<'p> {
         }
     }
 
-    pub(crate) fn run(&mut self) {
+    /// The cycle, (a) to (e). Returns what step (a) kept ([`KeepPhase`]): the integer program's
+    /// windows read it, and a cycle that refined ran step (a) a second time for it.
+    pub(crate) fn run(&mut self) -> KeepPhase {
         self.keep_running();
+        let keep = KeepPhase {
+            kept: self
+                .status
+                .iter()
+                .map(|st| matches!(st, Some(Status::Keep)))
+                .collect(),
+            within_guarantee: self.within_guarantee.clone(),
+        };
         let queue: Vec<usize> = (0..self.p.workloads.len())
             .filter(|&w| !self.p.workloads[w].is_running())
             .collect();
         self.run_queue(queue);
+        keep
     }
 
     /// (b)-(d) for every workload not decided yet (after steps decided first, as a replay of

@@ -64,19 +64,16 @@ impl<'p> Picker<'p> {
     pub(crate) fn new(p: &'p Problem, ledger: &Ledger, queue: &[usize]) -> Self {
         let pools = p.pools.len();
         // Stable, so that workloads with equal keys keep the queue's order, as the scan that
-        // took the first least key did.
+        // took the first least key did. A workload's rank is its place in this order; groups
+        // are gathered in it (their members are ordered by (submitted, rank) below, and a
+        // group's number only names it).
         let mut by_name = queue.to_vec();
         by_name.sort_by(|&a, &b| p.workloads[a].key.cmp(&p.workloads[b].key));
-        let mut rank = HashMap::with_capacity(queue.len());
-        for (i, &w) in by_name.iter().enumerate() {
-            rank.insert(
-                w,
-                u32::try_from(i).expect("a queue of fewer than 2³² workloads"),
-            );
-        }
         let mut groups: Vec<Group<'p>> = Vec::new();
-        let mut index: HashMap<(usize, &'p [usize], i64, Gpus), usize> = HashMap::new();
-        for &w in queue {
+        let mut index: HashMap<(usize, &'p [usize], i64, Gpus), usize, foldhash::fast::FixedState> =
+            HashMap::default();
+        for (rank, &w) in by_name.iter().enumerate() {
+            let rank = u32::try_from(rank).expect("a queue of fewer than 2³² workloads");
             let wl = &p.workloads[w];
             let (priority, amount) = (priority_key(p, w), gang_gpus(p, w));
             let g = *index
@@ -97,7 +94,7 @@ impl<'p> Picker<'p> {
                 Phase::Pending { submitted_at } => submitted_at,
                 Phase::Running { .. } => 0,
             };
-            groups[g].members.push((submitted, rank[&w], w));
+            groups[g].members.push((submitted, rank, w));
         }
         let mut picker = Picker {
             groups,

@@ -70,6 +70,9 @@ impl Solver<'_> {
         let mut own = BTreeSet::new();
         // Whether each tenant is in the scope: a borrower's scan visits thousands of
         // candidates, a fleet has hundreds of tenants.
+        // Whether the scope left a candidate out: when it left none (the scope is the pool's
+        // root, say), the search without it below would be this one again.
+        let mut outside_scope = false;
         let in_scope: Option<Vec<bool>> =
             scope.map(|x| p.tenants.iter().map(|t| t.lineage.contains(&x)).collect());
         for &Running {
@@ -80,6 +83,7 @@ impl Solver<'_> {
         } in &self.running_by_pool[pool]
         {
             if in_scope.as_ref().is_some_and(|s| !s[tenant]) {
+                outside_scope = true;
                 continue;
             }
             if !matches!(self.status[v], Some(Status::Keep)) {
@@ -381,7 +385,7 @@ impl Solver<'_> {
             // capacity (Kueue weighs a queue's own and its cohort's candidates together). The
             // search without a scope keeps the scope's victims only where the limit needs them.
             // (Only the ledger tells: the fleet is not released.)
-            if scope.is_some() {
+            if scope.is_some() && outside_scope {
                 let mut released = self.ledger.clone();
                 for &v in &eligible {
                     let vl = &p.workloads[v];

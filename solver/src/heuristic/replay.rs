@@ -70,20 +70,6 @@ pub(crate) struct KeepPhase {
     pub within_guarantee: Vec<bool>,
 }
 
-/// Step (a) of the cycle alone.
-pub(crate) fn keep_phase(p: &Problem) -> KeepPhase {
-    let mut s = Solver::new(p);
-    s.keep_running();
-    KeepPhase {
-        kept: s
-            .status
-            .iter()
-            .map(|st| matches!(st, Some(Status::Keep)))
-            .collect(),
-        within_guarantee: s.within_guarantee,
-    }
-}
-
 /// Runs the cycle with `d` decided first; the decision carries `method` and `bound`.
 pub(crate) fn solve_directed(
     p: &Problem,

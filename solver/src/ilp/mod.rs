@@ -23,7 +23,7 @@ mod window;
 use std::time::{Duration, Instant};
 
 use crate::decision::{Decision, Method, PoolRefinement, RefineStatus};
-use crate::heuristic::{self, Directive};
+use crate::heuristic::{self, Directive, KeepPhase};
 use crate::problem::Problem;
 
 pub use backend::Stop;
@@ -54,10 +54,17 @@ impl Budget {
     }
 }
 
-/// Refines `incumbent` (the heuristic's decision for `p`) pool by pool within `budget`.
-pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision {
+/// Refines `incumbent` (the heuristic's decision for `p`, whose step (a) kept `keep`) pool by
+/// pool within `budget`.
+pub(crate) fn refine(
+    p: &Problem,
+    mut incumbent: Decision,
+    keep: &KeepPhase,
+    budget: Budget,
+) -> Decision {
     let started = Instant::now();
-    let keep = heuristic::keep_phase(p);
+    // The incumbent's states, read again only once a pool's rebuild replaced it.
+    let mut read: Option<Vec<incumbent::State>> = None;
     let mut order: Vec<usize> = (0..p.pools.len()).collect();
     order.sort_by(|&a, &b| p.pools[a].name.cmp(&p.pools[b].name));
     let mut reports: Vec<(usize, PoolRefinement)> = Vec::new();
@@ -123,12 +130,12 @@ pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision 
         }
         // The time left, shared evenly by the pools still to do.
         let share = left / (order.len() - i) as u32;
-        let states = incumbent::read(p, &incumbent);
+        let states = read.get_or_insert_with(|| incumbent::read(p, &incumbent));
         let caps = window::Caps {
             gangs: budget.gangs,
             nodes: budget.window_nodes,
         };
-        let win = match window::build(p, &states, &keep, pool, caps) {
+        let win = match window::build(p, states, keep, pool, caps) {
             Ok(w) => w,
             Err(e) => {
                 report.status = RefineStatus::Skipped {
@@ -138,7 +145,7 @@ pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision 
                 continue;
             }
         };
-        let f = formulate::formulate(p, &win, &states, &keep);
+        let f = formulate::formulate(p, &win, states, keep);
         report.gangs = f.gangs() as u32;
         report.running = f.victims() as u32;
         report.nodes = win.nodes.len() as u32;
@@ -185,7 +192,7 @@ pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision 
             reports.push((pool, report));
             continue;
         }
-        let directive = directive(p, &states, &keep, &f, pool, &answer.values);
+        let directive = directive(p, states, keep, &f, pool, &answer.values);
         report.status = match heuristic::solve_directed(p, &directive, incumbent.bound) {
             Err(e) => RefineStatus::Rejected {
                 reason: e.to_string(),
@@ -193,6 +200,7 @@ pub fn refine(p: &Problem, mut incumbent: Decision, budget: Budget) -> Decision 
             Ok(d) if d.objective > incumbent.objective + 1e-6 => {
                 let gain = round6(d.objective - incumbent.objective);
                 incumbent = d;
+                read = None;
                 improved = true;
                 RefineStatus::Improved { gain }
             }

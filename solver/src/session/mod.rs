@@ -216,13 +216,22 @@ impl Session {
         state: &ClusterStateSpec,
         options: &SolveOptions,
     ) -> Result<(Session, Decision), SolveError> {
+        Session::open(policy, state, options).map(|(session, decision, _)| (session, decision))
+    }
+
+    /// [`Session::new`], with what the cycle's step (a) kept, for the integer program.
+    fn open(
+        policy: &CompiledPolicy,
+        state: &ClusterStateSpec,
+        options: &SolveOptions,
+    ) -> Result<(Session, Decision, heuristic::KeepPhase), SolveError> {
         let problem = Problem::new(policy, state, options.now)?;
         let bound = crate::bound::lp_bound(&problem);
-        let (parts, decision) = {
+        let (parts, decision, keep) = {
             let mut s = Solver::new(&problem);
-            s.run();
+            let keep = s.run();
             let d = heuristic::decision(&problem, &s, Method::Heuristic, bound);
-            (s.into_parts(), d)
+            (s.into_parts(), d, keep)
         };
         let names = problem
             .workloads
@@ -241,7 +250,7 @@ impl Session {
             by_guarantee: vec![None; problem_pools],
         };
         session.reserve(ARRIVAL_ROOM);
-        Ok((session, decision))
+        Ok((session, decision, keep))
     }
 
     /// Makes room for `arrivals` more workloads, so that deciding them grows no table: an
@@ -269,10 +278,11 @@ impl Session {
         state: &ClusterStateSpec,
         options: &SolveOptions,
     ) -> Result<(Decision, Option<Session>), SolveError> {
-        let (session, heuristic) = Session::new(policy, state, options)?;
+        let (session, heuristic, keep) = Session::open(policy, state, options)?;
         let decision = crate::ilp::refine(
             &session.problem,
             heuristic,
+            &keep,
             crate::ilp::Budget::new(options.time_limit),
         );
         let session = (decision.method == Method::Heuristic).then_some(session);
