@@ -417,10 +417,10 @@ impl Fleet {
                 .map_or(&*self.gpu[g], |c| &c.1)
         });
         if after.is_some() && self.mix.scores(pool) {
-            let changes: SmallVec<[(&GpuState, &GpuState); 8]> = changed
+            let changes: SmallVec<[(&GpuState, GpuWords); 8]> = changed
                 .iter()
                 .filter(|c| self.usable(p, c.0))
-                .map(|c| (&*self.gpu[c.0], &c.1))
+                .map(|c| (&*self.gpu[c.0], gpu_words(&c.1)))
                 .collect();
             let mut key = Vec::new();
             if key_after(&self.node_key(p, pool, n), cpu, memory, &changes, &mut key)
@@ -517,6 +517,39 @@ impl Fleet {
         before: Measure,
         plan: &Plan,
     ) -> (u32, u64) {
+        // A free instance taken changes one word of the node's key: the measure after is
+        // looked up without building the GPU's state after (a MIG replica's search scores
+        // every GPU of every node that offers the instance).
+        if let Plan::Instance {
+            gpu,
+            placement,
+            geometry: None,
+        } = plan
+            && self.usable(p, *gpu)
+            && self.mix.scores(pool)
+        {
+            let node = &p.nodes[n];
+            let wl = &p.workloads[w];
+            let cpu = node.cpu.0.saturating_sub(self.cpu[n]);
+            let memory = node.memory.0.saturating_sub(self.memory[n]);
+            let (cpu, memory) = (
+                cpu.saturating_sub(wl.cpu.0),
+                memory.saturating_sub(wl.memory.0),
+            );
+            let s = &*self.gpu[*gpu];
+            let changes = [(s, gpu_words_holding(s, placement.start))];
+            let mut key = Vec::new();
+            if key_after(&self.node_key(p, pool, n), cpu, memory, &changes, &mut key)
+                && let Some(after) = self.mix.remembered(&key)
+            {
+                debug_assert_eq!(
+                    after,
+                    self.measure(p, pool, n, Some((w, &self.changed_by(p, w, plan)))),
+                    "the measure looked up after a placement differs from the one built"
+                );
+                return self.mix.cost(pool, before, after);
+            }
+        }
         let changed = self.changed_by(p, w, plan);
         let after = self.measure(p, pool, n, Some((w, &changed)));
         self.mix.cost(pool, before, after)

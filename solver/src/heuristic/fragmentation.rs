@@ -154,9 +154,32 @@ fn node_key_into<'a>(
     }
 }
 
+/// A GPU's words in a node's key: its [`gpu_head`], then its [`instance_words`].
+pub(super) fn gpu_words(s: &GpuState) -> GpuWords {
+    std::iter::once(gpu_head(s))
+        .chain(instance_words(s))
+        .collect()
+}
+
+/// The words of one GPU in a node's key ([`gpu_words`]).
+pub(super) type GpuWords = SmallVec<[u64; 8]>;
+
+/// The words of a MIG GPU in state `s` once it holds its instance at `start` too, as
+/// [`gpu_words`] gives them for that state: holding an instance sets its word's held bit and
+/// nothing else of the GPU's words.
+pub(super) fn gpu_words_holding(s: &GpuState, start: u8) -> GpuWords {
+    std::iter::once(gpu_head(s))
+        .chain(
+            instance_words(s)
+                .zip(&s.geometry)
+                .map(|(word, pl)| word | u64::from(pl.start == start)),
+        )
+        .collect()
+}
+
 /// The key of a node whose key is `before` (see [`node_key_into`]) once it has `cpu_left` and
-/// `memory_left` and each GPU of `changes` goes from its first state to its second, written
-/// into `out`: the same words `node_key_into` writes for that node, built from the changed GPUs
+/// `memory_left` and each GPU of `changes` goes from its state to the words given
+/// ([`gpu_words`] of its state after), written into `out`: the same words `node_key_into` writes for that node, built from the changed GPUs
 /// alone (a key is its GPUs' words in sorted order, so the changed ones' words are taken out
 /// and theirs after put in). `false` when `before` does not hold a changed GPU's words (it is
 /// not that node's key).
@@ -164,7 +187,7 @@ pub(super) fn key_after(
     before: &[u64],
     cpu_left: u64,
     memory_left: u64,
-    changes: &[(&GpuState, &GpuState)],
+    changes: &[(&GpuState, GpuWords)],
     out: &mut Vec<u64>,
 ) -> bool {
     // Declared first: the key's GPUs borrow the changed ones' words from it.
@@ -182,16 +205,13 @@ pub(super) fn key_after(
         i = end;
     }
     for (old, new) in changes {
-        let was: SmallVec<[u64; 8]> = std::iter::once(gpu_head(old))
-            .chain(instance_words(old))
-            .collect();
+        let was = gpu_words(old);
         let Some(at) = gpus.iter().position(|g| **g == was[..]) else {
             return false;
         };
         gpus.swap_remove(at);
         let start = added.len();
-        added.push(gpu_head(new));
-        added.extend(instance_words(new));
+        added.extend_from_slice(new);
         spans.push((start, added.len()));
     }
     gpus.extend(spans.iter().map(|&(a, b)| &added[a..b]));
