@@ -397,6 +397,18 @@ impl Fleet {
             && let Some((at, m)) = self.measured[n].get()
             && at == pool
         {
+            debug_assert_eq!(
+                m,
+                self.mix
+                    .measure(p, pool, self.cpu_left(p, n), self.memory_left(p, n), {
+                        p.nodes[n]
+                            .gpus
+                            .iter()
+                            .filter(|&&g| self.usable(p, g))
+                            .map(|&g| &*self.gpu[g])
+                    }),
+                "the measure kept for node {n} is stale"
+            );
             return m;
         }
         let node = &p.nodes[n];
@@ -447,11 +459,35 @@ impl Fleet {
         self.keys[n] = RefCell::new(None);
     }
 
+    /// Node `n`'s CPU left unused.
+    fn cpu_left(&self, p: &Problem, n: usize) -> u64 {
+        p.nodes[n].cpu.0.saturating_sub(self.cpu[n])
+    }
+
+    /// Node `n`'s memory left unused.
+    fn memory_left(&self, p: &Problem, n: usize) -> u64 {
+        p.nodes[n].memory.0.saturating_sub(self.memory[n])
+    }
+
     /// Node `n`'s measure key as it stands (see [`Fleet::keys`]).
     fn node_key(&self, p: &Problem, pool: usize, n: usize) -> Rc<[u64]> {
         if let Some(key) = self.keys[n].borrow().as_ref()
             && key.first() == Some(&(pool as u64))
         {
+            debug_assert_eq!(
+                key[..],
+                Mix::key(
+                    pool,
+                    self.cpu_left(p, n),
+                    self.memory_left(p, n),
+                    p.nodes[n]
+                        .gpus
+                        .iter()
+                        .filter(|&&g| self.usable(p, g))
+                        .map(|&g| &*self.gpu[g])
+                )[..],
+                "the key kept for node {n} is stale"
+            );
             return Rc::clone(key);
         }
         let node = &p.nodes[n];
