@@ -739,6 +739,17 @@ fn a_finished_workload_moves_the_guarantee_line() {
 ///   pick of the other component with a smaller key, and that pick, decided again after the
 ///   arrival's admission, gave its pending reason with the arrival's usage counted
 ///   (13781950178701176388).
+/// A draw that fails, known and not fixed yet (found 2026-11-29, present at 247b975 too): after
+/// arrival 1 the session's standing decision lists the queue as `…, b/p-0, a/x-1` where the
+/// full cycle picks `…, a/x-1, b/p-0` (two waiting picks of one priority in pools `share` and
+/// `infer`, which the session keeps as separate components and merges by their keys); every
+/// workload's decision agrees, only the queue's order differs. Run with `--ignored`.
+#[test]
+#[ignore = "known: the session merges two components' picks in another order than the cycle"]
+fn a_draw_that_fails() {
+    case(5_975_625_639_353_954_938, &mut Tally::default());
+}
+
 #[test]
 fn draws_that_once_failed() {
     case(17_021_553_835_626_278_915, &mut Tally::default());

@@ -970,7 +970,26 @@ impl Fleet {
         miss: &mut Misses,
     ) -> Option<(FillKey, usize, Plan)> {
         let mut best: Option<(FillKey, usize, Plan)> = None;
+        // A place that changes no layout (whole GPUs on free GPUs as they are laid out, a free
+        // MIG instance) is chosen among a node's GPUs by what the node's measure key holds, and
+        // everything the place's key reads but the node's number (the measures before and
+        // after, the free room) is a function of that key too. Of nodes with equal keys where
+        // such a place is found, the lowest-numbered wins, and the others need not be asked:
+        // in a busy pool the nodes with room are mostly a few states repeated. (A re-layout
+        // depends on each GPU's reconfiguration budget, and a share on the tenants already on
+        // the GPU: neither is in the key.)
+        let by_key = matches!(
+            p.workloads[w].demand,
+            Demand::Whole { .. } | Demand::Mig { .. }
+        );
+        let mut taken: HashMap<Rc<[u64]>, usize, foldhash::fast::FixedState> = HashMap::default();
         for n in nodes {
+            let key = by_key.then(|| self.node_key(p, pool, n));
+            if let Some(key) = &key
+                && taken.get(key).is_some_and(|&m| m < n)
+            {
+                continue;
+            }
             let Some(plan) = self.option_indexed(p, w, pool, n, miss) else {
                 continue;
             };
@@ -979,6 +998,11 @@ impl Fleet {
                 Plan::Instance { geometry, .. } => geometry.is_some(),
                 Plan::Share { .. } => false,
             };
+            if let Some(key) = key
+                && !relayout
+            {
+                taken.insert(key, n);
+            }
             let (tier, loss) = if scored {
                 let b = *before
                     .entry(n)
