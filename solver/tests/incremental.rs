@@ -730,15 +730,6 @@ fn a_finished_workload_moves_the_guarantee_line() {
     assert_eq!(session.decisions(), full(&policy, &state).workloads);
 }
 
-/// Draws that once failed:
-/// - a borrower refused preemption was taken as refused for another tenant's borrower of the
-///   same priority, which may displace its own tenant's work within guarantee
-///   (17021553835626278915);
-/// - an arrival joined two components (pools `infer` and `train`) whose picks the session held
-///   in the order they were decided, not the order the cycle picks them: it was placed before a
-///   pick of the other component with a smaller key, and that pick, decided again after the
-///   arrival's admission, gave its pending reason with the arrival's usage counted
-///   (13781950178701176388).
 /// A draw that fails, known and not fixed yet (found 2026-11-29, present at 247b975 too): after
 /// arrival 1 the session's standing decision lists the queue as `…, b/p-0, a/x-1` where the
 /// full cycle picks `…, a/x-1, b/p-0` (two waiting picks of one priority in pools `share` and
@@ -750,6 +741,15 @@ fn a_draw_that_fails() {
     case(5_975_625_639_353_954_938, &mut Tally::default());
 }
 
+/// Draws that once failed:
+/// - a borrower refused preemption was taken as refused for another tenant's borrower of the
+///   same priority, which may displace its own tenant's work within guarantee
+///   (17021553835626278915);
+/// - an arrival joined two components (pools `infer` and `train`) whose picks the session held
+///   in the order they were decided, not the order the cycle picks them: it was placed before a
+///   pick of the other component with a smaller key, and that pick, decided again after the
+///   arrival's admission, gave its pending reason with the arrival's usage counted
+///   (13781950178701176388).
 #[test]
 fn draws_that_once_failed() {
     case(17_021_553_835_626_278_915, &mut Tally::default());
