@@ -70,11 +70,11 @@ impl Solver<'_> {
         let mut own = BTreeSet::new();
         // Whether each tenant is in the scope: a borrower's scan visits thousands of
         // candidates, a fleet has hundreds of tenants.
+        let in_scope: Option<Vec<bool>> =
+            scope.map(|x| p.tenants.iter().map(|t| t.lineage.contains(&x)).collect());
         // Whether the scope left a candidate out: when it left none (the scope is the pool's
         // root, say), the search without it below would be this one again.
         let mut outside_scope = false;
-        let in_scope: Option<Vec<bool>> =
-            scope.map(|x| p.tenants.iter().map(|t| t.lineage.contains(&x)).collect());
         for &Running {
             workload: v,
             tenant,
@@ -252,7 +252,7 @@ impl Solver<'_> {
         // One victim, the cheapest that suffices; borrowed work of the requester's priority
         // last, from the side furthest above its share first.
         // The cheap checks come first and do not depend on the order: only the victims that
-        // pass them are sorted (a pool holds thousands of candidates, few of which make room).
+        // pass them are ordered (a pool holds thousands of candidates, few of which make room).
         let singles: Vec<usize> = eligible
             .iter()
             .copied()
