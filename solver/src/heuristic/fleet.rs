@@ -399,21 +399,20 @@ impl Fleet {
         {
             debug_assert_eq!(
                 m,
-                self.mix
-                    .measure(p, pool, self.cpu_left(p, n), self.memory_left(p, n), {
-                        p.nodes[n]
-                            .gpus
-                            .iter()
-                            .filter(|&&g| self.usable(p, g))
-                            .map(|&g| &*self.gpu[g])
-                    }),
+                self.mix.measure(
+                    p,
+                    pool,
+                    self.cpu_left(p, n),
+                    self.memory_left(p, n),
+                    self.states(p, n)
+                ),
                 "the measure kept for node {n} is stale"
             );
             return m;
         }
         let node = &p.nodes[n];
-        let mut cpu = node.cpu.0.saturating_sub(self.cpu[n]);
-        let mut memory = node.memory.0.saturating_sub(self.memory[n]);
+        let mut cpu = self.cpu_left(p, n);
+        let mut memory = self.memory_left(p, n);
         let changed: &[(usize, GpuState)] = match after {
             Some((w, changed)) => {
                 cpu = cpu.saturating_sub(p.workloads[w].cpu.0);
@@ -453,10 +452,24 @@ impl Fleet {
         m
     }
 
-    /// Forgets node `n`'s measure (its state is being put back by a rollback).
+    /// Forgets node `n`'s kept measure and key: its state is being written, or put back by a
+    /// rollback.
     pub(super) fn unmeasure(&mut self, n: usize) {
         self.measured[n] = Cell::new(None);
         self.keys[n] = RefCell::new(None);
+    }
+
+    /// The states of node `n`'s healthy GPUs, in the node's order.
+    fn states<'a>(
+        &'a self,
+        p: &'a Problem,
+        n: usize,
+    ) -> impl Iterator<Item = &'a GpuState> + Clone {
+        p.nodes[n]
+            .gpus
+            .iter()
+            .filter(move |&&g| self.usable(p, g))
+            .map(|&g| &*self.gpu[g])
     }
 
     /// Node `n`'s CPU left unused.
@@ -480,25 +493,19 @@ impl Fleet {
                     pool,
                     self.cpu_left(p, n),
                     self.memory_left(p, n),
-                    p.nodes[n]
-                        .gpus
-                        .iter()
-                        .filter(|&&g| self.usable(p, g))
-                        .map(|&g| &*self.gpu[g])
+                    self.states(p, n)
                 )[..],
                 "the key kept for node {n} is stale"
             );
             return Rc::clone(key);
         }
-        let node = &p.nodes[n];
-        let cpu = node.cpu.0.saturating_sub(self.cpu[n]);
-        let memory = node.memory.0.saturating_sub(self.memory[n]);
-        let gpus = node
-            .gpus
-            .iter()
-            .filter(|&&g| self.usable(p, g))
-            .map(|&g| &*self.gpu[g]);
-        let key: Rc<[u64]> = Mix::key(pool, cpu, memory, gpus).into();
+        let key: Rc<[u64]> = Mix::key(
+            pool,
+            self.cpu_left(p, n),
+            self.memory_left(p, n),
+            self.states(p, n),
+        )
+        .into();
         *self.keys[n].borrow_mut() = Some(Rc::clone(&key));
         key
     }
@@ -564,14 +571,9 @@ impl Fleet {
             && self.usable(p, *gpu)
             && self.mix.scores(pool)
         {
-            let node = &p.nodes[n];
             let wl = &p.workloads[w];
-            let cpu = node.cpu.0.saturating_sub(self.cpu[n]);
-            let memory = node.memory.0.saturating_sub(self.memory[n]);
-            let (cpu, memory) = (
-                cpu.saturating_sub(wl.cpu.0),
-                memory.saturating_sub(wl.memory.0),
-            );
+            let cpu = self.cpu_left(p, n).saturating_sub(wl.cpu.0);
+            let memory = self.memory_left(p, n).saturating_sub(wl.memory.0);
             let s = &*self.gpu[*gpu];
             let changes = [(s, gpu_words_holding(s, placement.start))];
             let mut key = Vec::new();
