@@ -179,10 +179,12 @@ pub(super) fn gpu_words_holding(s: &GpuState, start: u8) -> GpuWords {
 
 /// The key of a node whose key is `before` (see [`node_key_into`]) once it has `cpu_left` and
 /// `memory_left` and each GPU of `changes` goes from its state to the words given
-/// ([`gpu_words`] of its state after), written into `out`: the same words `node_key_into` writes for that node, built from the changed GPUs
-/// alone (a key is its GPUs' words in sorted order, so the changed ones' words are taken out
-/// and theirs after put in). `false` when `before` does not hold a changed GPU's words (it is
-/// not that node's key).
+/// ([`gpu_words`] of its state after), written into `out`: the words `node_key_into` writes
+/// for that node, built from the changed GPUs alone (a key is its GPUs' words in sorted
+/// order, so the changed ones' words are taken out and theirs after put in). `false` when
+/// `before` does not hold a changed GPU's words (it is not that node's key). A GPU's head
+/// counts its instances (at most 7 on any MIG GPU; the head holds up to 255), which is how the
+/// key is cut into GPUs.
 pub(super) fn key_after(
     before: &[u64],
     cpu_left: u64,

@@ -204,8 +204,9 @@ impl Signed {
     }
 }
 
-/// Arrivals a session has room for when it opens ([`Session::reserve`]): more than a period's
-/// arrival path takes on a busy fleet (the service decides at most 16 at once).
+/// Arrivals a session has room for when it opens ([`Session::reserve`]): sixteen of the
+/// service's largest batches. Past it the tables grow as vectors do, doubling, so a later
+/// arrival copies them seldom, not never.
 pub const ARRIVAL_ROOM: usize = 256;
 
 impl Session {
