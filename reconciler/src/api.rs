@@ -32,6 +32,7 @@
 //! fix.
 
 pub mod hooks;
+mod stream_json;
 pub mod ui;
 mod usage;
 
@@ -387,8 +388,11 @@ async fn cluster_state(State(state): State<AppState>, _: Operator) -> Result<Res
         )
     })?;
     // A whole document, so that `curl .../state > state.json` is what `tessera plan --state`
-    // reads; serialized from the shared snapshot, with no copy of it as a JSON tree.
-    Ok(Json(crate::snapshot::document(&spec)).into_response())
+    // reads; serialized from the shared snapshot, with no copy of it as a JSON tree, and
+    // streamed: tens of MB on a large fleet, never held whole ([`stream_json`]).
+    let body =
+        stream_json::body(move |out| serde_json::to_writer(out, &crate::snapshot::document(&spec)));
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
