@@ -4,6 +4,7 @@
 //! policy's pre-order, pools by name) so that the same inputs serialize to the same bytes.
 
 use std::fmt;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -447,8 +448,9 @@ pub enum Reason {
         capacity: Box<Reason>,
         /// The first candidates, in the order they were considered (at most
         /// [`PROTECTED_LISTED`]): on a large fleet every waiting workload would otherwise carry
-        /// thousands of entries.
-        protected: Vec<Protected>,
+        /// thousands of entries. Shared: every borrower a refusal holds for carries the same
+        /// list.
+        protected: Arc<[Protected]>,
         /// How many candidates were protected in all.
         protected_total: usize,
     },
@@ -481,6 +483,29 @@ pub enum Reason {
 pub struct PoolAttempt {
     pub pool: String,
     pub reason: String,
+}
+
+impl Reason {
+    /// `self == other`, with a protected list's total compared before the list: after one
+    /// preemption a session compares thousands of waiting reasons whose lists agree entry by
+    /// entry while their totals differ.
+    pub(crate) fn same(&self, other: &Reason) -> bool {
+        match (self, other) {
+            (
+                Reason::PreemptionNotAllowed {
+                    protected: a,
+                    protected_total: total_a,
+                    ..
+                },
+                Reason::PreemptionNotAllowed {
+                    protected: b,
+                    protected_total: total_b,
+                    ..
+                },
+            ) if total_a != total_b || a.len() != b.len() => false,
+            _ => self == other,
+        }
+    }
 }
 
 impl fmt::Display for Reason {

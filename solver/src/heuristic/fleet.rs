@@ -9,6 +9,12 @@ use std::cell::{Cell, RefCell};
 
 use smallvec::SmallVec;
 
+thread_local! {
+    /// The key a placement leaves a node with, written by `key_after` for each free instance
+    /// a MIG replica's search scores (it allocated one per instance scored).
+    static KEY_AFTER: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct GpuState {
@@ -576,10 +582,12 @@ impl Fleet {
             let memory = self.memory_left(p, n).saturating_sub(wl.memory.0);
             let s = &*self.gpu[*gpu];
             let changes = [(s, gpu_words_holding(s, placement.start))];
-            let mut key = Vec::new();
-            if key_after(&self.node_key(p, pool, n), cpu, memory, &changes, &mut key)
-                && let Some(after) = self.mix.remembered(&key)
-            {
+            let after = KEY_AFTER.with_borrow_mut(|key| {
+                key_after(&self.node_key(p, pool, n), cpu, memory, &changes, key)
+                    .then(|| self.mix.remembered(key))
+                    .flatten()
+            });
+            if let Some(after) = after {
                 debug_assert_eq!(
                     after,
                     self.measure(p, pool, n, Some((w, &self.changed_by(p, w, plan)))),

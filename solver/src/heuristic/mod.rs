@@ -38,6 +38,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use tessera_compiler::compiled::Amounts;
 use tessera_compiler::mig::{self, Placement};
@@ -58,6 +59,7 @@ pub(crate) use replay::{Admission, Directive, KeepPhase, solve_directed};
 
 // Reservations read and write the cycle's internals as its own steps do.
 mod reserve;
+pub(crate) use preempt::cost_order;
 pub(crate) use reserve::Hold;
 
 mod assemble;
@@ -125,6 +127,7 @@ pub(crate) struct Parts {
     pub(crate) within_guarantee: Vec<bool>,
     pub(crate) trace: Vec<Step>,
     pub(crate) running_by_pool: Vec<Vec<Running>>,
+    pub(crate) by_cost: Vec<Option<Rc<[u32]>>>,
     pub(crate) holds: Vec<Hold>,
 }
 
@@ -143,6 +146,9 @@ pub(crate) struct Solver<'p> {
     /// preemption search scans them instead of every workload (a fifth of them on the
     /// reference fleet's training pool). By index, so by tenant and name.
     running_by_pool: Vec<Vec<Running>>,
+    /// Per pool, its running workloads cheapest to preempt first, once a search walked them
+    /// (`Solver::by_cost`).
+    by_cost: Vec<Option<Rc<[u32]>>>,
     /// The last refusal of a borrower with no allowed victim, by (pool, scope, priority), with
     /// the tenants it does not hold for. A borrower's candidates depend on nothing else but the
     /// running workloads' statuses, which only a preemption changes (it clears this), and on
@@ -170,7 +176,7 @@ pub(crate) struct Solver<'p> {
 type RefusalKey = (usize, Option<usize>, i64);
 
 /// A refused preemption: the protected workloads listed, and how many there were.
-type Refusal = (Vec<Protected>, usize);
+type Refusal = (Arc<[Protected]>, usize);
 
 /// A running workload of the snapshot, with what the preemption search reads of it to tell
 /// whether it may be a victim (kept beside it: the search tests tens of thousands of
@@ -230,6 +236,7 @@ impl<'p> Solver<'p> {
             trace: Vec::new(),
             victims: Vec::new(),
             running_by_pool,
+            by_cost: vec![None; p.pools.len()],
             refused: None,
             refused_guaranteed: None,
             hold: vec![false; p.workloads.len()],
@@ -249,6 +256,7 @@ impl<'p> Solver<'p> {
             trace: parts.trace,
             victims: Vec::new(),
             running_by_pool: parts.running_by_pool,
+            by_cost: parts.by_cost,
             refused: None,
             refused_guaranteed: None,
             hold: vec![false; p.workloads.len()],
@@ -266,6 +274,7 @@ impl<'p> Solver<'p> {
             within_guarantee: self.within_guarantee,
             trace: self.trace,
             running_by_pool: self.running_by_pool,
+            by_cost: self.by_cost,
             holds: self.holds,
         }
     }
@@ -471,9 +480,16 @@ impl<'p> Solver<'p> {
             match self.preempt_for(w, *pool, scope) {
                 Ok(status) => return status,
                 Err((protected, protected_total)) if protected_total > 0 => {
+                    // Moved, not cloned: the placeholder allocates nothing.
+                    let capacity = std::mem::replace(
+                        reason,
+                        Reason::NoPool {
+                            attempts: Vec::new(),
+                        },
+                    );
                     *reason = Reason::PreemptionNotAllowed {
                         pool: p.pools[*pool].name.clone(),
-                        capacity: Box::new(reason.clone()),
+                        capacity: Box::new(capacity),
                         protected,
                         protected_total,
                     };

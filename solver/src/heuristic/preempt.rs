@@ -15,7 +15,7 @@ impl Solver<'_> {
         w: usize,
         pool: usize,
         scope: Option<usize>,
-    ) -> Result<Status, (Vec<Protected>, usize)> {
+    ) -> Result<Status, (Arc<[Protected]>, usize)> {
         #[cfg(debug_assertions)]
         let reference = {
             let mut from_scratch = self.clone_for_search(pool);
@@ -34,7 +34,7 @@ impl Solver<'_> {
         w: usize,
         pool: usize,
         scope: Option<usize>,
-    ) -> Result<Status, (Vec<Protected>, usize)> {
+    ) -> Result<Status, (Arc<[Protected]>, usize)> {
         let p = self.p;
         let wl = &p.workloads[w];
         let prio = p.classes[wl.class].priority;
@@ -57,91 +57,16 @@ impl Solver<'_> {
         {
             return Err(refusal.clone());
         }
-        let mut protected = Blocking::new(self.tenant_ranks());
-        let mut eligible = Vec::new();
-        // Eligible by fair share alone, with how far above its share each level of its side
-        // is (see `fairly_yields`).
-        let mut fair_victims: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-        // Tenants whose borrower could displace protected work here (their own, within
-        // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
-        let mut owners = BTreeSet::new();
-        // Tenants whose borrowed work a requester within guarantee found protected because it
-        // was its own: another tenant's requester could reclaim it.
-        let mut own = BTreeSet::new();
         // Whether each tenant is in the scope: a borrower's scan visits thousands of
         // candidates, a fleet has hundreds of tenants.
         let in_scope: Option<Vec<bool>> =
             scope.map(|x| p.tenants.iter().map(|t| t.lineage.contains(&x)).collect());
-        // Whether the scope left a candidate out: when it left none (the scope is the pool's
-        // root, say), the search without it below would be this one again.
-        let mut outside_scope = false;
-        for &Running {
-            workload: v,
-            tenant,
-            class,
-            started_at,
-        } in &self.running_by_pool[pool]
-        {
-            if in_scope.as_ref().is_some_and(|s| !s[tenant]) {
-                outside_scope = true;
-                continue;
-            }
-            if !matches!(self.status[v], Some(Status::Keep)) {
-                continue;
-            }
-            let class = &p.classes[class];
-            // Names are cloned only for the few candidates a reason lists (see `listed`).
-            let name = v;
-            let ran = (p.now - started_at).max(0) as u64;
-            if !class.preemptible {
-                protected.push(p, name, Blocked::NonPreemptible);
-            } else if ran < class.min_runtime_seconds {
-                protected.push(
-                    p,
-                    name,
-                    Blocked::MinRuntime(class.min_runtime_seconds - ran),
-                );
-            } else if self.within_guarantee[v]
-                && !(class.priority < prio && (requester_guaranteed || tenant == wl.tenant))
-            {
-                // Guarantee protection guards against other tenants' borrowing; within one
-                // tenant, priority alone decides.
-                if class.priority < prio {
-                    owners.insert(tenant);
-                }
-                protected.push(p, name, Blocked::WithinGuarantee);
-            } else if !self.within_guarantee[v] && !requester_guaranteed && class.priority >= prio {
-                match (fair && class.priority == prio)
-                    .then(|| self.fairly_yields(w, v, pool))
-                    .flatten()
-                {
-                    Some(Ok(rank)) => {
-                        fair_victims.insert(v, rank);
-                        eligible.push(v);
-                    }
-                    Some(Err(())) => protected.push(p, name, Blocked::FairShare),
-                    None => protected.push(p, name, Blocked::NotLowerPriority),
-                }
-            } else if !self.within_guarantee[v]
-                && requester_guaranteed
-                && class.priority >= prio
-                && tenant == wl.tenant
-            {
-                // Reclaiming from oneself is no reclaim.
-                own.insert(tenant);
-                protected.push(p, name, Blocked::NotLowerPriority);
-            } else {
-                eligible.push(v);
-            }
-        }
-        let cost = |v: usize| {
-            let vl = &p.workloads[v];
-            (
-                vl.amount(vl.replicas).gpus,
-                lost_units_seconds(p, v),
-                p.classes[vl.class].priority,
-                &vl.key,
-            )
+        let requester = Requester {
+            tenant: wl.tenant,
+            prio,
+            guaranteed: requester_guaranteed,
+            fair,
+            in_scope: in_scope.as_deref(),
         };
         // Preempting within-guarantee work is only for work that stays within guarantee: a
         // guaranteed requester takes no more replicas than its guarantee covers.
@@ -158,6 +83,73 @@ impl Solver<'_> {
         } else {
             wl.replicas
         };
+        let needed = amount.units();
+        let min_member = i64::from(wl.min_member);
+        // One victim, the cheapest that suffices, first. Without fair share the candidates'
+        // costs do not depend on the requester, so a requester within its guarantee walks
+        // them in the pool's cost order, and the scan of every candidate below is left for
+        // the searches that no single victim ends: a pool of 60,000 running workloads was
+        // scanned whole for each of 550 reclaims a cycle, each ended by the first victim
+        // tried. A borrower scans: its search mostly ends in a refusal, which lists the
+        // protected work in key order and which the next borrowers reuse, and a walk in cost
+        // order would visit every candidate before the scan did so again.
+        let walked = !fair && requester_guaranteed;
+        let mut room = None;
+        let mut chosen = None;
+        if walked {
+            chosen = self
+                .cheapest_single(w, pool, &requester, cap, &mut room)
+                .map(|(v, admitted)| (vec![v], admitted));
+        }
+        let mut protected = Blocking::new(self.tenant_ranks());
+        let mut eligible = Vec::new();
+        // Eligible by fair share alone, with how far above its share each level of its side
+        // is (see `fairly_yields`).
+        let mut fair_victims: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        // Tenants whose borrower could displace protected work here (their own, within
+        // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
+        let mut owners = BTreeSet::new();
+        // Tenants whose borrowed work a requester within guarantee found protected because it
+        // was its own: another tenant's requester could reclaim it.
+        let mut own = BTreeSet::new();
+        // Whether the scope left a candidate out: when it left none (the scope is the pool's
+        // root, say), the search without it below would be this one again.
+        let mut outside_scope = false;
+        let candidates = if chosen.is_some() {
+            &[][..]
+        } else {
+            &self.running_by_pool[pool][..]
+        };
+        for run in candidates {
+            // Names are cloned only for the few candidates a reason lists (see `listed`).
+            let v = run.workload;
+            match self.candidate(&requester, run) {
+                Candidate::Outside => outside_scope = true,
+                Candidate::Gone => {}
+                Candidate::Eligible => eligible.push(v),
+                Candidate::Protected(why, note) => {
+                    match note {
+                        Note::Owner(t) => {
+                            owners.insert(t);
+                        }
+                        Note::Own(t) => {
+                            own.insert(t);
+                        }
+                        Note::None => {}
+                    }
+                    protected.push(p, v, why);
+                }
+                Candidate::FairShare => match self.fairly_yields(w, v, pool) {
+                    Some(Ok(rank)) => {
+                        fair_victims.insert(v, rank);
+                        eligible.push(v);
+                    }
+                    Some(Err(())) => protected.push(p, v, Blocked::FairShare),
+                    None => protected.push(p, v, Blocked::NotLowerPriority),
+                },
+            }
+        }
+        let cost = |v: usize| cost_of(p, v);
         // A what-if on the fleet and ledger with `victims` released.
         let attempt_on = |fleet: &Fleet, ledger: &Ledger, victims: &[usize]| {
             let admitted = try_pool(p, fleet, ledger, w, pool, cap).map_err(|_| ())?;
@@ -182,7 +174,7 @@ impl Solver<'_> {
         };
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
         // its GPUs) is not needed.
-        if eligible.is_empty() {
+        if chosen.is_none() && eligible.is_empty() {
             let refusal = listed(p, protected);
             if let Some(key) = refusal_key {
                 self.refused = Some((key, owners, refusal.clone()));
@@ -192,53 +184,13 @@ impl Solver<'_> {
             }
             return Err(refusal);
         }
-        // A what-if cannot succeed unless the pool's free GPU units plus what the victims hold
-        // reach the gang's minimum, nor unless enough nodes then have a replica's units free:
-        // skip those that cannot (units freed are over-counted for partial gangs and unhealthy
-        // GPUs, and a node's free units bound what one replica finds there, so nothing is
-        // skipped that could succeed; the search from scratch that debug builds run beside
-        // this one asserts it). The fleet's free units are read before any what-if writes on
-        // it.
-        let pool_nodes = &p.pools[pool].nodes;
-        let mut free_at = vec![0i64; p.nodes.len()];
-        for &n in pool_nodes {
-            free_at[n] = self.fleet.node_free(p, n);
-        }
-        let pool_free: i64 = pool_nodes.iter().map(|&n| free_at[n]).sum();
-        let needed = amount.units();
+        let room = &*room.get_or_insert_with(|| Room::new(self, pool, wl.demand.gpus().units()));
         let holds = |v: usize| {
             let vl = &p.workloads[v];
             vl.amount(vl.replicas).gpus.units()
         };
-        let per_replica = wl.demand.gpus().units();
-        let replicas_on = |n: usize, freed: i64| {
-            let free = free_at[n];
-            if per_replica > 0 {
-                (free + freed) / per_replica
-            } else {
-                i64::MAX / 4
-            }
-        };
-        let base_fit: i64 = pool_nodes
-            .iter()
-            .fold(0i64, |a, &n| a.wrapping_add(replicas_on(n, 0)));
-        // The bound with `v` alone released, from its placements on `fleet` (where it holds
-        // them still).
-        let single_fit = |fleet: &Fleet, v: usize| {
-            let units = p.workloads[v].demand.gpus().units();
-            let slots = fleet.placed[v].as_deref().map_or(&[][..], Vec::as_slice);
-            let mut fit = base_fit;
-            for (i, s) in slots.iter().enumerate() {
-                if slots[..i].iter().any(|x| x.node == s.node) {
-                    continue;
-                }
-                let freed = slots[i..].iter().filter(|x| x.node == s.node).count() as i64 * units;
-                fit = fit
-                    .wrapping_add(replicas_on(s.node, freed))
-                    .wrapping_sub(replicas_on(s.node, 0));
-            }
-            fit
-        };
+        let replicas_on = |n: usize, freed: i64| room.replicas_on(n, freed);
+        let (pool_free, base_fit) = (room.pool_free, room.base_fit);
         // What `v` frees, by node: one entry per placement, read while `v` holds them.
         let frees_of = |fleet: &Fleet, v: usize| -> Vec<(usize, i64)> {
             let units = p.workloads[v].demand.gpus().units();
@@ -248,32 +200,29 @@ impl Solver<'_> {
                 .map(|slot| (slot.node, units))
                 .collect()
         };
-        let min_member = i64::from(wl.min_member);
-        // One victim, the cheapest that suffices; borrowed work of the requester's priority
-        // last, from the side furthest above its share first.
+        // With fair share, one victim, the cheapest that suffices, here: borrowed work of the
+        // requester's priority last, from the side furthest above its share first (the walk
+        // above tried the others' singles in this order).
         // The cheap checks come first and do not depend on the order: only the victims that
         // pass them are ordered (a pool holds thousands of candidates, few of which make room).
-        let singles: Vec<usize> = eligible
-            .iter()
-            .copied()
-            .filter(|&v| {
-                if pool_free + holds(v) < needed {
-                    return false;
-                }
-                single_fit(&self.fleet, v) >= min_member
-            })
-            .collect();
+        let singles: Vec<usize> = if walked {
+            Vec::new()
+        } else {
+            eligible
+                .iter()
+                .copied()
+                .filter(|&v| room.may_suffice(p, &self.fleet, v, needed, min_member))
+                .collect()
+        };
         // Tried cheapest first. The cheapest nearly always suffices (it passed the bounds
-        // above): it is found by a scan, and the others are sorted only when it does not.
-        // Keys are distinct (they end with the workload's key), so the order is the sort's.
-        let mut singles: Vec<_> = singles
-            .into_iter()
-            .map(|v| ((fair_victims.get(&v).cloned(), cost(v)), v))
-            .collect();
-        let cheapest = (0..singles.len()).min_by(|&a, &b| singles[a].0.cmp(&singles[b].0));
-        let mut chosen = None;
+        // above): it is found by a scan, and the others are keyed and sorted only when it does
+        // not. Keys are distinct (they end with the workload's key), so the order is the
+        // sort's.
+        let single_key = |v: usize| ((fair_victims.get(&v), cost(v)), v);
+        let cheapest = singles.iter().map(|&v| single_key(v)).min().map(|(_, v)| v);
+        let mut rest = Vec::new();
         let mut sorted = false;
-        let mut next = cheapest.map(|i| singles.swap_remove(i).1);
+        let mut next = cheapest;
         while let Some(v) = next {
             let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
             self.release_victim(pool, v);
@@ -286,10 +235,15 @@ impl Solver<'_> {
             }
             if !sorted {
                 // Descending, so that the cheapest left is popped from the end.
-                singles.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+                rest = singles
+                    .iter()
+                    .filter(|&&s| Some(s) != cheapest)
+                    .map(|&s| single_key(s))
+                    .collect();
+                rest.sort_unstable_by(|a, b| b.cmp(a));
                 sorted = true;
             }
-            next = singles.pop().map(|(_, v)| v);
+            next = rest.pop().map(|(_, v)| v);
         }
         // Every candidate released at once gives the highest bounds any set of them reaches
         // (both grow with the set): when even those refuse, no what-if can succeed, and the
@@ -444,6 +398,105 @@ impl Solver<'_> {
             .remove(p, vl.tenant, pool, vl.amount(vl.replicas));
     }
 
+    /// What running candidate `run` is to `r`: the classification of the search's scan and
+    /// of its walk alike.
+    fn candidate(&self, r: &Requester<'_>, run: &Running) -> Candidate {
+        let p = self.p;
+        let v = run.workload;
+        if r.in_scope.is_some_and(|s| !s[run.tenant]) {
+            return Candidate::Outside;
+        }
+        if !matches!(self.status[v], Some(Status::Keep)) {
+            return Candidate::Gone;
+        }
+        let class = &p.classes[run.class];
+        let ran = (p.now - run.started_at).max(0) as u64;
+        let within = self.within_guarantee[v];
+        if !class.preemptible {
+            Candidate::Protected(Blocked::NonPreemptible, Note::None)
+        } else if ran < class.min_runtime_seconds {
+            Candidate::Protected(
+                Blocked::MinRuntime(class.min_runtime_seconds - ran),
+                Note::None,
+            )
+        } else if within && !(class.priority < r.prio && (r.guaranteed || run.tenant == r.tenant)) {
+            // Guarantee protection guards against other tenants' borrowing; within one
+            // tenant, priority alone decides.
+            let note = if class.priority < r.prio {
+                Note::Owner(run.tenant)
+            } else {
+                Note::None
+            };
+            Candidate::Protected(Blocked::WithinGuarantee, note)
+        } else if !within && !r.guaranteed && class.priority >= r.prio {
+            if r.fair && class.priority == r.prio {
+                Candidate::FairShare
+            } else {
+                Candidate::Protected(Blocked::NotLowerPriority, Note::None)
+            }
+        } else if !within && r.guaranteed && class.priority >= r.prio && run.tenant == r.tenant {
+            // Reclaiming from oneself is no reclaim.
+            Candidate::Protected(Blocked::NotLowerPriority, Note::Own(run.tenant))
+        } else {
+            Candidate::Eligible
+        }
+    }
+
+    /// The search's first phase for a requester within its guarantee, without fair share:
+    /// `pool`'s candidates walked cheapest first ([`Solver::by_cost`]), each allowed one that
+    /// passes the bounds of `room` released in a what-if, until one admits `w`: the what-ifs,
+    /// in the order, that the scan's single victims would take, without visiting the
+    /// candidates past the one that succeeds, nor those before it that hold too few GPUs to
+    /// pass the pool's bound (the order is by GPUs first: a reclaim of 8 GPUs skips the
+    /// pool's thousands of 1-GPU runs by a binary search).
+    fn cheapest_single(
+        &mut self,
+        w: usize,
+        pool: usize,
+        requester: &Requester<'_>,
+        cap: u32,
+        room: &mut Option<Room>,
+    ) -> Option<(usize, Admitted)> {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        let needed = (wl.demand.gpus() * i64::from(wl.min_member)).units();
+        let min_member = i64::from(wl.min_member);
+        let order = self.by_cost(pool);
+        let room = room.get_or_insert_with(|| Room::new(self, pool, wl.demand.gpus().units()));
+        let holds = |i: u32| {
+            let vl = &p.workloads[self.running_by_pool[pool][i as usize].workload];
+            vl.amount(vl.replicas).gpus.units()
+        };
+        let first = order.partition_point(|&i| room.pool_free + holds(i) < needed);
+        for &i in &order[first..] {
+            let run = self.running_by_pool[pool][i as usize];
+            if !matches!(self.candidate(requester, &run), Candidate::Eligible) {
+                continue;
+            }
+            let v = run.workload;
+            if !room.may_suffice(p, &self.fleet, v, needed, min_member) {
+                continue;
+            }
+            let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
+            self.release_victim(pool, v);
+            let attempt = try_pool(p, &self.fleet, &self.ledger, w, pool, cap);
+            self.fleet.rollback(fm);
+            self.ledger.rollback(lm);
+            if let Ok(admitted) = attempt {
+                return Some((v, admitted));
+            }
+        }
+        None
+    }
+
+    /// `pool`'s running workloads cheapest to preempt first ([`cost_order`]), ordered on the
+    /// first walk of the pool and kept while its running list stands.
+    fn by_cost(&mut self, pool: usize) -> Rc<[u32]> {
+        let order = self.by_cost[pool]
+            .get_or_insert_with(|| cost_order(self.p, &self.running_by_pool[pool]));
+        Rc::clone(order)
+    }
+
     /// Drops the victims an accumulated set does not need, last added first: a victim goes
     /// when the gang still fits without it. `search.marks[i]` was opened before `set[i]` was
     /// released, so the what-if of the prefix before `i` plus the victims kept so far is a
@@ -584,6 +637,165 @@ pub(super) struct Pruning<'s, F> {
     witness_holds: bool,
     /// The marks opened before the first release.
     base: (Mark, Mark),
+}
+
+/// What a preemption search asks of each candidate about its requester.
+pub(super) struct Requester<'a> {
+    tenant: usize,
+    prio: i64,
+    /// Whether the requester's gang stays within its tenant's guarantee.
+    guaranteed: bool,
+    /// Whether borrowers of one priority compete by fair share here.
+    fair: bool,
+    /// Whether each tenant is in the search's scope (`None`: no scope).
+    in_scope: Option<&'a [bool]>,
+}
+
+/// One running candidate, to a [`Requester`].
+pub(super) enum Candidate {
+    /// Outside the search's scope.
+    Outside,
+    /// Not running on in this decision (already preempted, or gone).
+    Gone,
+    Eligible,
+    /// Borrowed work of the requester's priority that fair share may give up or keep
+    /// (`Solver::fairly_yields` decides).
+    FairShare,
+    Protected(Blocked, Note),
+}
+
+/// What a protected candidate tells a refusal about the tenants it holds for.
+pub(super) enum Note {
+    None,
+    /// The candidate's tenant, whose own borrower could displace it (lower-priority work of
+    /// its own, within guarantee).
+    Owner(usize),
+    /// The candidate's tenant, the requester's own: another tenant's requester within
+    /// guarantee could reclaim it.
+    Own(usize),
+}
+
+/// What preempting `v` costs, cheapest first: the GPUs it holds, the GPU-seconds since its
+/// last checkpoint, its priority, then its key.
+fn cost_of(p: &Problem, v: usize) -> (Gpus, i64, i64, &tessera_compiler::key::WorkloadKey) {
+    let vl = &p.workloads[v];
+    (
+        vl.amount(vl.replicas).gpus,
+        lost_units_seconds(p, v),
+        p.classes[vl.class].priority,
+        &vl.key,
+    )
+}
+
+/// A pool's running workloads that any requester may preempt, as places in `running` (the
+/// pool's list, by key), cheapest first ([`cost_of`]): work no search can take (its class is
+/// not preemptible, or it has not run its minimum) is left out, since the cheapest work is
+/// mostly the newest. The costs and the runtimes read the problem's clock, which a session
+/// keeps; a session orders its pools when it opens and again when it adds runs, so that an
+/// arrival finds them ordered (a sort of 60,000 candidates at 50,000 GPUs is a millisecond or
+/// more).
+pub(crate) fn cost_order(p: &Problem, running: &[Running]) -> Rc<[u32]> {
+    // The list is by key, so a place ranks the key: compared as numbers, not names.
+    debug_assert!(
+        running
+            .windows(2)
+            .all(|r| p.workloads[r[0].workload].key < p.workloads[r[1].workload].key)
+    );
+    let mut keyed: Vec<_> = running
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            let class = &p.classes[r.class];
+            class.preemptible && (p.now - r.started_at).max(0) as u64 >= class.min_runtime_seconds
+        })
+        .map(|(i, r)| {
+            let (gpus, lost, priority, _) = cost_of(p, r.workload);
+            let place = u32::try_from(i).expect("fewer than 2³² running workloads a pool");
+            (gpus, lost, priority, place)
+        })
+        .collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|k| k.3).collect()
+}
+
+/// The pool's free GPU units by node, read before any what-if writes on the fleet, and the
+/// bounds they give. A what-if cannot succeed unless the pool's free GPU units plus what the
+/// victims hold reach the gang's minimum, nor unless enough nodes then have a replica's units
+/// free: searches skip those that cannot (units freed are over-counted for partial gangs and
+/// unhealthy GPUs, and a node's free units bound what one replica finds there, so nothing is
+/// skipped that could succeed; the search from scratch that debug builds run beside this one
+/// asserts it).
+pub(super) struct Room {
+    free_at: Vec<i64>,
+    /// The pool's free units.
+    pool_free: i64,
+    /// Replicas of the gang the pool's nodes could take as they are (see `replicas_on`).
+    base_fit: i64,
+    /// A replica's units.
+    per_replica: i64,
+}
+
+impl Room {
+    fn new(s: &Solver<'_>, pool: usize, per_replica: i64) -> Room {
+        let p = s.p;
+        let pool_nodes = &p.pools[pool].nodes;
+        let mut free_at = vec![0i64; p.nodes.len()];
+        for &n in pool_nodes {
+            free_at[n] = s.fleet.node_free(p, n);
+        }
+        let mut room = Room {
+            pool_free: pool_nodes.iter().map(|&n| free_at[n]).sum(),
+            free_at,
+            base_fit: 0,
+            per_replica,
+        };
+        room.base_fit = pool_nodes
+            .iter()
+            .fold(0i64, |a, &n| a.wrapping_add(room.replicas_on(n, 0)));
+        room
+    }
+
+    /// Replicas node `n` could take with `freed` more units free.
+    fn replicas_on(&self, n: usize, freed: i64) -> i64 {
+        if self.per_replica > 0 {
+            (self.free_at[n] + freed) / self.per_replica
+        } else {
+            i64::MAX / 4
+        }
+    }
+
+    /// The bound with `v` alone released, from its placements on `fleet` (where it holds
+    /// them still).
+    fn single_fit(&self, p: &Problem, fleet: &Fleet, v: usize) -> i64 {
+        let units = p.workloads[v].demand.gpus().units();
+        let slots = fleet.placed[v].as_deref().map_or(&[][..], Vec::as_slice);
+        let mut fit = self.base_fit;
+        for (i, s) in slots.iter().enumerate() {
+            if slots[..i].iter().any(|x| x.node == s.node) {
+                continue;
+            }
+            let freed = slots[i..].iter().filter(|x| x.node == s.node).count() as i64 * units;
+            fit = fit
+                .wrapping_add(self.replicas_on(s.node, freed))
+                .wrapping_sub(self.replicas_on(s.node, 0));
+        }
+        fit
+    }
+
+    /// Whether releasing `v` alone passes both bounds for a gang of `needed` units and
+    /// `min_member` replicas.
+    fn may_suffice(
+        &self,
+        p: &Problem,
+        fleet: &Fleet,
+        v: usize,
+        needed: i64,
+        min_member: i64,
+    ) -> bool {
+        let vl = &p.workloads[v];
+        self.pool_free + vl.amount(vl.replicas).gpus.units() >= needed
+            && self.single_fit(p, fleet, v) >= min_member
+    }
 }
 
 /// How many replicas of the gang the pool's nodes could host with a set of victims released:

@@ -64,7 +64,7 @@ impl Blocking {
 
 /// The protected candidates a reason lists, by key (`tenant/name`), and how many there were
 /// in all. Keys are shown for the listed ones only.
-pub(super) fn listed(p: &Problem, blocked: Blocking) -> (Vec<Protected>, usize) {
+pub(super) fn listed(p: &Problem, blocked: Blocking) -> (Arc<[Protected]>, usize) {
     let Blocking { first, total, .. } = blocked;
     debug_assert!(
         first

@@ -6,7 +6,7 @@
 use super::*;
 
 /// What a preemption search answers: the requester's status, or the protected candidates.
-type SearchResult = Result<Status, (Vec<Protected>, usize)>;
+type SearchResult = Result<Status, (Arc<[Protected]>, usize)>;
 
 impl Solver<'_> {
     /// [`Solver::preempt_for`] from scratch: finds the cheapest sufficient set of allowed victims in `pool` and admits `w`; the
@@ -16,7 +16,7 @@ impl Solver<'_> {
         w: usize,
         pool: usize,
         scope: Option<usize>,
-    ) -> Result<Status, (Vec<Protected>, usize)> {
+    ) -> Result<Status, (Arc<[Protected]>, usize)> {
         let p = self.p;
         let wl = &p.workloads[w];
         let prio = p.classes[wl.class].priority;
@@ -362,6 +362,7 @@ impl<'p> Solver<'p> {
             within_guarantee: self.within_guarantee.clone(),
             victims: self.victims.clone(),
             running_by_pool: self.running_by_pool.clone(),
+            by_cost: self.by_cost.clone(),
             refused: self.refused.clone(),
             refused_guaranteed: self.refused_guaranteed.clone(),
             hold: self.hold.clone(),

@@ -232,7 +232,11 @@ impl Session {
             let mut s = Solver::new(&problem);
             let keep = s.run();
             let d = heuristic::decision(&problem, &s, Method::Heuristic, bound);
-            (s.into_parts(), d, keep)
+            let mut parts = s.into_parts();
+            for (order, running) in parts.by_cost.iter_mut().zip(&parts.running_by_pool) {
+                order.get_or_insert_with(|| heuristic::cost_order(&problem, running));
+            }
+            (parts, d, keep)
         };
         let names = problem
             .workloads
@@ -640,8 +644,19 @@ impl Session {
             },
         );
         s.trace = kept;
-        let old: Vec<(usize, Option<Status>)> =
-            tail.iter().map(|&x| (x, s.status[x].clone())).collect();
+        // A waiting pick's status is taken, not cloned: `run_queue` decides it again, reading
+        // no waiting workload's status (only running work's `Keep`), and a waiting reason can
+        // list protected work (cloning thousands of them was a sixth of such an admission).
+        let old: Vec<(usize, Option<Status>)> = tail
+            .iter()
+            .map(|&x| {
+                let was = match s.status[x] {
+                    Some(Status::Pending(_)) => s.status[x].take(),
+                    _ => s.status[x].clone(),
+                };
+                (x, was)
+            })
+            .collect();
         let from = s.trace.len();
         s.run_queue(tail);
         // What changed: the victims (kept before), and the picks decided again.
@@ -659,7 +674,7 @@ impl Session {
             .filter_map(|(x, was)| {
                 // Most picks decided again wait for the same reason: no decision to build.
                 let waits = match (&was, &s.status[x]) {
-                    (Some(Status::Pending(a)), Some(Status::Pending(b))) => Some(a == b),
+                    (Some(Status::Pending(a)), Some(Status::Pending(b))) => Some(a.same(b)),
                     _ => None,
                 };
                 if waits == Some(true) {
@@ -903,6 +918,15 @@ impl Session {
             let at = running.partition_point(|r| p.workloads[r.workload].key < *key);
             let run = heuristic::Running::of(p, w).expect("an admission carried out runs");
             running.insert(at, run);
+            // Places moved: the pool's candidates are ordered again below.
+        }
+        let p = &self.problem;
+        for pool in admitted
+            .iter()
+            .map(|&w| pool_of(p, w))
+            .collect::<BTreeSet<_>>()
+        {
+            parts.by_cost[pool] = Some(heuristic::cost_order(p, &parts.running_by_pool[pool]));
         }
         for &w in &admitted {
             self.guarantee_index(pool_of(&self.problem, w), w, true);
