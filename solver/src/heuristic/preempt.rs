@@ -68,29 +68,15 @@ impl Solver<'_> {
             fair,
             in_scope: in_scope.as_deref(),
         };
-        // Preempting within-guarantee work is only for work that stays within guarantee: a
-        // guaranteed requester takes no more replicas than its guarantee covers.
-        let cap = if requester_guaranteed {
-            (wl.min_member..=wl.replicas)
-                .rev()
-                .find(|&n| {
-                    self.ledger
-                        .split(p, wl.tenant, pool, wl.demand.gpus() * i64::from(n))
-                        .1
-                        == Gpus::ZERO
-                })
-                .unwrap_or(wl.min_member)
-        } else {
-            wl.replicas
-        };
+        let cap = self.replicas_cap(w, pool, requester_guaranteed);
         let needed = amount.units();
         let min_member = i64::from(wl.min_member);
         // One victim, the cheapest that suffices, first. Without fair share the candidates'
         // costs do not depend on the requester, so a requester within its guarantee walks
         // them in the pool's cost order, and the scan of every candidate below is left for
-        // the searches that no single victim ends: a pool of 60,000 running workloads was
-        // scanned whole for each of 550 reclaims a cycle, each ended by the first victim
-        // tried. A borrower scans: its search mostly ends in a refusal, which lists the
+        // the searches that no single victim ends: at 50,000 GPUs the training pool's tens of
+        // thousands of running workloads were scanned whole for each of 550 reclaims a cycle,
+        // each ended by a single victim. A borrower scans: its search mostly ends in a refusal, which lists the
         // protected work in key order and which the next borrowers reuse, and a walk in cost
         // order would visit every candidate before the scan did so again.
         let walked = !fair && requester_guaranteed;
@@ -396,6 +382,26 @@ impl Solver<'_> {
         self.fleet.release(p, v, true);
         self.ledger
             .remove(p, vl.tenant, pool, vl.amount(vl.replicas));
+    }
+
+    /// The most replicas of `w` a search may make room for in `pool`: preempting
+    /// within-guarantee work is only for work that stays within guarantee, so a requester
+    /// within its guarantee takes no more replicas than its guarantee covers.
+    pub(super) fn replicas_cap(&self, w: usize, pool: usize, guaranteed: bool) -> u32 {
+        let p = self.p;
+        let wl = &p.workloads[w];
+        if !guaranteed {
+            return wl.replicas;
+        }
+        (wl.min_member..=wl.replicas)
+            .rev()
+            .find(|&n| {
+                self.ledger
+                    .split(p, wl.tenant, pool, wl.demand.gpus() * i64::from(n))
+                    .1
+                    == Gpus::ZERO
+            })
+            .unwrap_or(wl.min_member)
     }
 
     /// What running candidate `run` is to `r`: the classification of the search's scan and

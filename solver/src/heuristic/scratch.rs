@@ -113,21 +113,7 @@ impl Solver<'_> {
                 &vl.key,
             )
         };
-        // Preempting within-guarantee work is only for work that stays within guarantee: a
-        // guaranteed requester takes no more replicas than its guarantee covers.
-        let cap = if requester_guaranteed {
-            (wl.min_member..=wl.replicas)
-                .rev()
-                .find(|&n| {
-                    self.ledger
-                        .split(p, wl.tenant, pool, wl.demand.gpus() * i64::from(n))
-                        .1
-                        == Gpus::ZERO
-                })
-                .unwrap_or(wl.min_member)
-        } else {
-            wl.replicas
-        };
+        let cap = self.replicas_cap(w, pool, requester_guaranteed);
         // A what-if on the fleet and ledger with `victims` released.
         let attempt_on = |fleet: &Fleet, ledger: &Ledger, victims: &[usize]| {
             let admitted = try_pool(p, fleet, ledger, w, pool, cap).map_err(|_| ())?;
