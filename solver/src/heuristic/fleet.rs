@@ -9,6 +9,44 @@ use std::cell::{Cell, RefCell};
 
 use smallvec::SmallVec;
 
+/// What a MIG replica's free-instance choice on a node depends on besides the node's state:
+/// its pool (whose mix scores it), profile, CPU and memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InstanceShape {
+    pool: usize,
+    profile_id: u32,
+    cpu: u64,
+    memory: u64,
+}
+
+/// A node's free-instance choices for the last [`REMEMBERED_SHAPES`] replica shapes asked, the
+/// newest first (a pool's queue mostly repeats a few shapes).
+#[derive(Debug, Clone, Copy, Default)]
+struct RememberedInstances([Option<(InstanceShape, InstanceChoice)>; REMEMBERED_SHAPES]);
+
+/// The GPU and the free instance a replica would take on a node; `None` where none is free.
+type InstanceChoice = Option<(usize, Placement)>;
+
+const REMEMBERED_SHAPES: usize = 4;
+
+impl RememberedInstances {
+    /// The choice remembered for `shape`: `Some(None)` when the node has no free instance
+    /// for it.
+    fn get(&self, shape: InstanceShape) -> Option<InstanceChoice> {
+        self.0
+            .iter()
+            .flatten()
+            .find(|(s, _)| *s == shape)
+            .map(|&(_, choice)| choice)
+    }
+
+    /// Remembers `choice` for `shape`, forgetting the oldest shape when all are taken.
+    fn put(&mut self, shape: InstanceShape, choice: InstanceChoice) {
+        self.0.copy_within(..REMEMBERED_SHAPES - 1, 1);
+        self.0[0] = Some((shape, choice));
+    }
+}
+
 thread_local! {
     /// The key a placement leaves a node with, written by `key_after` for each free instance
     /// a MIG replica's search scores (it allocated one per instance scored).
@@ -105,6 +143,10 @@ pub(crate) struct Fleet {
     /// [`key_after`] derives from this one and the GPUs the placement changes without reading
     /// the node's other GPUs.
     keys: CowVec<RefCell<Option<Rc<[u64]>>>>,
+    /// Each node's best free MIG instance for the last few replica shapes asked, kept and
+    /// cleared as `measured` is: a busy MIG pool's every node with a free instance was scored
+    /// again for each replica, where a gang changes one node per replica.
+    instances: CowVec<Cell<RememberedInstances>>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
@@ -194,6 +236,7 @@ impl Fleet {
             free: vec![NodeFree::default(); p.nodes.len()].into(),
             measured: vec![Cell::new(None); p.nodes.len()].into(),
             keys: vec![RefCell::new(None); p.nodes.len()].into(),
+            instances: vec![Cell::new(RememberedInstances::default()); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
@@ -279,6 +322,7 @@ impl Fleet {
         self.mix = Rc::new(Mix::new(p, |w| !gone(w)));
         self.measured = vec![Cell::new(None); p.nodes.len()].into();
         self.keys = vec![RefCell::new(None); p.nodes.len()].into();
+        self.instances = vec![Cell::new(RememberedInstances::default()); p.nodes.len()].into();
     }
 
     pub(super) fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
@@ -458,11 +502,12 @@ impl Fleet {
         m
     }
 
-    /// Forgets node `n`'s kept measure and key: its state is being written, or put back by a
-    /// rollback.
+    /// Forgets node `n`'s kept measure, key and instance choices: its state is being written,
+    /// or put back by a rollback.
     pub(super) fn unmeasure(&mut self, n: usize) {
         self.measured[n] = Cell::new(None);
         self.keys[n] = RefCell::new(None);
+        self.instances[n] = Cell::new(RememberedInstances::default());
     }
 
     /// The states of node `n`'s healthy GPUs, in the node's order.
@@ -642,6 +687,59 @@ impl Fleet {
         None
     }
 
+    /// The free instance of `profile_id` on node `n`'s `gpus` a replica of `w` would take:
+    /// on the GPU that fragments the node least, then the tightest. A function of the node's
+    /// state and of the replica's shape ([`InstanceShape`]) alone.
+    fn free_instance(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        n: usize,
+        profile_id: u32,
+        gpus: &[usize],
+    ) -> InstanceChoice {
+        let scored = self.mix.scores(pool);
+        // Measured when a GPU first offers a place: most nodes of a busy pool offer none.
+        let before = std::cell::OnceCell::new();
+        let before = || scored.then(|| *before.get_or_init(|| self.measure(p, pool, n, None)));
+        let mut best: Option<((u32, u64, i64), usize, Placement)> = None;
+        // A GPU laid out and held as one scored before scores as it did (the node's GPUs are a
+        // multiset to the measure) and loses the tie to it: a node's GPUs mostly share a
+        // layout, and each score measures the whole node.
+        let mut scored_states: SmallVec<[&GpuState; 8]> = SmallVec::new();
+        for &g in gpus {
+            let s = &self.gpu[g];
+            if s.whole.is_some() || scored_states.iter().any(|t| same_mig_state(s, t)) {
+                continue;
+            }
+            if let Some(pl) = s
+                .geometry
+                .iter()
+                .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
+            {
+                let free = Gpus::whole(1).units() - s.allocated().units();
+                let (tier, loss) = match before() {
+                    Some(before) => {
+                        let plan = Plan::Instance {
+                            gpu: g,
+                            placement: *pl,
+                            geometry: None,
+                        };
+                        self.plan_cost(p, w, pool, n, before, &plan)
+                    }
+                    None => (0, 0),
+                };
+                let key = (tier, loss, free);
+                if best.as_ref().is_none_or(|b| key < b.0) {
+                    best = Some((key, g, *pl));
+                }
+                scored_states.push(s);
+            }
+        }
+        best.map(|(_, gpu, placement)| (gpu, placement))
+    }
+
     /// How a replica of `w` could go on node `n` of `pool`; with its cost (re-layouts first).
     pub(super) fn option(
         &self,
@@ -704,48 +802,32 @@ impl Fleet {
                 })
             }
             Demand::Mig { profile_id } => {
-                // A free existing instance, on the GPU that fragments the node least, then the
-                // tightest.
-                let scored = self.mix.scores(pool);
-                // Measured when a GPU first offers a place: most nodes of a busy pool offer none.
-                let before = std::cell::OnceCell::new();
-                let before =
-                    || scored.then(|| *before.get_or_init(|| self.measure(p, pool, n, None)));
-                let mut best: Option<((u32, u64, i64), usize, Placement)> = None;
-                // A GPU laid out and held as one scored before scores as it did (the node's
-                // GPUs are a multiset to the measure) and loses the tie to it: a node's GPUs
-                // mostly share a layout, and each score measures the whole node.
-                let mut scored_states: SmallVec<[&GpuState; 8]> = SmallVec::new();
-                for &g in &gpus {
-                    let s = &self.gpu[g];
-                    if s.whole.is_some() || scored_states.iter().any(|t| same_mig_state(s, t)) {
-                        continue;
+                // A free existing instance first: remembered per node and replica shape until
+                // the node changes (debug builds check it against the scan of the GPUs).
+                let shape = InstanceShape {
+                    pool,
+                    profile_id,
+                    cpu: wl.cpu.0,
+                    memory: wl.memory.0,
+                };
+                let free = match self.instances[n].get().get(shape) {
+                    Some(choice) => {
+                        debug_assert_eq!(
+                            choice,
+                            self.free_instance(p, w, pool, n, profile_id, &gpus),
+                            "the free instance remembered for node {n} is stale"
+                        );
+                        choice
                     }
-                    if let Some(pl) = s
-                        .geometry
-                        .iter()
-                        .find(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
-                    {
-                        let free = Gpus::whole(1).units() - s.allocated().units();
-                        let (tier, loss) = match before() {
-                            Some(before) => {
-                                let plan = Plan::Instance {
-                                    gpu: g,
-                                    placement: *pl,
-                                    geometry: None,
-                                };
-                                self.plan_cost(p, w, pool, n, before, &plan)
-                            }
-                            None => (0, 0),
-                        };
-                        let key = (tier, loss, free);
-                        if best.as_ref().is_none_or(|b| key < b.0) {
-                            best = Some((key, g, *pl));
-                        }
-                        scored_states.push(s);
+                    None => {
+                        let choice = self.free_instance(p, w, pool, n, profile_id, &gpus);
+                        let mut kept = self.instances[n].get();
+                        kept.put(shape, choice);
+                        self.instances[n].set(kept);
+                        choice
                     }
-                }
-                if let Some((_, gpu, placement)) = best {
+                };
+                if let Some((gpu, placement)) = free {
                     return Some(Plan::Instance {
                         gpu,
                         placement,
