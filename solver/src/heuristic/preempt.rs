@@ -76,9 +76,10 @@ impl Solver<'_> {
         // them in the pool's cost order, and the scan of every candidate below is left for
         // the searches that no single victim ends: at 50,000 GPUs the training pool's tens of
         // thousands of running workloads were scanned whole for each of 550 reclaims a cycle,
-        // each ended by a single victim. A borrower scans: its search mostly ends in a refusal, which lists the
-        // protected work in key order and which the next borrowers reuse, and a walk in cost
-        // order would visit every candidate before the scan did so again.
+        // each ended by a single victim. A borrower scans: its search mostly ends in a
+        // refusal, which lists the protected work in key order and which the next borrowers
+        // reuse, and a walk in cost order would visit every candidate before the scan did so
+        // again.
         let walked = !fair && requester_guaranteed;
         let mut room = None;
         let mut chosen = None;
@@ -171,10 +172,7 @@ impl Solver<'_> {
             return Err(refusal);
         }
         let room = &*room.get_or_insert_with(|| Room::new(self, pool, wl.demand.gpus().units()));
-        let holds = |v: usize| {
-            let vl = &p.workloads[v];
-            vl.amount(vl.replicas).gpus.units()
-        };
+        let holds = |v: usize| held_units(p, v);
         let replicas_on = |n: usize, freed: i64| room.replicas_on(n, freed);
         let (pool_free, base_fit) = (room.pool_free, room.base_fit);
         // What `v` frees, by node: one entry per placement, read while `v` holds them.
@@ -248,9 +246,9 @@ impl Solver<'_> {
         // Otherwise accumulate, borrowed and low tiers first, then drop the unneeded.
         if chosen.is_none() && !hopeless() {
             // Among borrowed work of the requester's priority, the side furthest above its
-            // share gives first. Drawn from a heap, lowest first: the set is mostly far smaller than the pool's
-            // candidates, which a sort would order whole. The workload breaks ties as the
-            // stable sort of candidates by index did.
+            // share gives first. Drawn from a heap, lowest first: the set is mostly far smaller
+            // than the pool's candidates, which a sort would order whole. The workload breaks
+            // ties as the stable sort of candidates by index did.
             let mut order: std::collections::BinaryHeap<_> = eligible
                 .iter()
                 .map(|&v| {
@@ -416,15 +414,9 @@ impl Solver<'_> {
             return Candidate::Gone;
         }
         let class = &p.classes[run.class];
-        let ran = (p.now - run.started_at).max(0) as u64;
         let within = self.within_guarantee[v];
-        if !class.preemptible {
-            Candidate::Protected(Blocked::NonPreemptible, Note::None)
-        } else if ran < class.min_runtime_seconds {
-            Candidate::Protected(
-                Blocked::MinRuntime(class.min_runtime_seconds - ran),
-                Note::None,
-            )
+        if let Some(why) = protected_from_all(p, run) {
+            Candidate::Protected(why, Note::None)
         } else if within && !(class.priority < r.prio && (r.guaranteed || run.tenant == r.tenant)) {
             // Guarantee protection guards against other tenants' borrowing; within one
             // tenant, priority alone decides.
@@ -469,11 +461,10 @@ impl Solver<'_> {
         let min_member = i64::from(wl.min_member);
         let order = self.by_cost(pool);
         let room = room.get_or_insert_with(|| Room::new(self, pool, wl.demand.gpus().units()));
-        let holds = |i: u32| {
-            let vl = &p.workloads[self.running_by_pool[pool][i as usize].workload];
-            vl.amount(vl.replicas).gpus.units()
-        };
-        let first = order.partition_point(|&i| room.pool_free + holds(i) < needed);
+        let running = &self.running_by_pool[pool];
+        let first = order.partition_point(|&i| {
+            room.pool_free + held_units(p, running[i as usize].workload) < needed
+        });
         for &i in &order[first..] {
             let run = self.running_by_pool[pool][i as usize];
             if !matches!(self.candidate(requester, &run), Candidate::Eligible) {
@@ -681,6 +672,26 @@ pub(super) enum Note {
     Own(usize),
 }
 
+/// Why running `run` is protected from every requester, if it is: its class is not
+/// preemptible, or it has not run its minimum yet (both read the problem's clock only).
+fn protected_from_all(p: &Problem, run: &Running) -> Option<Blocked> {
+    let class = &p.classes[run.class];
+    let ran = (p.now - run.started_at).max(0) as u64;
+    if !class.preemptible {
+        Some(Blocked::NonPreemptible)
+    } else if ran < class.min_runtime_seconds {
+        Some(Blocked::MinRuntime(class.min_runtime_seconds - ran))
+    } else {
+        None
+    }
+}
+
+/// The GPU units workload `v` holds with all its replicas: what preempting it frees.
+fn held_units(p: &Problem, v: usize) -> i64 {
+    let vl = &p.workloads[v];
+    vl.amount(vl.replicas).gpus.units()
+}
+
 /// What preempting `v` costs, cheapest first: the GPUs it holds, the GPU-seconds since its
 /// last checkpoint, its priority, then its key.
 fn cost_of(p: &Problem, v: usize) -> (Gpus, i64, i64, &tessera_compiler::key::WorkloadKey) {
@@ -710,10 +721,7 @@ pub(crate) fn cost_order(p: &Problem, running: &[Running]) -> Rc<[u32]> {
     let mut keyed: Vec<_> = running
         .iter()
         .enumerate()
-        .filter(|(_, r)| {
-            let class = &p.classes[r.class];
-            class.preemptible && (p.now - r.started_at).max(0) as u64 >= class.min_runtime_seconds
-        })
+        .filter(|(_, r)| protected_from_all(p, r).is_none())
         .map(|(i, r)| {
             let (gpus, lost, priority, _) = cost_of(p, r.workload);
             let place = u32::try_from(i).expect("fewer than 2³² running workloads a pool");
@@ -798,9 +806,7 @@ impl Room {
         needed: i64,
         min_member: i64,
     ) -> bool {
-        let vl = &p.workloads[v];
-        self.pool_free + vl.amount(vl.replicas).gpus.units() >= needed
-            && self.single_fit(p, fleet, v) >= min_member
+        self.pool_free + held_units(p, v) >= needed && self.single_fit(p, fleet, v) >= min_member
     }
 }
 
