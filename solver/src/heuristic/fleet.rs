@@ -53,6 +53,22 @@ thread_local! {
     static KEY_AFTER: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
+/// What the fleet remembers of a node until its state changes (see `Fleet::kept`).
+#[derive(Debug, Clone, Default)]
+struct Kept {
+    /// The node's measure against the mix, with its pool: every gang measures each node with
+    /// room before placing on it, and a gang changes a few nodes.
+    measured: Cell<Option<(usize, Measure)>>,
+    /// The node's measure key (`fragmentation.rs`): a placement's measure is looked up by the
+    /// key after it, which [`key_after`] derives from this one and the GPUs the placement
+    /// changes without reading the node's other GPUs.
+    key: RefCell<Option<Rc<[u64]>>>,
+    /// The node's best free MIG instance for the last few replica shapes asked: a busy MIG
+    /// pool's every node with a free instance was scored again for each replica, where a
+    /// gang changes one node per replica.
+    instances: Cell<RememberedInstances>,
+}
+
 /// What holds a GPU now, in this decision.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct GpuState {
@@ -131,22 +147,12 @@ pub(crate) struct Fleet {
     /// preemption search's bounds ask for them for every node of a pool per gang, and a
     /// replica's search for a place skips the nodes that offer none.
     pub(super) free: CowVec<NodeFree>,
-    /// Each node's measure against the mix as it stands, with its pool, once taken: every gang
-    /// measures each node with room before placing on it, and a gang changes a few nodes.
-    /// Set through a shared chunk (the value is the same for every fleet that shares it: a
-    /// fleet that changes a node first clears its entry, which copies the chunk), cleared by
-    /// every write to the node's GPUs, CPU or memory ([`Fleet::occupy`], [`Fleet::release`],
-    /// a rollback) and by a new mix.
-    measured: CowVec<Cell<Option<(usize, Measure)>>>,
-    /// Each node's measure key as it stands (`fragmentation.rs`), once built, kept and cleared
-    /// as `measured` is: a placement's measure is looked up by the key after it, which
-    /// [`key_after`] derives from this one and the GPUs the placement changes without reading
-    /// the node's other GPUs.
-    keys: CowVec<RefCell<Option<Rc<[u64]>>>>,
-    /// Each node's best free MIG instance for the last few replica shapes asked, kept and
-    /// cleared as `measured` is: a busy MIG pool's every node with a free instance was scored
-    /// again for each replica, where a gang changes one node per replica.
-    instances: CowVec<Cell<RememberedInstances>>,
+    /// What is known of each node as it stands ([`Kept`]), once worked out. Set through a
+    /// shared chunk (the value is the same for every fleet that shares it: a fleet that
+    /// changes a node first clears its entry, which copies the chunk), cleared by every write
+    /// to the node's GPUs, CPU or memory ([`Fleet::occupy`], [`Fleet::release`], a rollback)
+    /// and by a new mix.
+    kept: CowVec<Kept>,
     /// Nodes held by reservations the workload being placed may not use (see `reserve.rs`);
     /// set only while one workload is decided.
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
@@ -234,9 +240,7 @@ impl Fleet {
             memory: vec![0; p.nodes.len()].into(),
             placed: vec![None; p.workloads.len()].into(),
             free: vec![NodeFree::default(); p.nodes.len()].into(),
-            measured: vec![Cell::new(None); p.nodes.len()].into(),
-            keys: vec![RefCell::new(None); p.nodes.len()].into(),
-            instances: vec![Cell::new(RememberedInstances::default()); p.nodes.len()].into(),
+            kept: vec![Kept::default(); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
@@ -320,9 +324,7 @@ impl Fleet {
     /// (a session's finished work), as a cycle on the snapshot without them would.
     pub(crate) fn forget(&mut self, p: &Problem, gone: impl Fn(usize) -> bool) {
         self.mix = Rc::new(Mix::new(p, |w| !gone(w)));
-        self.measured = vec![Cell::new(None); p.nodes.len()].into();
-        self.keys = vec![RefCell::new(None); p.nodes.len()].into();
-        self.instances = vec![Cell::new(RememberedInstances::default()); p.nodes.len()].into();
+        self.kept = vec![Kept::default(); p.nodes.len()].into();
     }
 
     pub(super) fn occupy(&mut self, p: &Problem, w: usize, slot: Placed) {
@@ -444,7 +446,7 @@ impl Fleet {
         after: Option<(usize, &[(usize, GpuState)])>,
     ) -> Measure {
         if after.is_none()
-            && let Some((at, m)) = self.measured[n].get()
+            && let Some((at, m)) = self.kept[n].measured.get()
             && at == pool
         {
             debug_assert_eq!(
@@ -497,7 +499,7 @@ impl Fleet {
         }
         let m = self.mix.measure(p, pool, cpu, memory, gpus);
         if after.is_none() {
-            self.measured[n].set(Some((pool, m)));
+            self.kept[n].measured.set(Some((pool, m)));
         }
         m
     }
@@ -505,9 +507,7 @@ impl Fleet {
     /// Forgets node `n`'s kept measure, key and instance choices: its state is being written,
     /// or put back by a rollback.
     pub(super) fn unmeasure(&mut self, n: usize) {
-        self.measured[n] = Cell::new(None);
-        self.keys[n] = RefCell::new(None);
-        self.instances[n] = Cell::new(RememberedInstances::default());
+        self.kept[n] = Kept::default();
     }
 
     /// The states of node `n`'s healthy GPUs, in the node's order.
@@ -533,9 +533,9 @@ impl Fleet {
         p.nodes[n].memory.0.saturating_sub(self.memory[n])
     }
 
-    /// Node `n`'s measure key as it stands (see [`Fleet::keys`]).
+    /// Node `n`'s measure key as it stands (see [`Kept::key`]).
     fn node_key(&self, p: &Problem, pool: usize, n: usize) -> Rc<[u64]> {
-        if let Some(key) = self.keys[n].borrow().as_ref()
+        if let Some(key) = self.kept[n].key.borrow().as_ref()
             && key.first() == Some(&(pool as u64))
         {
             debug_assert_eq!(
@@ -557,7 +557,7 @@ impl Fleet {
             self.states(p, n),
         )
         .into();
-        *self.keys[n].borrow_mut() = Some(Rc::clone(&key));
+        *self.kept[n].key.borrow_mut() = Some(Rc::clone(&key));
         key
     }
 
@@ -810,7 +810,7 @@ impl Fleet {
                     cpu: wl.cpu.0,
                     memory: wl.memory.0,
                 };
-                let free = match self.instances[n].get().get(shape) {
+                let free = match self.kept[n].instances.get().get(shape) {
                     Some(choice) => {
                         debug_assert_eq!(
                             choice,
@@ -821,9 +821,9 @@ impl Fleet {
                     }
                     None => {
                         let choice = self.free_instance(p, w, pool, n, profile_id, &gpus);
-                        let mut kept = self.instances[n].get();
+                        let mut kept = self.kept[n].instances.get();
                         kept.put(shape, choice);
-                        self.instances[n].set(kept);
+                        self.kept[n].instances.set(kept);
                         choice
                     }
                 };
