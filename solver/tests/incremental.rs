@@ -730,17 +730,6 @@ fn a_finished_workload_moves_the_guarantee_line() {
     assert_eq!(session.decisions(), full(&policy, &state).workloads);
 }
 
-/// A draw that fails, known and not fixed yet (found 2026-11-29, present at 247b975 too): after
-/// arrival 1 the session's standing decision lists the queue as `…, b/p-0, a/x-1` where the
-/// full cycle picks `…, a/x-1, b/p-0` (two waiting picks of one priority in pools `share` and
-/// `infer`, which the session keeps as separate components and merges by their keys); every
-/// workload's decision agrees, only the queue's order differs. Run with `--ignored`.
-#[test]
-#[ignore = "known: the session merges two components' picks in another order than the cycle"]
-fn a_draw_that_fails() {
-    case(5_975_625_639_353_954_938, &mut Tally::default());
-}
-
 /// Draws that once failed:
 /// - a borrower refused preemption was taken as refused for another tenant's borrower of the
 ///   same priority, which may displace its own tenant's work within guarantee
@@ -758,4 +747,10 @@ fn draws_that_once_failed() {
     // changed without it, and with borrowers ordered down the tree that reordered another
     // tenant's waiting work.
     case(6_077_979_051_737_044_837, &mut Tally::default());
+    // Two waiting picks of one key in components apart (pools `share` and `infer`): the session
+    // merged the components' picks breaking the tie by the workload's name, where the cycle
+    // ranks by its key, tenant first, so the standing queue read `…, b/p-0, a/x-1` (and
+    // `a1/p-4, a/x-0`) against the cycle's `…, a/x-1, b/p-0`.
+    case(5_975_625_639_353_954_938, &mut Tally::default());
+    case(16_502_662_668_316_066_310, &mut Tally::default());
 }

@@ -1097,7 +1097,9 @@ fn in_pick_order(p: &Problem, trace: &mut Vec<Step>) {
     if groups.len() < 2 {
         return;
     }
-    let head = |i: usize| (&trace[i].key, p.workloads[trace[i].w].name.as_str());
+    // Ties go by workload key, as the cycle's picker ranks them (`pick.rs`): by name alone,
+    // `a1/p-4` once came before `a/x-0` of the same key.
+    let head = |i: usize| (&trace[i].key, &p.workloads[trace[i].w].key);
     let mut heads: std::collections::BinaryHeap<_> = groups
         .iter_mut()
         .enumerate()
