@@ -30,6 +30,7 @@ mod ilp;
 pub mod problem;
 pub(crate) mod quota;
 pub mod session;
+mod split;
 mod undo;
 
 use std::time::Duration;
@@ -39,6 +40,7 @@ use tessera_compiler::model::ClusterStateSpec;
 
 pub use decision::{Decision, Outcome, PreemptReason, Reason};
 pub use problem::{Problem, ProblemError};
+pub use split::splitting_every_list;
 
 /// How to solve.
 #[derive(Debug, Clone, PartialEq, Eq)]

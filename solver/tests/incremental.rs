@@ -195,6 +195,17 @@ fn case(seed: u64, tally: &mut Tally) {
             "seed {seed}: a refined session's decision is solve's"
         );
     }
+    // The same session opened with every list split across threads (the bound beside the
+    // heuristic, the snapshot's workloads resolved and the decisions built in pieces).
+    let split = tessera_solver::splitting_every_list(3, || {
+        Session::refined(&policy, &state, &options).unwrap().0
+    });
+    if !stopped_by_clock(&refined) && !stopped_by_clock(&split) {
+        assert_eq!(
+            refined, split,
+            "seed {seed}: a session's decision depends on how its work is split"
+        );
+    }
     assert_eq!(
         kept.is_some(),
         refined.method == Method::Heuristic,

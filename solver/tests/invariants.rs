@@ -725,6 +725,14 @@ fn case(seed: u64) -> usize {
     }
     shuffled.running.reverse();
     assert_eq!(first, bytes(&policy, &shuffled), "depends on input order");
+    // And on how the work is split across threads (the machine's cores).
+    for threads in [2, 3] {
+        assert_eq!(
+            first,
+            tessera_solver::splitting_every_list(threads, || bytes(&policy, &state1)),
+            "depends on how the work is split across {threads} threads"
+        );
+    }
     fair_preempted
 }
 

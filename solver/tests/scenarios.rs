@@ -926,3 +926,52 @@ fn instances_on_an_empty_gpu_are_not_barred_by_past_changes() {
         .collect();
     assert_eq!(at, ["2026-11-20T07:30:00Z"]);
 }
+
+#[test]
+fn a_snapshot_that_contradicts_itself_fails_at_its_first_contradiction_however_split() {
+    // Running workloads are checked in (tenant, name) order. The compiler refuses such
+    // snapshots; the solver is called by libraries too, so the valid snapshot is broken here.
+    let nodes = [node("t0", "train", 8)];
+    let spec = "{tenant: b, sloClass: critical, gpu: {count: 1}}";
+    let names = ["a", "b", "c", "d", "e"];
+    let run_: String = names
+        .iter()
+        .zip(0..)
+        .map(|(name, g)| running(name, spec, &[&gpus("t0", g, g + 1)], EARLY))
+        .collect();
+    let (policy, valid) = compile_all(&state(&nodes, &run_, ""));
+    let error = |broken: &tessera_compiler::model::ClusterStateSpec| {
+        let sequential = tessera_solver::Problem::new(&policy, broken, None).err();
+        for threads in [2, 3] {
+            let split = tessera_solver::splitting_every_list(threads, || {
+                tessera_solver::Problem::new(&policy, broken, None).err()
+            });
+            assert_eq!(
+                split.as_ref().map(ToString::to_string),
+                sequential.as_ref().map(ToString::to_string),
+                "split across {threads} threads"
+            );
+        }
+        sequential.map(|e| e.to_string()).unwrap_or_default()
+    };
+    assert_eq!(error(&valid), "");
+    let named = |s: &tessera_compiler::model::ClusterStateSpec, name: &str| {
+        s.running.iter().position(|r| r.name == name).unwrap()
+    };
+    // `b` names a node the snapshot lacks; `d` is listed twice, later in the order.
+    let mut broken = valid.clone();
+    let b = named(&broken, "b");
+    broken.running[b].bindings[0].node = "gone".into();
+    let d = broken.running[named(&broken, "d")].clone();
+    broken.running.insert(0, d);
+    let message = error(&broken);
+    assert!(message.contains("gone"), "{message}");
+    // The other way round: `b` twice comes before `d`'s unknown node.
+    let mut broken = valid.clone();
+    let d = named(&broken, "d");
+    broken.running[d].bindings[0].node = "gone".into();
+    let b = broken.running[named(&broken, "b")].clone();
+    broken.running.push(b);
+    let message = error(&broken);
+    assert!(message.contains("b/b"), "{message}");
+}

@@ -92,12 +92,17 @@ pub fn solve(p: &Problem) -> Decision {
 
 /// [`solve`], with what its step (a) kept (see [`Solver::run`]).
 pub(crate) fn solve_keeping(p: &Problem) -> (Decision, KeepPhase) {
-    let mut s = Solver::new(p);
-    let keep = s.run();
-    (
-        decision(p, &s, Method::Heuristic, crate::bound::lp_bound(p)),
-        keep,
-    )
+    // The bound reads the problem alone: on a second core while the heuristic runs.
+    let (bound, (s, keep)) = crate::split::beside(
+        crate::split::large(p.workloads.len()),
+        || crate::bound::lp_bound(p),
+        || {
+            let mut s = Solver::new(p);
+            let keep = s.run();
+            (s, keep)
+        },
+    );
+    (decision(p, &s, Method::Heuristic, bound), keep)
 }
 
 /// The decision for one workload of the problem given its status, and what it adds to the
@@ -108,10 +113,24 @@ pub(crate) fn workload_decision(
     w: usize,
     status: Option<&Status>,
 ) -> (WorkloadDecision, f64) {
+    workload_decision_on(p, placed_on(fleet, w), w, status)
+}
+
+/// What `w` holds on `fleet`, as a slice that may cross threads (the fleet's `Rc` may not).
+fn placed_on(fleet: &Fleet, w: usize) -> &[Placed] {
+    fleet.placed[w].as_deref().map_or(&[], Vec::as_slice)
+}
+
+/// [`workload_decision`] from what `w` holds.
+fn workload_decision_on(
+    p: &Problem,
+    slots: &[Placed],
+    w: usize,
+    status: Option<&Status>,
+) -> (WorkloadDecision, f64) {
     let wl = &p.workloads[w];
     let class = &p.classes[wl.class];
     let status = status.cloned().unwrap_or(Status::Keep);
-    let slots = fleet.placed[w].clone().unwrap_or_default();
     let placed_gpus = wl.demand.gpus() * slots.len() as i64;
     let mut objective = 0.0;
     let pool = match status {
@@ -127,13 +146,13 @@ pub(crate) fn workload_decision(
     };
     let outcome = match status {
         Status::Keep => Outcome::Keep {
-            bindings: bindings(p, &slots),
+            bindings: bindings(p, slots),
         },
         Status::Admit {
             guaranteed,
             borrowed,
         } => Outcome::Admit {
-            bindings: bindings(p, &slots),
+            bindings: bindings(p, slots),
             guaranteed,
             borrowed,
         },
@@ -210,10 +229,20 @@ pub(crate) fn decision_of(
     bound: Option<f64>,
     live: impl Fn(usize) -> bool,
 ) -> Decision {
-    let mut workloads = Vec::new();
+    // Each workload's decision is built on the machine's cores (`split`): at 50,000 GPUs they
+    // are 70,000, each a few strings. The objective is summed here, in workload order, so its
+    // bits are the sequential loop's.
+    let held: Vec<(usize, &[Placed])> = (0..p.workloads.len())
+        .filter(|&w| live(w))
+        .map(|w| (w, placed_on(&s.fleet, w)))
+        .collect();
+    let status = &s.status;
+    let decided = crate::split::map(&held, |&(w, slots)| {
+        workload_decision_on(p, slots, w, status[w].as_ref())
+    });
+    let mut workloads = Vec::with_capacity(decided.len() + p.orphans.len());
     let mut objective = 0.0;
-    for w in (0..p.workloads.len()).filter(|&w| live(w)) {
-        let (d, value) = workload_decision(p, &s.fleet, w, s.status[w].as_ref());
+    for (d, value) in decided {
         if value != 0.0 {
             objective += value;
         }
@@ -222,7 +251,9 @@ pub(crate) fn decision_of(
     for o in &p.orphans {
         workloads.push(orphan_decision(p, o));
     }
-    workloads.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
+    crate::split::sort_by(&mut workloads, |a, b| {
+        (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name))
+    });
 
     let (reservations, reserved_idle) = reserve::reports(s);
     let mut pools = pool_reports(p, s);

@@ -129,21 +129,26 @@ pub fn build(
         State::Preempted => keep.kept[w] && preemptible(p, w) && p.workloads[w].pools[0] == pool,
         State::Pending => false,
     };
-    let mut held: BTreeMap<usize, u32> = BTreeMap::new();
-    let mut reclaimable: BTreeMap<usize, u32> = BTreeMap::new();
+    // By node index: a pool's running work is tens of thousands of placements.
+    let mut held = vec![0u32; p.nodes.len()];
+    let mut reclaimable = vec![0u32; p.nodes.len()];
     for (w, st) in states.iter().enumerate() {
         if let Some(pl) = st.placement().filter(|pl| pl.pool == pool) {
             for (&n, h) in &pl.nodes {
-                *held.entry(n).or_default() += h.healthy_gpus;
+                held[n] += h.healthy_gpus;
                 if movable(w) {
-                    *reclaimable.entry(n).or_default() += h.healthy_gpus;
+                    reclaimable[n] += h.healthy_gpus;
                 }
             }
         }
     }
     // A node that cannot give one replica of the smallest gang is no use to the window.
+    let mut in_window = vec![false; states.len()];
+    for &w in &waiting {
+        in_window[w] = true;
+    }
     let smallest = (0..states.len())
-        .filter(|&w| waiting.contains(&w) || admitted_here(w))
+        .filter(|&w| in_window[w] || admitted_here(w))
         .filter_map(|w| match p.workloads[w].demand {
             Demand::Whole { count } => Some(count),
             _ => None,
@@ -157,8 +162,7 @@ pub fn build(
             continue;
         }
         let healthy = node.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() as u32;
-        let gain = healthy.saturating_sub(held.get(&n).copied().unwrap_or(0))
-            + reclaimable.get(&n).copied().unwrap_or(0);
+        let gain = healthy.saturating_sub(held[n]) + reclaimable[n];
         if gain < smallest.max(1) {
             continue;
         }

@@ -227,10 +227,17 @@ impl Session {
         options: &SolveOptions,
     ) -> Result<(Session, Decision, heuristic::KeepPhase), SolveError> {
         let problem = Problem::new(policy, state, options.now)?;
-        let bound = crate::bound::lp_bound(&problem);
+        // The bound reads the problem alone: on a second core while the heuristic runs.
+        let (bound, (s, keep)) = crate::split::beside(
+            crate::split::large(problem.workloads.len()),
+            || crate::bound::lp_bound(&problem),
+            || {
+                let mut s = Solver::new(&problem);
+                let keep = s.run();
+                (s, keep)
+            },
+        );
         let (parts, decision, keep) = {
-            let mut s = Solver::new(&problem);
-            let keep = s.run();
             let d = heuristic::decision(&problem, &s, Method::Heuristic, bound);
             let mut parts = s.into_parts();
             for (order, running) in parts.by_cost.iter_mut().zip(&parts.running_by_pool) {
