@@ -10,10 +10,10 @@
 //! retry backoff) is not forced: it is reported as a [`Wait`] and the next cycle tries again,
 //! so a decision is reached over several cycles without ever destroying an instance in use.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
-use tessera_compiler::WorkloadKey;
 use tessera_compiler::model::Binding;
 use tessera_solver::Decision;
 use tessera_solver::decision::{GeometryPlan, Instance, Outcome, ReplicaBinding};
@@ -23,8 +23,8 @@ use crate::driver::{GpuDetail, GpuRef, Observation};
 /// What the planner needs to know of one workload the service tracks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadView {
-    /// Its key shown as `tenant/name` ([`WorkloadKey`]): actions, waits and the journal name
-    /// workloads by key, since names are per tenant.
+    /// Its key shown as `tenant/name` ([`tessera_compiler::WorkloadKey`]): actions, waits and
+    /// the journal name workloads by key, since names are per tenant.
     pub key: String,
     pub phase: LivePhase,
     /// Replica processes still alive.
@@ -239,9 +239,18 @@ pub fn plan(
     throttle: &Throttle,
     now: i64,
 ) -> ActionPlan {
-    let views: BTreeMap<&str, &WorkloadView> =
+    // Looked up, never walked: hashed, and the decision's keys written into one buffer, since
+    // a fleet's decision names tens of thousands of workloads.
+    let views: HashMap<&str, &WorkloadView> =
         workloads.iter().map(|w| (w.key.as_str(), w)).collect();
-    let details: BTreeMap<&GpuRef, &GpuDetail> =
+    let mut key_buf = String::new();
+    let mut view_of = |tenant: &str, name: &str| {
+        key_buf.clear();
+        // As `WorkloadKey` shows itself; writing into a String cannot fail.
+        let _ = write!(key_buf, "{tenant}/{name}");
+        views.get(key_buf.as_str()).copied()
+    };
+    let details: HashMap<&GpuRef, &GpuDetail> =
         observation.details.iter().map(|d| (&d.gpu, d)).collect();
     let blocked = |key: &str| throttle.backoff.get(key).copied().filter(|&t| t > now);
 
@@ -252,8 +261,7 @@ pub fn plan(
     let mut leaving: BTreeSet<&str> = BTreeSet::new();
 
     for w in &decision.workloads {
-        let Some(view) = views.get(WorkloadKey::new(&w.tenant, &w.name).to_string().as_str())
-        else {
+        let Some(view) = view_of(&w.tenant, &w.name) else {
             continue;
         };
         match (&w.outcome, view.phase) {
@@ -294,31 +302,37 @@ pub fn plan(
         }
     }
     out.actions.extend(stops);
+    let stopped: HashSet<&str> = out
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stop { workload, .. } => Some(workload.as_str()),
+            _ => None,
+        })
+        .collect();
 
-    // GPUs held by workloads on their way out, and GPU instances held by anyone still running.
-    let mut leaving_gpus: BTreeMap<GpuRef, Vec<String>> = BTreeMap::new();
-    let mut held_instances: BTreeMap<(GpuRef, u8), Vec<String>> = BTreeMap::new();
+    // GPUs held by workloads on their way out, and GPU instances held by anyone still running,
+    // by (node, index) and (node, index, start) borrowed: only looked up, for the few GPUs a
+    // decision reconfigures or a start needs, while every running workload is recorded.
+    let mut leaving_gpus: HashMap<(&str, u32), Vec<&str>> = HashMap::new();
+    let mut held_instances: HashMap<(&str, u32, u8), Vec<&str>> = HashMap::new();
     for view in workloads {
-        let live = !matches!(view.phase, LivePhase::Pending);
+        let is_leaving = leaving.contains(view.key.as_str());
+        let holds =
+            !matches!(view.phase, LivePhase::Pending) && !stopped.contains(view.key.as_str());
         for b in &view.bindings {
             for &index in &b.gpus {
-                let gpu = GpuRef {
-                    node: b.node.clone(),
-                    index,
-                };
-                if leaving.contains(view.key.as_str()) {
+                if is_leaving {
                     leaving_gpus
-                        .entry(gpu.clone())
+                        .entry((b.node.as_str(), index))
                         .or_default()
-                        .push(view.key.clone());
+                        .push(&view.key);
                 }
-                if let (true, Some(start)) = (live, b.mig_start)
-                    && !stopped_now(&out.actions, &view.key)
-                {
+                if let (true, Some(start)) = (holds, b.mig_start) {
                     held_instances
-                        .entry((gpu, start))
+                        .entry((b.node.as_str(), index, start))
                         .or_default()
-                        .push(view.key.clone());
+                        .push(&view.key);
                 }
             }
         }
@@ -438,8 +452,7 @@ pub fn plan(
         let Outcome::Admit { bindings, .. } = &w.outcome else {
             continue;
         };
-        let Some(view) = views.get(WorkloadKey::new(&w.tenant, &w.name).to_string().as_str())
-        else {
+        let Some(view) = view_of(&w.tenant, &w.name) else {
             continue;
         };
         if view.phase != LivePhase::Pending {
@@ -471,23 +484,17 @@ fn stop(view: &WorkloadView, reason: &str) -> Action {
     }
 }
 
-fn stopped_now(actions: &[Action], name: &str) -> bool {
-    actions
-        .iter()
-        .any(|a| matches!(a, Action::Stop { workload, .. } if workload == name))
-}
-
 /// Who still holds an instance this plan destroys (or, for a mode change, the GPU).
 fn holders(
     g: &GeometryPlan,
     gpu: &GpuRef,
     detail: &GpuDetail,
-    held: &BTreeMap<(GpuRef, u8), Vec<String>>,
+    held: &HashMap<(&str, u32, u8), Vec<&str>>,
 ) -> Vec<String> {
     let mut out = BTreeSet::new();
     for inst in &g.destroy {
-        if let Some(names) = held.get(&(gpu.clone(), inst.start)) {
-            out.extend(names.iter().cloned());
+        if let Some(names) = held.get(&(gpu.node.as_str(), gpu.index, inst.start)) {
+            out.extend(names.iter().map(|n| n.to_string()));
         }
         if let Some(gi) = find_instance(detail, inst) {
             for p in &detail.processes {
@@ -518,19 +525,20 @@ fn find_instance<'d>(
 fn devices_ready(
     bindings: &[ReplicaBinding],
     unready: &BTreeSet<GpuRef>,
-    leaving: &BTreeMap<GpuRef, Vec<String>>,
+    leaving: &HashMap<(&str, u32), Vec<&str>>,
 ) -> Result<(), String> {
     for b in bindings {
         for &index in &b.gpus {
-            let gpu = GpuRef {
+            let gpu = || GpuRef {
                 node: b.node.clone(),
                 index,
             };
-            if unready.contains(&gpu) {
-                return Err(format!("{gpu}: geometry not ready"));
+            // Most cycles reconfigure nothing: no GPU named for each replica started.
+            if !unready.is_empty() && unready.contains(&gpu()) {
+                return Err(format!("{}: geometry not ready", gpu()));
             }
-            if let Some(names) = leaving.get(&gpu) {
-                return Err(format!("{gpu}: still held by {}", names.join(", ")));
+            if let Some(names) = leaving.get(&(b.node.as_str(), index)) {
+                return Err(format!("{}: still held by {}", gpu(), names.join(", ")));
             }
         }
     }

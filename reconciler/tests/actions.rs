@@ -9,6 +9,7 @@ use tessera_reconciler::actions::{self, Action, LivePhase, Throttle, Wait, Workl
 use tessera_reconciler::driver::{
     ComputeInstanceInfo, GpuDetail, GpuInstanceInfo, GpuProcess, GpuRef, Observation,
 };
+use tessera_solver::decision::{Outcome, WorkloadDecision};
 use tessera_solver::{Decision, SolveOptions};
 
 fn data() -> PathBuf {
@@ -288,6 +289,106 @@ fn an_instance_in_use_is_never_destroyed() {
         plan.waits
             .iter()
             .any(|w| matches!(w, Wait::Devices { workload, .. } if workload == "product/small"))
+    );
+}
+
+/// A running workload on an instance the decision destroys holds the GPU back, named in the
+/// drain; stopped by the same plan (checkpointing past its deadline), it holds no instance,
+/// and the workload to start there waits, by name, for its processes to be gone.
+#[test]
+fn a_workload_on_a_destroyed_instance_is_waited_for_until_stopped_and_gone() {
+    let policy = policy(true);
+    let mut decision = solve(&policy, &state(nodes(), "[]", SMALL));
+    let small = decision
+        .workloads
+        .iter()
+        .find_map(|w| match &w.outcome {
+            Outcome::Admit { bindings, .. } if w.name == "small" => Some(bindings[0].clone()),
+            _ => None,
+        })
+        .expect("small is admitted");
+    let g = decision
+        .geometry
+        .iter()
+        .find(|g| g.node == small.node && g.gpu == small.gpus[0] && !g.destroy.is_empty())
+        .expect("its GPU is laid out again");
+    let gpu = GpuRef {
+        node: g.node.clone(),
+        index: g.gpu,
+    };
+    let on_it = Binding {
+        node: g.node.clone(),
+        gpus: vec![g.gpu],
+        mig_start: Some(g.destroy[0].start),
+        share: None,
+    };
+    // Kept by the decision: only the phase the service records tells it to stop.
+    decision.workloads.push(WorkloadDecision {
+        name: "old".into(),
+        tenant: "research".into(),
+        slo_class: "serving".into(),
+        priority: 0,
+        pool: Some("infer".into()),
+        outcome: Outcome::Keep { bindings: vec![] },
+    });
+    let views = |phase| {
+        [
+            view("research/old", phase, 1, vec![on_it.clone()]),
+            view("product/small", LivePhase::Pending, 0, vec![]),
+        ]
+    };
+    let observation = observe(&nodes(), &[]);
+    let waits_for = |plan: &actions::ActionPlan, detail: String| {
+        plan.waits.iter().any(|w| {
+            matches!(w, Wait::Devices { workload, detail: d }
+                if workload == "product/small" && *d == detail)
+        })
+    };
+
+    let plan = actions::plan(
+        &decision,
+        &observation,
+        &views(LivePhase::Running),
+        &Throttle::default(),
+        NOW,
+    );
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert!(
+        plan.waits
+            .iter()
+            .any(|w| matches!(w, Wait::Drain { gpu: d, holders }
+            if *d == gpu && holders == &["research/old"])),
+        "{:?}",
+        plan.waits
+    );
+    assert!(
+        waits_for(&plan, format!("{gpu}: geometry not ready")),
+        "{:?}",
+        plan.waits
+    );
+
+    let plan = actions::plan(
+        &decision,
+        &observation,
+        &views(LivePhase::Checkpointing { deadline: NOW - 1 }),
+        &Throttle::default(),
+        NOW,
+    );
+    assert_eq!(kinds(&plan.actions[..1]), ["stop"]);
+    assert!(
+        plan.actions.iter().any(Action::is_geometry),
+        "{:?}",
+        plan.actions
+    );
+    assert!(
+        !plan.waits.iter().any(|w| matches!(w, Wait::Drain { .. })),
+        "{:?}",
+        plan.waits
+    );
+    assert!(
+        waits_for(&plan, format!("{gpu}: still held by research/old")),
+        "{:?}",
+        plan.waits
     );
 }
 

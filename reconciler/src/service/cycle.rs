@@ -1178,7 +1178,9 @@ pub(super) fn workload_of(action: &Action) -> Option<&str> {
     }
 }
 
-fn tracked(r: &WorkloadRecord) -> Tracked {
+/// What the snapshot needs of a stored workload. Public for the `service_scale` bench, which
+/// builds the snapshot from stored records as the cycle does.
+pub fn tracked(r: &WorkloadRecord) -> Tracked {
     let holds = matches!(
         r.phase,
         Phase::Starting | Phase::Running | Phase::Checkpointing
@@ -1195,7 +1197,9 @@ fn tracked(r: &WorkloadRecord) -> Tracked {
     }
 }
 
-fn view(r: &WorkloadRecord, policy: &tessera_compiler::CompiledPolicy) -> WorkloadView {
+/// What the action planner needs of a stored workload (its live processes as the store
+/// records them). Public for the `service_scale` bench, which plans from stored records.
+pub fn view(r: &WorkloadRecord, policy: &tessera_compiler::CompiledPolicy) -> WorkloadView {
     let phase = match r.phase {
         Phase::Pending => LivePhase::Pending,
         Phase::Checkpointing => LivePhase::Checkpointing {
