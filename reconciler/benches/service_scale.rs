@@ -28,7 +28,7 @@
 
 // The production binaries' allocator, so that the figures describe what users run.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tessera_alloc::Allocator = tessera_alloc::Allocator;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

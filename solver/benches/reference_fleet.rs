@@ -14,7 +14,7 @@
 
 // The production binaries' allocator, so that the figures describe what users run.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tessera_alloc::Allocator = tessera_alloc::Allocator;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -394,7 +394,7 @@ fn main() {
     }
     let (median, min, max) = spread(&mut warm);
     println!(
-        "  warm cycle (solve from compiled policy and snapshot): median {median:.2} s (min {min:.2}, max {max:.2})"
+        "  warm cycle (solve from compiled policy and snapshot): median {median:.3} s (min {min:.3}, max {max:.3})"
     );
 
     // One inference replica arriving into the fleet as decided (the queue emptied of what was
@@ -413,7 +413,7 @@ fn main() {
         single.push(start.elapsed().as_secs_f64());
     }
     let (median, _, _) = spread(&mut single);
-    println!("  one inference admission (a full cycle with it queued): median {median:.2} s");
+    println!("  one inference admission (a full cycle with it queued): median {median:.3} s");
 
     // The steady fleet: the decision carried out. A session holds its cycle; arrivals are then
     // decided against it.

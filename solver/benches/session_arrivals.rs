@@ -22,7 +22,7 @@
 
 // The production binaries' allocator, so that the figures describe what users run.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tessera_alloc::Allocator = tessera_alloc::Allocator;
 
 use std::time::Instant;
 

@@ -9,9 +9,10 @@
 
 // mimalloc rather than the system allocator: at fleet scale the compiler and the solver
 // allocate and free millions of small objects a cycle, and glibc's malloc spent about a third
-// of the 12.5x reference fleet's compile in freeing and consolidating (BENCHMARKS.md).
+// of the 12.5x reference fleet's compile in freeing and consolidating (BENCHMARKS.md). Set up
+// in `alloc/`, as for every bench: what a cycle frees stays committed for the next one.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tessera_alloc::Allocator = tessera_alloc::Allocator;
 
 mod access;
 mod agent;
