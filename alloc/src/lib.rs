@@ -118,13 +118,18 @@ mod tests {
             return;
         }
         // Its neighbours' defaults and its own: eager_commit_delay (14) is 1, use_numa_nodes
-        // (16) is 0, and the purge delay is 1,000 ms until set.
+        // (16) is 0, and the purge delay is 1,000 ms until set (configured, 60,000).
         // SAFETY: plain reads of mimalloc's option table.
         unsafe {
             assert_eq!(mi_option_get(14), 1);
             assert_eq!(mi_option_get(16), 0);
         }
-        assert_eq!(purge_delay_millis(), 1000);
+        // Mimalloc's default, or this crate's if the other test's allocation came first.
+        assert!(
+            [1000, 60_000].contains(&purge_delay_millis()),
+            "{}",
+            purge_delay_millis()
+        );
         configure();
         assert_eq!(purge_delay_millis(), 60_000);
     }
