@@ -24,8 +24,9 @@ struct InstanceShape {
 #[derive(Debug, Clone, Copy, Default)]
 struct RememberedInstances([Option<(InstanceShape, InstanceChoice)>; REMEMBERED_SHAPES]);
 
-/// The GPU and the free instance a replica would take on a node; `None` where none is free.
-type InstanceChoice = Option<(usize, Placement)>;
+/// The GPU and the free instance a replica would take on a node, with what taking it costs
+/// ([`Fleet::plan_cost`], `(0, 0)` in a pool not scored); `None` where none is free.
+type InstanceChoice = Option<(usize, Placement, (u32, u64))>;
 
 const REMEMBERED_SHAPES: usize = 4;
 
@@ -737,7 +738,7 @@ impl Fleet {
                 scored_states.push(s);
             }
         }
-        best.map(|(_, gpu, placement)| (gpu, placement))
+        best.map(|((tier, loss, _), gpu, placement)| (gpu, placement, (tier, loss)))
     }
 
     /// How a replica of `w` could go on node `n` of `pool`; with its cost (re-layouts first).
@@ -827,7 +828,7 @@ impl Fleet {
                         choice
                     }
                 };
-                if let Some((gpu, placement)) = free {
+                if let Some((gpu, placement, _)) = free {
                     return Some(Plan::Instance {
                         gpu,
                         placement,
@@ -1095,13 +1096,30 @@ impl Fleet {
             {
                 taken.insert(key, n);
             }
-            let (tier, loss) = if scored {
-                let b = *before
-                    .entry(n)
-                    .or_insert_with(|| self.measure(p, pool, n, None));
-                self.plan_cost(p, w, pool, n, b, &plan)
-            } else {
-                (0, 0)
+            let (tier, loss) = match self.remembered_cost(p, w, pool, n, &plan) {
+                // The free instance's cost, scored when the node's instances were (the same
+                // plan on the same measure): a busy MIG pool's nodes are asked again for each
+                // replica of each gang of a shape, and each scoring builds the node's key after.
+                Some(cost) => {
+                    debug_assert_eq!(
+                        Some(cost),
+                        scored
+                            .then(|| {
+                                let b = self.measure(p, pool, n, None);
+                                self.plan_cost(p, w, pool, n, b, &plan)
+                            })
+                            .or(Some((0, 0))),
+                        "the cost remembered for node {n}'s free instance is stale"
+                    );
+                    cost
+                }
+                None if scored => {
+                    let b = *before
+                        .entry(n)
+                        .or_insert_with(|| self.measure(p, pool, n, None));
+                    self.plan_cost(p, w, pool, n, b, &plan)
+                }
+                None => (0, 0),
             };
             let key = (relayout, tier, loss, self.node_free(p, n), n);
             if best.as_ref().is_none_or(|b| key < b.0) {
@@ -1109,6 +1127,40 @@ impl Fleet {
             }
         }
         best
+    }
+
+    /// The cost of `plan` on node `n` remembered with the node's free instance for `w`'s
+    /// shape, when `plan` takes that instance.
+    fn remembered_cost(
+        &self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        n: usize,
+        plan: &Plan,
+    ) -> Option<(u32, u64)> {
+        let Plan::Instance {
+            gpu,
+            placement,
+            geometry: None,
+        } = plan
+        else {
+            return None;
+        };
+        let wl = &p.workloads[w];
+        let Demand::Mig { profile_id } = wl.demand else {
+            return None;
+        };
+        let shape = InstanceShape {
+            pool,
+            profile_id,
+            cpu: wl.cpu.0,
+            memory: wl.memory.0,
+        };
+        match self.kept[n].instances.get().get(shape) {
+            Some(Some((g, pl, cost))) if g == *gpu && pl == *placement => Some(cost),
+            _ => None,
+        }
     }
 
     /// The key of the best place among `nodes` by asking `option` of every node: what `fill`
