@@ -568,7 +568,19 @@ impl Problem {
         crate::split::sort_by(&mut running, |a, b| {
             (&a.spec.tenant, &a.name).cmp(&(&b.spec.tenant, &b.name))
         });
-        let resolved = crate::split::map(&running, |run| problem.resolve_running(&tables, run));
+        let resolved = {
+            // Nodes by name, hashed: a binding's node was found by halving the sorted nodes,
+            // a dozen string comparisons per binding of 65,000 workloads at 50,000 GPUs.
+            let node_index: NodeIndex = problem
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.name.as_str(), i))
+                .collect();
+            crate::split::map(&running, |run| {
+                problem.resolve_running(&tables, &node_index, run)
+            })
+        };
         for (run, resolved) in running.iter().zip(resolved) {
             if !keys.insert((run.spec.tenant.as_str(), run.name.as_str())) {
                 return Err(duplicate(&run.spec.tenant, &run.name));
@@ -724,6 +736,7 @@ impl Problem {
     fn resolve_running(
         &self,
         t: &Tables,
+        nodes: &NodeIndex,
         run: &tessera_compiler::model::RunningWorkload,
     ) -> Result<Resolved, ProblemError> {
         let started_at = run.started_at.as_second();
@@ -737,13 +750,8 @@ impl Problem {
             });
         }
         let since = last_checkpoint_at.unwrap_or(started_at).max(started_at);
-        // Nodes are sorted by name and unique (`DuplicateNode`): a running workload's nodes are
-        // found by halving, not by a scan of the fleet per binding.
-        let node_of = |b: &Binding| {
-            self.nodes
-                .binary_search_by(|n| n.name.as_str().cmp(b.node.as_str()))
-                .ok()
-        };
+        // Node names are unique (`DuplicateNode`).
+        let node_of = |b: &Binding| nodes.get(b.node.as_str()).copied();
         let pool = run
             .bindings
             .first()
@@ -1035,6 +1043,9 @@ fn index_by_name<T>(items: &[T], name: impl Fn(&T) -> &String) -> BTreeMap<&str,
         .map(|(i, x)| (name(x).as_str(), i))
         .collect()
 }
+
+/// The problem's nodes by name.
+type NodeIndex<'a> = std::collections::HashMap<&'a str, usize, foldhash::fast::FixedState>;
 
 /// A running workload of the snapshot, resolved ([`Problem::resolve_running`]).
 // Unboxed: each is moved once into the problem's list, where a box cost an allocation per

@@ -6,6 +6,7 @@
 
 use super::*;
 use std::cell::{Cell, RefCell};
+use std::hash::BuildHasherDefault;
 
 use smallvec::SmallVec;
 
@@ -64,6 +65,9 @@ struct Kept {
     /// key after it, which [`key_after`] derives from this one and the GPUs the placement
     /// changes without reading the node's other GPUs.
     key: RefCell<Option<Rc<[u64]>>>,
+    /// The hash of `key`, for the maps a replica's search keys by node key (an 8-GPU node's
+    /// key is tens of words, hashed again for each replica that asked the node).
+    key_hash: Cell<Option<u64>>,
     /// The node's best free MIG instance for the last few replica shapes asked: a busy MIG
     /// pool's every node with a free instance was scored again for each replica, where a
     /// gang changes one node per replica.
@@ -559,7 +563,25 @@ impl Fleet {
         )
         .into();
         *self.kept[n].key.borrow_mut() = Some(Rc::clone(&key));
+        self.kept[n].key_hash.set(None);
         key
+    }
+
+    /// [`Fleet::node_key`] with its hash, kept with it.
+    fn node_key_hashed(&self, p: &Problem, pool: usize, n: usize) -> HashedKey {
+        let key = self.node_key(p, pool, n);
+        let hash = match self.kept[n].key_hash.get() {
+            Some(h) => {
+                debug_assert_eq!(h, hash_key(&key), "the key hash kept for node {n} is stale");
+                h
+            }
+            None => {
+                let h = hash_key(&key);
+                self.kept[n].key_hash.set(Some(h));
+                h
+            }
+        };
+        HashedKey(hash, key)
     }
 
     /// The GPU states `plan` leaves behind for a replica of `w`, as [`Fleet::apply`] writes them.
@@ -1075,9 +1097,9 @@ impl Fleet {
             p.workloads[w].demand,
             Demand::Whole { .. } | Demand::Mig { .. }
         );
-        let mut taken: HashMap<Rc<[u64]>, usize, foldhash::fast::FixedState> = HashMap::default();
+        let mut taken: HashMap<HashedKey, usize, BuildHasherDefault<KeptHash>> = HashMap::default();
         for n in nodes {
-            let key = by_key.then(|| self.node_key(p, pool, n));
+            let key = by_key.then(|| self.node_key_hashed(p, pool, n));
             if let Some(key) = &key
                 && taken.get(key).is_some_and(|&m| m < n)
             {
@@ -1355,6 +1377,49 @@ impl Fleet {
             fit,
             free: Gpus::from_units(free),
         }
+    }
+}
+
+/// A node key with its hash, kept with the node (`Kept::key_hash`): hashed once per node
+/// state rather than once per map it enters.
+#[derive(Debug, Clone)]
+struct HashedKey(u64, Rc<[u64]>);
+
+impl PartialEq for HashedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0 && self.1 == other.1
+    }
+}
+
+impl Eq for HashedKey {}
+
+impl std::hash::Hash for HashedKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0);
+    }
+}
+
+fn hash_key(key: &[u64]) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(key)
+}
+
+/// The hasher of maps keyed by [`HashedKey`]: the hash kept, passed through.
+#[derive(Default)]
+struct KeptHash(u64);
+
+impl std::hash::Hasher for KeptHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is called (`HashedKey`); anything else is folded in, never lost.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 
