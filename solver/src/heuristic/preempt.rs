@@ -375,9 +375,14 @@ impl Solver<'_> {
     /// Releases victim `v` of `pool` on the solver's own fleet and ledger (a what-if's write:
     /// undone by the marks open).
     pub(super) fn release_victim(&mut self, pool: usize, v: usize) {
+        self.fleet.release(self.p, v, true);
+        self.release_quota(pool, v);
+    }
+
+    /// [`Solver::release_victim`] on the ledger alone.
+    fn release_quota(&mut self, pool: usize, v: usize) {
         let p = self.p;
         let vl = &p.workloads[v];
-        self.fleet.release(p, v, true);
         self.ledger
             .remove(p, vl.tenant, pool, vl.amount(vl.replicas));
     }
@@ -562,13 +567,23 @@ impl Solver<'_> {
                 continue;
             }
             let (fm, lm) = marks[i];
-            self.fleet.rollback(fm);
             self.ledger.rollback(lm);
             marks.truncate(i);
             for &k in &kept {
-                self.release_victim(pool, set[k]);
+                self.release_quota(pool, set[k]);
             }
             let by_witness = witness_holds && frees[i].iter().all(|(n, _)| !witness.contains(n));
+            // The fleet follows the ledger only where a what-if reads it (debug builds check
+            // the witness with one): a large set's victims are mostly decided by the witness,
+            // and each step re-released every victim kept so far on the fleet. Rolling back
+            // to `fm` from wherever the fleet stands restores the prefix before `set[i]`: the
+            // steps go back through the set, so the fleet never stands before `fm`.
+            if !by_witness || cfg!(debug_assertions) {
+                self.fleet.rollback(fm);
+                for &k in &kept {
+                    self.fleet.release(p, set[k], true);
+                }
+            }
             let fits = if by_witness {
                 let fits = quota_allows(p, &self.ledger, w, pool).is_ok();
                 debug_assert_eq!(
