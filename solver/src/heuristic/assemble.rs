@@ -92,7 +92,13 @@ pub fn solve(p: &Problem) -> Decision {
 
 /// [`solve`], with what its step (a) kept (see [`Solver::run`]).
 pub(crate) fn solve_keeping(p: &Problem) -> (Decision, KeepPhase) {
-    // The bound reads the problem alone: on a second core while the heuristic runs.
+    let (bound, s, keep) = run_with_bound(p);
+    (decision(p, &s, Method::Heuristic, bound), keep)
+}
+
+/// The heuristic's cycle on `p` ([`Solver::run`]) and the LP bound, which reads the problem
+/// alone: computed on a second core while the cycle runs.
+pub(crate) fn run_with_bound(p: &Problem) -> (Option<f64>, Solver<'_>, KeepPhase) {
     let (bound, (s, keep)) = crate::split::beside(
         crate::split::large(p.workloads.len()),
         || crate::bound::lp_bound(p),
@@ -102,7 +108,7 @@ pub(crate) fn solve_keeping(p: &Problem) -> (Decision, KeepPhase) {
             (s, keep)
         },
     );
-    (decision(p, &s, Method::Heuristic, bound), keep)
+    (bound, s, keep)
 }
 
 /// The decision for one workload of the problem given its status, and what it adds to the

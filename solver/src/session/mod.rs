@@ -227,16 +227,7 @@ impl Session {
         options: &SolveOptions,
     ) -> Result<(Session, Decision, heuristic::KeepPhase), SolveError> {
         let problem = Problem::new(policy, state, options.now)?;
-        // The bound reads the problem alone: on a second core while the heuristic runs.
-        let (bound, (s, keep)) = crate::split::beside(
-            crate::split::large(problem.workloads.len()),
-            || crate::bound::lp_bound(&problem),
-            || {
-                let mut s = Solver::new(&problem);
-                let keep = s.run();
-                (s, keep)
-            },
-        );
+        let (bound, s, keep) = heuristic::run_with_bound(&problem);
         let (parts, decision, keep) = {
             let d = heuristic::decision(&problem, &s, Method::Heuristic, bound);
             let mut parts = s.into_parts();
