@@ -5,8 +5,10 @@
 //!
 //! Hardware utilization ([`utilization`]) is NVML's utilization rate of allocated GPUs, per pool
 //! and tenant, with the allocated GPUs that have sat idle; SM activity ([`sm_activity`]) is
-//! NVML GPM's, per pool and tenant and per running workload, where the GPUs have GPM.
+//! NVML GPM's, per pool and tenant and per running workload, where the GPUs have GPM. Both
+//! read who holds each GPU from one [`placements::Placements`] a cycle.
 
+pub mod placements;
 pub mod sm_activity;
 pub mod utilization;
 
@@ -313,8 +315,10 @@ impl Metrics {
         records: &[crate::store::WorkloadRecord],
         now: i64,
     ) {
-        self.utilization.record(observation, records, now);
-        self.sm_activity.record(observation, records);
+        let placements = placements::Placements::new(observation, records);
+        self.utilization
+            .record(observation, records, &placements, now);
+        self.sm_activity.record(observation, records, &placements);
     }
 
     /// Replaces the fleet gauges with the figures of `decision`, taken at `now` (unix seconds).

@@ -6,7 +6,7 @@
 //! for every GPU that reports it. A GPU that does not (one in MIG mode, a driver without the
 //! counters) is left out of the mean and counted apart, never taken as idle.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
@@ -15,6 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::placements::Placements;
 use crate::driver::{GpuRef, Observation};
 use crate::store::WorkloadRecord;
 
@@ -84,10 +85,17 @@ impl UtilizationMetrics {
         );
     }
 
-    /// Replaces the gauges with `observation`'s figures, at `now`.
-    pub fn record(&self, observation: &Observation, records: &[WorkloadRecord], now: i64) {
+    /// Replaces the gauges with `observation`'s figures, at `now` (`placements` are its GPUs'
+    /// holders among `records`).
+    pub fn record(
+        &self,
+        observation: &Observation,
+        records: &[WorkloadRecord],
+        placements: &Placements,
+        now: i64,
+    ) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let groups = groups(observation, records, now, &mut state.idle_since);
+        let groups = groups(observation, records, placements, now, &mut state.idle_since);
         for old in std::mem::take(&mut state.seen) {
             if !groups.contains_key(&old) {
                 self.ratio.get_or_create(&old).set(0.0);
@@ -113,44 +121,28 @@ impl UtilizationMetrics {
     }
 }
 
-/// The figures per pool and tenant. `idle_since` carries, per allocated GPU under the
-/// threshold, since when (and for which tenant: a GPU handed to another tenant starts over).
+/// The figures per pool and tenant (`placements` are the observation's GPUs' holders among
+/// `records`). `idle_since` carries, per allocated GPU under the threshold, since when (and
+/// for which tenant: a GPU handed to another tenant starts over).
 pub fn groups(
     observation: &Observation,
     records: &[WorkloadRecord],
+    placements: &Placements,
     now: i64,
     idle_since: &mut BTreeMap<GpuRef, (String, i64)>,
 ) -> BTreeMap<AllocationLabels, Group> {
-    let mut holder: BTreeMap<GpuRef, &str> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.phase.holds_placement()) {
-        for b in &r.bindings {
-            for &index in &b.gpus {
-                let gpu = GpuRef {
-                    node: b.node.clone(),
-                    index,
-                };
-                holder.insert(gpu, &r.tenant);
-            }
-        }
-    }
-    let pool_of: BTreeMap<&str, &str> = observation
-        .nodes
-        .iter()
-        .map(|n| (n.name.as_str(), n.pool.as_str()))
-        .collect();
-    let mut out: BTreeMap<AllocationLabels, Group> = BTreeMap::new();
+    let mut out: HashMap<(&str, &str), Group> = HashMap::new();
     let mut still_idle = BTreeMap::new();
-    for d in &observation.details {
-        let Some(pool) = pool_of.get(d.gpu.node.as_str()) else {
+    for (i, d) in observation.details.iter().enumerate() {
+        let Some((pool, holders)) = placements.gpu(i) else {
             continue;
         };
-        let tenant = holder.get(&d.gpu).copied().unwrap_or("");
-        let g = out
-            .entry(AllocationLabels {
-                pool: (*pool).to_owned(),
-                tenant: tenant.to_owned(),
-            })
-            .or_default();
+        let pool = placements.pools[pool as usize];
+        // A GPU bound by several records is the last one's.
+        let tenant = holders
+            .last()
+            .map_or("", |h| records[h.record as usize].tenant.as_str());
+        let g = out.entry((pool, tenant)).or_default();
         let Some(u) = d.utilization else {
             g.not_reporting += 1;
             continue;
@@ -170,7 +162,15 @@ pub fn groups(
         still_idle.insert(d.gpu.clone(), (tenant.to_owned(), since));
     }
     *idle_since = still_idle;
-    out
+    out.into_iter()
+        .map(|((pool, tenant), g)| {
+            let labels = AllocationLabels {
+                pool: pool.to_owned(),
+                tenant: tenant.to_owned(),
+            };
+            (labels, g)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -232,7 +232,7 @@ mod tests {
         };
         // GPU 0 idle, GPU 1 busy, GPU 2 unallocated and idle, GPU 3 reports nothing.
         let o = observation(&[Some(1), Some(90), Some(0), None]);
-        let g = groups(&o, &records, 0, &mut since);
+        let g = groups(&o, &records, &Placements::new(&o, &records), 0, &mut since);
         assert_eq!(
             g[&key],
             Group {
@@ -250,14 +250,89 @@ mod tests {
             (g[&free].reporting, g[&free].not_reporting, g[&free].idle),
             (1, 1, 0)
         );
-        let g = groups(&o, &records, IDLE_WINDOW_SECONDS - 1, &mut since);
+        let g = groups(
+            &o,
+            &records,
+            &Placements::new(&o, &records),
+            IDLE_WINDOW_SECONDS - 1,
+            &mut since,
+        );
         assert_eq!(g[&key].idle, 0);
-        let g = groups(&o, &records, IDLE_WINDOW_SECONDS, &mut since);
+        let g = groups(
+            &o,
+            &records,
+            &Placements::new(&o, &records),
+            IDLE_WINDOW_SECONDS,
+            &mut since,
+        );
         assert_eq!(g[&key].idle, 1);
         // One busy sample starts the window over.
         let busy = observation(&[Some(50), Some(90), Some(0), None]);
-        groups(&busy, &records, IDLE_WINDOW_SECONDS + 1, &mut since);
-        let g = groups(&o, &records, IDLE_WINDOW_SECONDS + 2, &mut since);
+        groups(
+            &busy,
+            &records,
+            &Placements::new(&busy, &records),
+            IDLE_WINDOW_SECONDS + 1,
+            &mut since,
+        );
+        let g = groups(
+            &o,
+            &records,
+            &Placements::new(&o, &records),
+            IDLE_WINDOW_SECONDS + 2,
+            &mut since,
+        );
         assert_eq!(g[&key].idle, 0);
+    }
+
+    /// A GPU bound by two records is the last one's; a GPU of a node the observation does not
+    /// list is left out; a pool and tenant left empty reads 0 while its GPU counts as
+    /// unallocated.
+    #[test]
+    fn a_tenant_that_leaves_reads_0_and_its_gpus_are_unallocated() {
+        let m = UtilizationMetrics::default();
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let text = || {
+            let mut s = String::new();
+            prometheus_client::encoding::text::encode(&mut s, &registry).unwrap();
+            s
+        };
+        let mut o = observation(&[Some(40), Some(80)]);
+        let mut stray = o.details[0].clone();
+        stray.gpu.node = "x".into();
+        o.details.push(stray);
+        let records = [running("a", &[0, 1]), running("b", &[1])];
+        m.record(&o, &records, &Placements::new(&o, &records), 0);
+        let t = text();
+        assert!(
+            t.contains("gpu_utilization_ratio{pool=\"p\",tenant=\"a\"} 0.4\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("gpu_utilization_ratio{pool=\"p\",tenant=\"b\"} 0.8\n"),
+            "{t}"
+        );
+        assert!(!t.contains("tenant=\"\""), "{t}");
+
+        let records = [running("b", &[1])];
+        m.record(&o, &records, &Placements::new(&o, &records), 10);
+        let t = text();
+        assert!(
+            t.contains("gpu_utilization_ratio{pool=\"p\",tenant=\"a\"} 0.0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("gpu_utilization_reporting_gpus{pool=\"p\",tenant=\"a\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("gpu_utilization_ratio{pool=\"p\",tenant=\"\"} 0.4\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("gpu_utilization_reporting_gpus{pool=\"p\",tenant=\"b\"} 1\n"),
+            "{t}"
+        );
     }
 }
