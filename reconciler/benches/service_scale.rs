@@ -389,28 +389,16 @@ fn record(
     binding: Option<Binding>,
 ) -> WorkloadRecord {
     let running = binding.is_some();
+    let submitted = WorkloadRecord::submitted(&name, &spec, Origin::Submitted, submitted_at);
+    if !running {
+        return submitted;
+    }
     WorkloadRecord {
-        tenant: spec.tenant.clone(),
-        spec,
-        origin: Origin::Submitted,
-        phase: if running {
-            Phase::Running
-        } else {
-            Phase::Pending
-        },
-        submitted_at,
-        started_at: running.then_some(NOW - 7_000),
-        replicas: if running { vec![replica()] } else { Vec::new() },
+        phase: Phase::Running,
+        started_at: Some(NOW - 7_000),
+        replicas: vec![replica()],
         bindings: binding.into_iter().collect(),
-        name,
-        checkpoint_dir: None,
-        last_checkpoint_at: None,
-        signalled_at: None,
-        grace_deadline: None,
-        cancel_requested_at: None,
-        attempts: 0,
-        ended_at: None,
-        end: None,
+        ..submitted
     }
 }
 

@@ -15,7 +15,7 @@ use tessera_reconciler::store::events::MAX_LIMIT;
 use tessera_reconciler::store::starts::{StartDone, StartIntent};
 use tessera_reconciler::store::usage::{NewRun, ReservedSpell, RunKey, UsageRow};
 use tessera_reconciler::store::{
-    ActionId, ActionState, EndReason, Ended, Event, JournalEntry, Origin, Phase, ReplicaProcess,
+    ActionId, ActionState, EndReason, Ended, Event, JournalEntry, Origin, ReplicaProcess,
     RevisionRecord, RevisionStatus, StateStore, StoreError, WorkloadRecord,
 };
 
@@ -644,25 +644,7 @@ impl StateStore for EtcdStore {
             let mut events = self.counter(Sequence::Event, found.pop().flatten())?;
             let mut workloads = self.counter(Sequence::Workload, found.pop().flatten())?;
             let id = workloads.next();
-            let record = WorkloadRecord {
-                name: name.to_string(),
-                tenant: spec.tenant.clone(),
-                spec: spec.clone(),
-                origin,
-                phase: Phase::Pending,
-                submitted_at: now,
-                started_at: None,
-                bindings: Vec::new(),
-                replicas: Vec::new(),
-                checkpoint_dir: None,
-                last_checkpoint_at: None,
-                signalled_at: None,
-                grace_deadline: None,
-                cancel_requested_at: None,
-                attempts: 0,
-                ended_at: None,
-                end: None,
-            };
+            let record = WorkloadRecord::submitted(name, spec, origin, now);
             let mut batch = Batch::default();
             let current_key = self.layout.current(&key);
             batch.guard(&current_key, pointer.as_ref());

@@ -53,23 +53,16 @@ mod tests {
         }))
         .unwrap();
         WorkloadRecord {
-            name: "svc".into(),
-            tenant: "t".into(),
-            spec,
-            origin: Origin::Committed,
             phase: end.phase(),
-            submitted_at: started.unwrap_or(ended) - 1,
             started_at: started,
-            bindings: Vec::new(),
-            replicas: Vec::new(),
-            checkpoint_dir: None,
-            last_checkpoint_at: None,
-            signalled_at: None,
-            grace_deadline: None,
-            cancel_requested_at: None,
-            attempts: 0,
             ended_at: Some(ended),
             end: Some(end),
+            ..WorkloadRecord::submitted(
+                "svc",
+                &spec,
+                Origin::Committed,
+                started.unwrap_or(ended) - 1,
+            )
         }
     }
 

@@ -238,6 +238,30 @@ pub struct WorkloadRecord {
 }
 
 impl WorkloadRecord {
+    /// A workload just submitted, as every store records it: pending, never started, nothing
+    /// held or signalled, no attempt yet.
+    pub fn submitted(name: &str, spec: &WorkloadSpec, origin: Origin, now: i64) -> WorkloadRecord {
+        WorkloadRecord {
+            name: name.to_string(),
+            tenant: spec.tenant.clone(),
+            spec: spec.clone(),
+            origin,
+            phase: Phase::Pending,
+            submitted_at: now,
+            started_at: None,
+            bindings: Vec::new(),
+            replicas: Vec::new(),
+            checkpoint_dir: None,
+            last_checkpoint_at: None,
+            signalled_at: None,
+            grace_deadline: None,
+            cancel_requested_at: None,
+            attempts: 0,
+            ended_at: None,
+            end: None,
+        }
+    }
+
     /// What identifies it: `(tenant, name)`.
     pub fn key(&self) -> WorkloadKey {
         WorkloadKey::new(&self.tenant, &self.name)
