@@ -126,12 +126,7 @@ mod tests {
             }))
             .unwrap_or_else(|e| panic!("spec: {e}"));
         WorkloadRecord {
-            name: name.into(),
-            tenant: "t".into(),
-            spec,
-            origin: tessera_reconciler::store::Origin::Submitted,
             phase,
-            submitted_at: 1,
             started_at: Some(2),
             bindings: nodes
                 .iter()
@@ -142,15 +137,13 @@ mod tests {
                     share: None,
                 })
                 .collect(),
-            replicas: Vec::new(),
-            checkpoint_dir: None,
-            last_checkpoint_at: None,
-            signalled_at: None,
-            grace_deadline: None,
-            cancel_requested_at: None,
             attempts,
-            ended_at: None,
-            end: None,
+            ..WorkloadRecord::submitted(
+                name,
+                &spec,
+                tessera_reconciler::store::Origin::Submitted,
+                1,
+            )
         }
     }
 
