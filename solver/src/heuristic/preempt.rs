@@ -268,10 +268,21 @@ impl Solver<'_> {
                 .collect();
             // The set grows on the solver's own fleet and ledger, a mark before each victim's
             // release, so that the pruning below can go back to any prefix of it.
-            let (base_fleet, base_ledger) = (self.fleet.mark(), self.ledger.mark());
+            let (mut base_fleet, base_ledger) = (self.fleet.mark(), self.ledger.mark());
             let mut set = Vec::new();
-            let mut marks = Vec::new();
+            let (mut fleet_marks, mut ledger_marks) = (Vec::new(), Vec::new());
             let mut frees = Vec::new();
+            // Whether the fleet is released only on the nodes that could host a replica with
+            // the whole set released. A reclaim for a large replica on a pool of small work
+            // accumulates most of the pool's borrowed work before one node has the room (1,400
+            // victims at 50,000 GPUs, pruned to two), and the what-ifs place only where a node
+            // can host: every other node is as unable to host released as not, and nothing
+            // else of a node's state reaches a placement without topology (`fill` keys each
+            // node by its own state). A gang with a topology sums every node's free room to
+            // order its domains, and only whole GPUs are bounded exactly by free units (see
+            // `Room`), so the others release everything.
+            let lazy =
+                wl.topology == TopologyMode::None && matches!(wl.demand, Demand::Whole { .. });
             let mut bound = Bound::new(base_fit, &replicas_on);
             let mut freed = 0;
             while let Some(std::cmp::Reverse((_, v))) = order.pop() {
@@ -292,11 +303,44 @@ impl Solver<'_> {
                 // mark, as if released one by one: a search whose bounds never allow a
                 // what-if (a gang no set of these victims makes room for) releases none, where
                 // it released every candidate of the pool and rolled them all back.
-                for &u in &set[marks.len()..] {
-                    marks.push((self.fleet.mark(), self.ledger.mark()));
-                    self.release_victim(pool, u);
+                for &u in &set[ledger_marks.len()..] {
+                    ledger_marks.push(self.ledger.mark());
+                    self.release_quota(pool, u);
                 }
-                if let Ok(admitted) = attempt_on(&self.fleet, &self.ledger, &set) {
+                if lazy {
+                    // The nodes that can host grow with the set: released again from the
+                    // base, so that each mark still stands before its victim's release.
+                    self.fleet.rollback(base_fleet);
+                    base_fleet = self.fleet.mark();
+                    fleet_marks.clear();
+                    for (&u, f) in set.iter().zip(&frees) {
+                        fleet_marks.push(self.fleet.mark());
+                        if f.iter().any(|&(n, _)| bound.hosts(n)) {
+                            self.fleet.release(p, u, true);
+                        }
+                    }
+                } else {
+                    for &u in &set[fleet_marks.len()..] {
+                        fleet_marks.push(self.fleet.mark());
+                        self.fleet.release(p, u, true);
+                    }
+                }
+                let attempt = attempt_on(&self.fleet, &self.ledger, &set);
+                #[cfg(debug_assertions)]
+                if lazy {
+                    let mut whole = self.fleet.clone();
+                    for &u in &set {
+                        whole.release(p, u, true);
+                    }
+                    let full = attempt_on(&whole, &self.ledger, &set);
+                    assert_eq!(
+                        attempt.as_ref().map(|a| &a.0.placed[w]).ok(),
+                        full.as_ref().map(|a| &a.0.placed[w]).ok(),
+                        "a what-if released only where a node can host placed otherwise"
+                    );
+                }
+                if let Ok(admitted) = attempt {
+                    let marks = fleet_marks.drain(..).zip(ledger_marks.drain(..)).collect();
                     let search = Pruning {
                         set: &set,
                         frees: &frees,
@@ -614,7 +658,17 @@ impl Solver<'_> {
         self.ledger.rollback(base.1);
         let victims: Vec<usize> = kept.iter().map(|&k| set[k]).collect();
         let admitted = match admitted {
-            Some(a) => a,
+            // A what-if released the victims only where a node could host (`lazy` in
+            // `search_victims`): the others are released on its fleet now, on nodes the gang
+            // did not use, as they would have been before it was placed.
+            Some(mut a) => {
+                for &v in &victims {
+                    if a.0.placed[v].is_some() {
+                        a.0.release(p, v, true);
+                    }
+                }
+                a
+            }
             None => {
                 // The what-if of the set chosen, which its witness says admits the gang.
                 let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
@@ -637,7 +691,9 @@ pub(super) type Admitted = (Fleet, Ledger, Gpus, Gpus);
 
 /// An accumulated victim set that admits the gang, to prune (see [`Solver::prune`]).
 pub(super) struct Pruning<'s, F> {
-    /// The victims in the order they were added, all released on the solver's fleet.
+    /// The victims in the order they were added, all released on the solver's ledger, and on
+    /// its fleet wherever a node could host a replica (all of them, unless the search is
+    /// `lazy`).
     set: &'s [usize],
     /// What each frees, by node (one entry per placement).
     frees: &'s [Vec<(usize, i64)>],
@@ -862,6 +918,11 @@ impl<'f, F: Fn(usize, i64) -> i64> Bound<'f, F> {
 
     pub(super) fn remove(&mut self, frees: &[(usize, i64)]) {
         self.change(frees, -1);
+    }
+
+    /// Whether node `n` could take a replica with what the set frees there.
+    fn hosts(&self, n: usize) -> bool {
+        (self.replicas_on)(n, self.freed.get(&n).copied().unwrap_or(0)) > 0
     }
 }
 
