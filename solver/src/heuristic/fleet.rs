@@ -512,6 +512,8 @@ impl Fleet {
     /// Forgets node `n`'s kept measure, key and instance choices: its state is being written,
     /// or put back by a rollback.
     pub(super) fn unmeasure(&mut self, n: usize) {
+        // Written even when nothing is kept: the write gives this fleet its own copy of the
+        // node's chunk, whose cells a clone sharing it would otherwise fill from its state.
         self.kept[n] = Kept::default();
     }
 
