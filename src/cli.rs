@@ -481,6 +481,11 @@ pub struct SimulateArgs {
     /// kept, so the offered load is this many times the trace's (the report gives it).
     #[arg(long, default_value_t = 1.0, requires = "trace", value_parser = speed)]
     pub speed: f64,
+    /// Scale the trace's demand: this many times its workloads, drawn from it with replacement
+    /// (seeded by `--seed`), each keeping its shape, arrival instant and run time, as the FGD
+    /// protocol inflates a trace's tasks (the report gives what they ask of the fleet).
+    #[arg(long, default_value_t = 1.0, requires = "trace", value_parser = demand)]
+    pub demand: f64,
     /// The fleet: an openb node list (`.csv`) or a ClusterState snapshot (its nodes, empty).
     /// Default: the policy's own ClusterState snapshot.
     #[arg(long)]
@@ -549,11 +554,20 @@ fn instant(value: &str) -> Result<jiff::Timestamp, String> {
     })
 }
 
+fn demand(value: &str) -> Result<f64, String> {
+    factor(value, "a demand factor", "1, 2.5 or 0.5")
+}
+
 fn speed(value: &str) -> Result<f64, String> {
+    factor(value, "a speed", "1, 100 or 0.5")
+}
+
+/// A finite number above 0; `what` and `examples` say what was asked for.
+fn factor(value: &str, what: &str, examples: &str) -> Result<f64, String> {
     match value.parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
         _ => Err(format!(
-            "not a speed: a factor greater than 0, e.g. 1, 100 or 0.5 (got `{value}`)"
+            "not {what}: a factor greater than 0, e.g. {examples} (got `{value}`)"
         )),
     }
 }

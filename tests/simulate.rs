@@ -123,3 +123,48 @@ fn speed_compresses_arrivals_and_the_report_says_so() {
     assert_eq!(code, 2);
     assert!(stderr.contains("not a speed"), "{stderr}");
 }
+
+#[test]
+fn demand_draws_more_workloads_and_the_report_says_what_they_ask() {
+    let run = |demand: &str, seed: &str| {
+        let (code, stdout, stderr) = tessera(&[
+            "simulate",
+            "--policy",
+            "sim/tests/replay/policy",
+            "--trace",
+            "sim/tests/replay/trace.yaml",
+            "--demand",
+            demand,
+            "--seed",
+            seed,
+            "--output",
+            "json",
+            "--time-limit",
+            "60s",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+    };
+    let (as_is, doubled) = (run("1", "3"), run("2", "3"));
+    assert_eq!(as_is["workloads"], 50);
+    assert_eq!(doubled["workloads"], 100);
+    assert_eq!(doubled["demand"], 2.0);
+    let asked = |v: &serde_json::Value| v["asked_share"].as_f64().unwrap();
+    // A draw with replacement asks about twice as much, not exactly.
+    let ratio = asked(&doubled) / asked(&as_is);
+    assert!((1.4..=2.6).contains(&ratio), "{ratio}");
+    assert_eq!(doubled["runs"][0]["workloads"], 100);
+    assert_eq!(run("2", "3"), doubled, "the seed decides the draw");
+
+    let (code, _, stderr) = tessera(&[
+        "simulate",
+        "--policy",
+        "sim/tests/replay/policy",
+        "--trace",
+        "sim/tests/replay/trace.yaml",
+        "--demand",
+        "0",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("not a demand factor"), "{stderr}");
+}

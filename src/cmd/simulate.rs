@@ -42,7 +42,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
             load_tessera_trace(path)
         }
     };
-    let (mut trace, horizon) = match (&args.trace, args.generate) {
+    let (trace, horizon) = match (&args.trace, args.generate) {
         (Some(path), _) => match read(path) {
             Ok(t) => (t, None),
             // A mistake in the trace is a problem in the input (exit 1), named at its place.
@@ -62,6 +62,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         }
         (None, None) => bail!("pass --trace FILE or --generate day"),
     };
+    let mut trace = tessera_sim::replay::demand::scale(&trace, args.demand, args.seed);
     tessera_sim::replay::speed::compress(&mut trace, args.speed);
     let config = ReplayConfig {
         cycle: i64::try_from(args.cycle.as_secs()).unwrap_or(i64::MAX),
@@ -131,6 +132,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let reports: Vec<RunReport> = runs.into_iter().map(|r| r.0).collect();
     let mut summary = tessera_sim::replay::Summary::new(&trace, &nodes, &config, reports);
     summary.speed = args.speed;
+    summary.demand = args.demand;
     match args.output {
         SimulateOutput::Json => emit(&(serde_json::to_string_pretty(&summary)? + "\n"))?,
         SimulateOutput::Human => emit(&tessera_sim::replay::report::human(&summary))?,

@@ -7,6 +7,7 @@
 //! - [`openb`]: the openb CSV traces and node lists as replay input.
 //! - [`generate`]: a day of arrivals drawn from a policy's tenants.
 //! - [`speed`]: time compression of a trace, and the load it offers.
+//! - [`demand`]: demand scaling of a trace, drawn from it with replacement.
 //! - [`engine`]: the discrete-event loop ([`replay`]).
 //! - [`baseline`]: baseline placers under the solver's admission decisions.
 //! - [`metrics`]: what a run measures ([`RunReport`]).
@@ -16,6 +17,7 @@
 //! cycle's refinement reaches its time limit (the report counts those that do).
 
 pub mod baseline;
+pub mod demand;
 pub mod engine;
 pub mod generate;
 pub mod html;

@@ -30,6 +30,14 @@ pub struct Summary {
     /// [`super::speed::offered_load`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offered_load: Option<f64>,
+    /// How many times the trace's workloads were drawn (see [`super::demand`]); 1: the trace
+    /// as it is.
+    #[serde(default = "one")]
+    pub demand: f64,
+    /// The share of the fleet's GPUs every workload replayed would hold at once: see
+    /// [`super::demand::asked_share`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_share: Option<f64>,
     pub runs: Vec<RunReport>,
 }
 
@@ -53,6 +61,11 @@ impl Summary {
             horizon_seconds: config.horizon,
             speed: 1.0,
             offered_load: super::speed::offered_load(
+                trace,
+                nodes.iter().map(|n| n.gpus.len()).sum(),
+            ),
+            demand: 1.0,
+            asked_share: super::demand::asked_share(
                 trace,
                 nodes.iter().map(|n| n.gpus.len()).sum(),
             ),
@@ -92,6 +105,19 @@ pub fn human(s: &Summary) -> String {
             out,
             "Arrivals {}× faster than the trace; offered load {load} of the GPUs\n",
             s.speed
+        );
+    }
+    if let Some(asked) = s.asked_share {
+        let drawn = if s.demand == 1.0 {
+            String::new()
+        } else {
+            format!(", drawn {}× from the trace", s.demand)
+        };
+        let _ = writeln!(
+            out,
+            "All {} workloads{drawn} at once would ask {:.1} % of the GPUs\n",
+            s.workloads,
+            asked * 100.0
         );
     }
     let width = 12;

@@ -25,7 +25,7 @@ pub fn compress(trace: &mut [TraceWorkload], speed: f64) {
 
 /// The GPUs one replica of `w` holds: its count, its fraction, or a MIG profile's compute
 /// slices over 7 (`3g.40gb`: 3/7). `None` for a profile name that does not say.
-fn gpus_per_replica(w: &TraceWorkload) -> Option<f64> {
+pub(super) fn gpus_per_replica(w: &TraceWorkload) -> Option<f64> {
     let gpu = &w.spec.gpu;
     if let Some(count) = gpu.count {
         return Some(f64::from(count));
