@@ -92,6 +92,34 @@ fn one(name: &str, tenant: &str, gpu: &str, replicas: u32, arrival: i64, duratio
 }
 
 #[test]
+fn a_workload_still_waiting_counts_its_wait_up_to_the_end() {
+    let (policy, nodes) = fleet();
+    // `fill` holds all 8 training GPUs past the horizon; `next` arrives at 5s and never
+    // starts. Its wait, 295s at the 300s horizon, is in `waiting`, not in `queueing_delay`.
+    let text = one("fill", "alpha", "{count: 4}", 2, 0, 1_000)
+        + &one("next", "alpha", "{count: 1}", 1, 5, 30);
+    let trace = parse_tessera_trace("t.yaml", &text).unwrap();
+    let config = ReplayConfig {
+        horizon: Some(300),
+        ..config()
+    };
+    let r = replay(
+        &policy,
+        &nodes,
+        &trace,
+        &config,
+        Placement::Solver,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!((r.started, r.never_started), (1, 1));
+    assert_eq!(r.queueing_delay.max, Some(0));
+    assert_eq!(r.waiting.p50, Some(0));
+    assert_eq!(r.waiting.max, Some(295));
+    assert_eq!(r.waiting.p99, Some(295));
+}
+
+#[test]
 fn a_departure_frees_gpus_for_the_queue() {
     let (policy, nodes) = fleet();
     // `fill` takes all 8 training GPUs from 0s to 95s; `next` arrives at 5s and must wait for

@@ -150,7 +150,7 @@ pub fn page(s: &Summary) -> String {
     }
     out.push_str("</tr>\n");
     type Cell = dyn Fn(&super::RunReport) -> String;
-    let rows: [(&str, Box<Cell>); 8] = [
+    let rows: [(&str, Box<Cell>); 9] = [
         (
             "mean GPU allocation",
             Box::new(|r| format!("{:.2} %", r.mean_allocation * 100.0)),
@@ -162,6 +162,10 @@ pub fn page(s: &Summary) -> String {
         (
             "queueing delay p99",
             Box::new(|r| seconds(r.queueing_delay.p99)),
+        ),
+        (
+            "wait p99, waiting counted",
+            Box::new(|r| seconds(r.waiting.p99)),
         ),
         ("never started", Box::new(|r| r.never_started.to_string())),
         ("preemptions", Box::new(|r| r.preemptions.to_string())),

@@ -5,6 +5,10 @@
 //!   (it changes only at cycles and departures).
 //! - Queueing delay: from a workload's arrival to its first start, in seconds. Workloads that
 //!   never start are counted apart, not in the percentiles. Percentiles are nearest-rank.
+//!   Beside it, the wait of every arrival: a workload still waiting at the end counts its wait
+//!   up to then (a lower bound). When the fleet cannot start everything, the started ones'
+//!   delays favour the placer that started fewer (the long waits it left out are not in them);
+//!   the waits of every arrival compare placers on the same workloads.
 //! - Fair share: each tenant's GPU-hours over all tenants', beside its entitlement: the
 //!   product, down the tenant tree, of its weight over its siblings' (only subtrees with a
 //!   workload in the trace count, as idle tenants lend what they do not use).
@@ -50,12 +54,24 @@ pub struct RunReport {
     /// for the next cycle); always 0 under the solver's own placement.
     pub unplaced_admissions: u64,
     pub queueing_delay: Delays,
+    /// The wait of every workload that arrived: to its first start, or to the end for one
+    /// still waiting (a lower bound for it).
+    #[serde(default = "no_delays")]
+    pub waiting: Delays,
     pub tenants: Vec<TenantReport>,
     pub slo_classes: Vec<ClassReport>,
     pub preemptions: u64,
     pub gpu_hours_lost: f64,
     pub gpu_hours_used: f64,
     pub reconfigurations: u64,
+}
+
+fn no_delays() -> Delays {
+    Delays {
+        p50: None,
+        p99: None,
+        max: None,
+    }
 }
 
 /// Queueing-delay percentiles, in seconds; `None` when nothing started.
@@ -233,6 +249,10 @@ impl Metrics {
             .filter(|&i| self.arrival[i] <= end)
             .collect();
         let all: Vec<i64> = arrived.iter().filter_map(|&i| self.delays[i]).collect();
+        let waits: Vec<i64> = arrived
+            .iter()
+            .map(|&i| self.delays[i].unwrap_or(end - self.arrival[i]))
+            .collect();
         let used: f64 = self.gpu_seconds.values().sum();
         let mut tenants: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         let mut classes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -290,6 +310,7 @@ impl Metrics {
             never_started: arrived.len() - all.len(),
             unplaced_admissions: self.unplaced,
             queueing_delay: percentiles(all),
+            waiting: percentiles(waits),
             tenants: tenant_reports,
             slo_classes: class_reports,
             preemptions: self.preemptions,

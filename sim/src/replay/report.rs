@@ -142,6 +142,9 @@ pub fn human(s: &Summary) -> String {
     row(&mut out, "queueing delay p99", &|r| {
         seconds(r.queueing_delay.p99)
     });
+    row(&mut out, "wait p99, waiting counted", &|r| {
+        seconds(r.waiting.p99)
+    });
     row(&mut out, "started", &|r| r.started.to_string());
     row(&mut out, "never started", &|r| r.never_started.to_string());
     row(&mut out, "GPU-hours used", &|r| {
