@@ -15,14 +15,31 @@ fn tessera(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-#[test]
-fn simulate_reports_every_run_as_json() {
-    let (code, stdout, stderr) = tessera(&[
+/// `tessera simulate` on the tiny fleet and trace, with `extra` arguments.
+fn on_tiny_trace(extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
         "simulate",
         "--policy",
         "sim/tests/replay/policy",
         "--trace",
         "sim/tests/replay/trace.yaml",
+    ];
+    args.extend_from_slice(extra);
+    tessera(&args)
+}
+
+/// [`on_tiny_trace`]'s JSON report, which must succeed.
+fn json_on_tiny_trace(extra: &[&str]) -> serde_json::Value {
+    let mut args = extra.to_vec();
+    args.extend_from_slice(&["--output", "json", "--time-limit", "60s"]);
+    let (code, stdout, stderr) = on_tiny_trace(&args);
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).unwrap()
+}
+
+#[test]
+fn simulate_reports_every_run_as_json() {
+    let (code, stdout, stderr) = on_tiny_trace(&[
         "--compare",
         "FGD,BestFit",
         "--output",
@@ -46,15 +63,7 @@ fn simulate_reports_every_run_as_json() {
         "wall time on stderr: {stderr}"
     );
 
-    let (code, _, stderr) = tessera(&[
-        "simulate",
-        "--policy",
-        "sim/tests/replay/policy",
-        "--trace",
-        "sim/tests/replay/trace.yaml",
-        "--compare",
-        "Tetris",
-    ]);
+    let (code, _, stderr) = on_tiny_trace(&["--compare", "Tetris"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown baseline `Tetris`"), "{stderr}");
 }
@@ -84,23 +93,7 @@ fn a_bad_trace_line_is_an_input_error_at_its_place() {
 
 #[test]
 fn speed_compresses_arrivals_and_the_report_says_so() {
-    let run = |speed: &str| {
-        let (code, stdout, stderr) = tessera(&[
-            "simulate",
-            "--policy",
-            "sim/tests/replay/policy",
-            "--trace",
-            "sim/tests/replay/trace.yaml",
-            "--speed",
-            speed,
-            "--output",
-            "json",
-            "--time-limit",
-            "60s",
-        ]);
-        assert_eq!(code, 0, "{stderr}");
-        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
-    };
+    let run = |speed: &str| json_on_tiny_trace(&["--speed", speed]);
     let (real, fast) = (run("1"), run("4"));
     assert_eq!(fast["speed"], 4.0);
     let load = |v: &serde_json::Value| v["offered_load"].as_f64().unwrap();
@@ -111,41 +104,15 @@ fn speed_compresses_arrivals_and_the_report_says_so() {
         fast["runs"][0]["duration_seconds"].as_i64() < real["runs"][0]["duration_seconds"].as_i64()
     );
 
-    let (code, _, stderr) = tessera(&[
-        "simulate",
-        "--policy",
-        "sim/tests/replay/policy",
-        "--trace",
-        "sim/tests/replay/trace.yaml",
-        "--speed",
-        "0",
-    ]);
+    let (code, _, stderr) = on_tiny_trace(&["--speed", "0"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("not a speed"), "{stderr}");
 }
 
 #[test]
 fn demand_draws_more_workloads_and_the_report_says_what_they_ask() {
-    let run = |demand: &str, seed: &str| {
-        let (code, stdout, stderr) = tessera(&[
-            "simulate",
-            "--policy",
-            "sim/tests/replay/policy",
-            "--trace",
-            "sim/tests/replay/trace.yaml",
-            "--demand",
-            demand,
-            "--seed",
-            seed,
-            "--output",
-            "json",
-            "--time-limit",
-            "60s",
-        ]);
-        assert_eq!(code, 0, "{stderr}");
-        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
-    };
-    let (as_is, doubled) = (run("1", "3"), run("2", "3"));
+    let run = |demand: &str| json_on_tiny_trace(&["--demand", demand, "--seed", "3"]);
+    let (as_is, doubled) = (run("1"), run("2"));
     assert_eq!(as_is["workloads"], 50);
     assert_eq!(doubled["workloads"], 100);
     assert_eq!(doubled["demand"], 2.0);
@@ -154,17 +121,9 @@ fn demand_draws_more_workloads_and_the_report_says_what_they_ask() {
     let ratio = asked(&doubled) / asked(&as_is);
     assert!((1.4..=2.6).contains(&ratio), "{ratio}");
     assert_eq!(doubled["runs"][0]["workloads"], 100);
-    assert_eq!(run("2", "3"), doubled, "the seed decides the draw");
+    assert_eq!(run("2"), doubled, "the seed decides the draw");
 
-    let (code, _, stderr) = tessera(&[
-        "simulate",
-        "--policy",
-        "sim/tests/replay/policy",
-        "--trace",
-        "sim/tests/replay/trace.yaml",
-        "--demand",
-        "0",
-    ]);
+    let (code, _, stderr) = on_tiny_trace(&["--demand", "0"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("not a demand factor"), "{stderr}");
 }

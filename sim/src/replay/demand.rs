@@ -63,35 +63,18 @@ pub fn asked_share(trace: &[TraceWorkload], gpus: usize) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
 
-    use tessera_compiler::model::{GpuRequest, Topology, WorkloadSpec};
-    use tessera_compiler::units::{Bytes, Millicores};
+    use crate::replay::trace::test_workload;
+    use tessera_compiler::model::GpuRequest;
 
     fn workload(name: &str, arrival: i64, gpus: u32) -> TraceWorkload {
-        TraceWorkload {
-            name: name.into(),
-            spec: WorkloadSpec {
-                tenant: "t".into(),
-                slo_class: "c".into(),
-                pool: None,
-                replicas: 1,
-                min_member: None,
-                gpu: GpuRequest {
-                    count: Some(gpus),
-                    mig_profile: None,
-                    fraction: None,
-                },
-                cpu: Millicores(0),
-                memory: Bytes(0),
-                topology: Topology::default(),
-                max_duration: None,
-                command: Vec::new(),
-                env: BTreeMap::new(),
-            },
-            arrival,
-            duration: Some(60 * i64::from(gpus)),
-        }
+        let gpu = GpuRequest {
+            count: Some(gpus),
+            mig_profile: None,
+            fraction: None,
+        };
+        test_workload(name, 1, gpu, arrival, 60 * i64::from(gpus))
     }
 
     fn trace() -> Vec<TraceWorkload> {

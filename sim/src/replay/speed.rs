@@ -60,31 +60,11 @@ pub fn offered_load(trace: &[TraceWorkload], gpus: usize) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
-
-    use tessera_compiler::model::{GpuRequest, Topology, WorkloadSpec};
-    use tessera_compiler::units::{Bytes, Millicores};
+    use crate::replay::trace::test_workload;
+    use tessera_compiler::model::GpuRequest;
 
     fn workload(arrival: i64, duration: i64, gpu: GpuRequest) -> TraceWorkload {
-        TraceWorkload {
-            name: format!("w{arrival}"),
-            spec: WorkloadSpec {
-                tenant: "t".into(),
-                slo_class: "c".into(),
-                pool: None,
-                replicas: 2,
-                min_member: None,
-                gpu,
-                cpu: Millicores(0),
-                memory: Bytes(0),
-                topology: Topology::default(),
-                max_duration: None,
-                command: Vec::new(),
-                env: BTreeMap::new(),
-            },
-            arrival,
-            duration: Some(duration),
-        }
+        test_workload(&format!("w{arrival}"), 2, gpu, arrival, duration)
     }
 
     fn count(n: u32) -> GpuRequest {

@@ -34,6 +34,36 @@ pub struct TraceWorkload {
     pub duration: Option<i64>,
 }
 
+/// A trace workload for tests: tenant `t`, class `c`, no CPU or memory, `replicas` of `gpu`.
+#[cfg(test)]
+pub(crate) fn test_workload(
+    name: &str,
+    replicas: u32,
+    gpu: tessera_compiler::model::GpuRequest,
+    arrival: i64,
+    duration: i64,
+) -> TraceWorkload {
+    TraceWorkload {
+        name: name.into(),
+        spec: WorkloadSpec {
+            tenant: "t".into(),
+            slo_class: "c".into(),
+            pool: None,
+            replicas,
+            min_member: None,
+            gpu,
+            cpu: tessera_compiler::units::Millicores(0),
+            memory: tessera_compiler::units::Bytes(0),
+            topology: tessera_compiler::model::Topology::default(),
+            max_duration: None,
+            command: Vec::new(),
+            env: std::collections::BTreeMap::new(),
+        },
+        arrival,
+        duration: Some(duration),
+    }
+}
+
 /// Why a trace could not be read. Each names the file, and a mistake in it the line and
 /// column.
 #[derive(Debug, thiserror::Error)]
