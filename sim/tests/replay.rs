@@ -39,24 +39,25 @@ fn run(
     trace: &[TraceWorkload],
     kind: Option<PolicyKind>,
 ) -> RunReport {
-    let config = config();
+    run_with(&config(), policy, nodes, trace, kind)
+}
+
+fn run_with(
+    config: &ReplayConfig,
+    policy: &CompiledPolicy,
+    nodes: &[Node],
+    trace: &[TraceWorkload],
+    kind: Option<PolicyKind>,
+) -> RunReport {
     let mut report = match kind {
-        None => replay(
-            policy,
-            nodes,
-            trace,
-            &config,
-            Placement::Solver,
-            &mut |_| {},
-        )
-        .unwrap(),
+        None => replay(policy, nodes, trace, config, Placement::Solver, &mut |_| {}).unwrap(),
         Some(k) => {
             let mut b = OpenbBaseline::new(k, 0, trace).unwrap();
             replay(
                 policy,
                 nodes,
                 trace,
-                &config,
+                config,
                 Placement::Baseline(&mut b),
                 &mut |_| {},
             )
@@ -103,15 +104,7 @@ fn a_workload_still_waiting_counts_its_wait_up_to_the_end() {
         horizon: Some(300),
         ..config()
     };
-    let r = replay(
-        &policy,
-        &nodes,
-        &trace,
-        &config,
-        Placement::Solver,
-        &mut |_| {},
-    )
-    .unwrap();
+    let r = run_with(&config, &policy, &nodes, &trace, None);
     assert_eq!((r.started, r.never_started), (1, 1));
     assert_eq!(r.queueing_delay.max, Some(0));
     assert_eq!(r.waiting.p50, Some(0));
