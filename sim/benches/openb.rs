@@ -312,6 +312,7 @@ fn main() -> ExitCode {
             }
             println!();
             print!("{}", openb::comparison_table(&result, &paper));
+            print!("{}", openb::idle_table(&result));
             results.push(result);
         }
     }

@@ -70,12 +70,13 @@ pub use policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak, per
 pub use production::{Production, ProductionError, RENEW_EVERY};
 pub use protocol::{
     ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, DEFAULT_SEEDS, Sample, SimConfig,
-    SimOutcome, Workload, make_placer, read_checkpoints, run_policy, run_seed, run_trace, scale,
-    simulate,
+    SimOutcome, Workload, idle_at_end, make_placer, read_checkpoints, run_policy, run_seed,
+    run_trace, scale, simulate,
 };
 pub use random::Random;
 pub use report::{
-    PaperResults, PaperRow, PolicyResult, SeedResult, TraceResult, comparison_table, worst_vs,
+    IdleAtEnd, PaperResults, PaperRow, PolicyResult, SeedResult, TraceResult, comparison_table,
+    idle_table, worst_vs,
 };
 pub use trace::{
     MILLI, NodeSpec, TaskSpec, TraceError, load_nodes, load_tasks, parse_nodes, parse_tasks,

@@ -24,14 +24,14 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::best_fit::BestFit;
-use super::cluster::{Cluster, ClusterError, Task};
+use super::cluster::{Cluster, ClusterError, ModelId, Task};
 use super::fgd::{Fgd, TypicalConfig, TypicalShapes};
 use super::first_fit::FirstFit;
 use super::policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak};
 use super::production::Production;
 use super::random::Random;
-use super::report::{PolicyResult, SeedResult, TraceResult};
-use super::trace::{NodeSpec, TaskSpec};
+use super::report::{IdleAtEnd, PolicyResult, SeedResult, TraceResult};
+use super::trace::{MILLI, NodeSpec, TaskSpec};
 
 /// The paper's seeds.
 pub const DEFAULT_SEEDS: std::ops::RangeInclusive<u64> = 42..=51;
@@ -373,7 +373,36 @@ pub fn run_seed(
         tasks: arrivals.order.len(),
         placed: out.placed,
         skipped: out.skipped,
+        idle_at_end: idle_at_end(&out.cluster, workload.tasks()),
     }
+}
+
+/// Where `cluster`'s idle GPU capacity is, against the GPU tasks of `tasks` (see
+/// [`IdleAtEnd`]).
+pub fn idle_at_end(cluster: &Cluster, tasks: &[Task]) -> IdleAtEnd {
+    // The least CPU a GPU task of the trace asks, per GPU model it may use.
+    let mut least_cpu = vec![u64::MAX; cluster.models().len()];
+    for t in tasks.iter().filter(|t| !t.is_cpu_only()) {
+        for (m, least) in least_cpu.iter_mut().enumerate() {
+            if t.models.allows(m as ModelId) {
+                *least = (*least).min(t.cpu_milli);
+            }
+        }
+    }
+    let gpus = |milli: u64| milli as f64 / f64::from(MILLI);
+    let mut idle = IdleAtEnd::default();
+    for node in cluster.nodes() {
+        let left = node.gpu_left_total();
+        let free = node.gpu_left.iter().filter(|&&g| g == MILLI).count() as u64;
+        idle.idle += gpus(left);
+        idle.on_free_gpus += gpus(free * u64::from(MILLI));
+        // (A model no GPU task may use is idle for want of tasks, not of CPU.)
+        let least = least_cpu[usize::from(node.model)];
+        if least != u64::MAX && node.cpu_left < least {
+            idle.cpu_stranded += gpus(left);
+        }
+    }
+    idle
 }
 
 /// One policy over all the configured seeds, with the mean at each checkpoint.
@@ -423,6 +452,7 @@ pub fn run_trace(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::openb::cluster::Choice;
 
     fn nodes(n: usize, gpus: u32) -> Vec<NodeSpec> {
         (0..n)
@@ -582,5 +612,66 @@ mod tests {
                 assert!(s.final_alloc_pct <= 100.0 + 1e-9);
             }
         }
+    }
+    #[test]
+    fn idle_at_the_end_tells_free_shared_and_cpu_stranded_capacity() {
+        // Two 4-GPU nodes of 64 cores; the trace's GPU tasks ask 1 and 4 cores, a CPU-only
+        // task 62: the least a GPU task asks is 1 core.
+        let mut specs = vec![task(0, 1, 500, None), task(1, 1, 1000, None)];
+        specs[1].cpu_milli = 4000;
+        specs.push(TaskSpec {
+            cpu_milli: 62_000,
+            ..task(2, 0, 0, None)
+        });
+        let w = Workload::new(&nodes(2, 4), specs, false).unwrap();
+        let mut cluster = w.cluster().clone();
+        // Node 0: half of GPU 0 taken, and the CPU-only task leaves 2 cores, enough for the
+        // 1-core task: not stranded. Node 1: one whole GPU taken, then 63.5 cores by CPU-only
+        // work, leaving 0.5 core: its 3 free GPUs are stranded.
+        cluster
+            .place(
+                &w.tasks()[0],
+                &Choice {
+                    node: 0,
+                    gpus: vec![0],
+                },
+            )
+            .unwrap();
+        cluster
+            .place(
+                &w.tasks()[2],
+                &Choice {
+                    node: 0,
+                    gpus: vec![],
+                },
+            )
+            .unwrap();
+        cluster
+            .place(
+                &w.tasks()[1],
+                &Choice {
+                    node: 1,
+                    gpus: vec![0],
+                },
+            )
+            .unwrap();
+        let hog = Task {
+            cpu_milli: 59_500,
+            ..w.tasks()[2].clone()
+        };
+        cluster
+            .place(
+                &hog,
+                &Choice {
+                    node: 1,
+                    gpus: vec![],
+                },
+            )
+            .unwrap();
+        let idle = idle_at_end(&cluster, w.tasks());
+        assert_eq!(idle.idle, 3.5 + 3.0);
+        assert_eq!(idle.on_free_gpus, 3.0 + 3.0);
+        assert_eq!(idle.cpu_stranded, 3.0);
+        assert_eq!(idle_at_end(w.cluster(), w.tasks()).cpu_stranded, 0.0);
     }
 }

@@ -22,6 +22,23 @@ pub struct SeedResult {
     pub tasks: usize,
     pub placed: usize,
     pub skipped: usize,
+    /// Where the idle GPU capacity is at the end of the run.
+    #[serde(default)]
+    pub idle_at_end: IdleAtEnd,
+}
+
+/// Where a run's idle GPU capacity is at its end, in GPUs: what the arrivals that did not fit
+/// were refused with. A policy that ends with idle capacity on free GPUs or on nodes out of CPU
+/// placed earlier work where it strands what later work needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct IdleAtEnd {
+    /// All the idle GPU capacity.
+    pub idle: f64,
+    /// Of it, on GPUs that hold nothing.
+    pub on_free_gpus: f64,
+    /// Of it, on nodes with less CPU left than any GPU task of the trace that may use the
+    /// node's GPU model asks: no task of the trace could use it, whatever its GPUs offer.
+    pub cpu_stranded: f64,
 }
 
 /// One policy over its seeds.
@@ -58,6 +75,19 @@ impl PolicyResult {
             checkpoints: checkpoints.to_vec(),
             mean_alloc_at,
             per_seed,
+        }
+    }
+
+    /// [`SeedResult::idle_at_end`], the mean over the seeds.
+    pub fn mean_idle_at_end(&self) -> IdleAtEnd {
+        let n = self.per_seed.len().max(1) as f64;
+        let sum = |f: fn(&IdleAtEnd) -> f64| {
+            self.per_seed.iter().map(|s| f(&s.idle_at_end)).sum::<f64>() / n
+        };
+        IdleAtEnd {
+            idle: sum(|i| i.idle),
+            on_free_gpus: sum(|i| i.on_free_gpus),
+            cpu_stranded: sum(|i| i.cpu_stranded),
         }
     }
 
@@ -283,6 +313,27 @@ pub fn comparison_table(result: &TraceResult, paper: &PaperResults) -> String {
     out
 }
 
+/// Each policy's [`PolicyResult::mean_idle_at_end`], one row each.
+pub fn idle_table(result: &TraceResult) -> String {
+    let mut out = format!(
+        "{:<10} {:>14} {:>14} {:>14} {:>16}\n",
+        "idle at end", "GPUs idle", "on free GPUs", "on used GPUs", "on nodes no CPU"
+    );
+    for p in &result.policies {
+        let i = p.mean_idle_at_end();
+        let _ = writeln!(
+            out,
+            "{:<10} {:>14.1} {:>14.1} {:>14.1} {:>16.1}",
+            p.policy,
+            i.idle,
+            i.on_free_gpus,
+            i.idle - i.on_free_gpus,
+            i.cpu_stranded
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +359,7 @@ mod tests {
                 tasks: 10,
                 placed: 9,
                 skipped: 1,
+                idle_at_end: IdleAtEnd::default(),
             },
             SeedResult {
                 seed: 43,
@@ -317,6 +369,7 @@ mod tests {
                 tasks: 10,
                 placed: 9,
                 skipped: 1,
+                idle_at_end: IdleAtEnd::default(),
             },
         ];
         let fgd = PolicyResult::from_seeds("FGD", &CHECKPOINTS, seeds.clone());
