@@ -6,7 +6,7 @@
 //!     [--policies FGD,BestFit,...] [--seeds N] [--first-seed S] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
-//!     [--gpu-spec-share S,...] [--seed N]
+//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd]
 //! ```
 //!
 //! `--gpu-spec-share 0,0.1,0.33` runs each trace as given (0) and as `gpu_spec` variants with
@@ -14,7 +14,8 @@
 //! 1 by default); a variant's trace is named `TRACE+specPCT`.
 //!
 //! The single-knob options override that one setting of the chosen variant(s), to see what it
-//! changes.
+//! changes. `--cpu-only` says whose rule places the trace's CPU-only tasks in the Tessera row
+//! (`openb::CpuOnlyRule`; BestFit's by default).
 //!
 //! Defaults: trace `default`, both variants, all policies, seeds 42..=51 (`--first-seed S`: N seeds
 //! from S instead), data from
@@ -33,8 +34,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use tessera_sim::openb::{
-    self, ArrivalOrder, Checkpointing, PaperResults, PolicyKind, ScoreRounding, SimConfig,
-    TieBreak, TraceResult, TypicalConfig, Workload,
+    self, ArrivalOrder, Checkpointing, CpuOnlyRule, PaperResults, PolicyKind, ScoreRounding,
+    SimConfig, TieBreak, TraceResult, TypicalConfig, Workload,
 };
 
 struct Args {
@@ -161,6 +162,14 @@ fn parse_args() -> Result<Args, String> {
                     v => return Err(format!("unknown memory {v:?} (on, off)")),
                 };
                 overrides.push(Box::new(move |c: &mut SimConfig| c.check_memory = v));
+            }
+            "--cpu-only" => {
+                let v = match value("--cpu-only")?.as_str() {
+                    "best-fit" => CpuOnlyRule::BestFit,
+                    "fgd" => CpuOnlyRule::Fgd,
+                    v => return Err(format!("unknown CPU-only rule {v:?} (best-fit, fgd)")),
+                };
+                overrides.push(Box::new(move |c: &mut SimConfig| c.cpu_only = v));
             }
             "--checkpoints" => {
                 let v = match value("--checkpoints")?.as_str() {

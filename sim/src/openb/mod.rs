@@ -69,9 +69,9 @@ pub use gpu_spec::{GpuSpecError, pin_gpu_spec};
 pub use policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak, permuted_ranks};
 pub use production::{Production, ProductionError, RENEW_EVERY};
 pub use protocol::{
-    ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, DEFAULT_SEEDS, Sample, SimConfig,
-    SimOutcome, Workload, idle_at_end, make_placer, read_checkpoints, run_policy, run_seed,
-    run_trace, scale, simulate,
+    ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, CpuOnlyRule, DEFAULT_SEEDS, Sample,
+    SimConfig, SimOutcome, Workload, idle_at_end, make_placer, read_checkpoints, run_policy,
+    run_seed, run_trace, scale, simulate,
 };
 pub use random::Random;
 pub use report::{

@@ -15,8 +15,9 @@
 //!   restriction when `gpu_spec` pins it to models (each allowed model's pool in turn when it
 //!   names several).
 //! - A CPU-only task is not tessera's to place (it schedules GPU work; a CPU-only pod goes
-//!   through the cluster's own scheduler). The harness places it by the BestFit baseline's rule
-//!   and the next snapshot shows the node with that much less CPU (and memory).
+//!   through the cluster's own scheduler). The harness places it by the BestFit baseline's rule,
+//!   or another baseline's ([`Production::with_cpu_only`], the bench's `--cpu-only`), and the
+//!   next snapshot shows the node with that much less CPU (and memory).
 //!
 //! Online, each arrival is decided by the standing [`Session`]. A task the solver leaves
 //! waiting is removed again (openb drops what does not fit). Every [`RENEW_EVERY`] arrivals, and
@@ -78,7 +79,8 @@ pub struct Production {
     taken_cpu: Vec<u64>,
     taken_memory: Vec<u64>,
     node_index: HashMap<String, usize>,
-    cpu_only: BestFit,
+    /// Places the CPU-only tasks: BestFit's rule unless [`Production::with_cpu_only`] says.
+    cpu_only: Box<dyn Placer>,
     next: u64,
 }
 
@@ -194,7 +196,7 @@ impl Production {
                 .enumerate()
                 .map(|(i, node)| (node.name.clone(), i))
                 .collect(),
-            cpu_only: BestFit::new(options, seed),
+            cpu_only: Box::new(BestFit::new(options, seed)),
             next: 0,
         })
     }
@@ -402,6 +404,16 @@ impl Production {
         None
     }
 
+    /// The same solver with the trace's CPU-only tasks placed by `placer` (a baseline's rule):
+    /// comparing against that baseline, the two rows then differ only in how GPU tasks are
+    /// placed.
+    pub fn with_cpu_only(self, placer: Box<dyn Placer>) -> Self {
+        Self {
+            cpu_only: placer,
+            ..self
+        }
+    }
+
     fn place_cpu_only(&mut self, cluster: &Cluster, task: &Task) -> Option<Choice> {
         let choice = self.cpu_only.choose(cluster, task)?;
         self.taken_cpu[choice.node] += task.cpu_milli;
@@ -530,5 +542,38 @@ mod tests {
         .unwrap();
         let p = Production::new(&cluster, PolicyOptions::default(), 1).unwrap();
         assert_eq!(p.pools, vec!["openb-g2", "openb-t4"]);
+    }
+    #[test]
+    fn cpu_only_tasks_follow_the_rule_given() {
+        let spec = |name: &str, cpu_milli| NodeSpec {
+            name: name.into(),
+            cpu_milli,
+            memory_mib: 1 << 17,
+            num_gpu: 2,
+            model: "G2".into(),
+        };
+        let cluster = Cluster::new(&[spec("a", 32_000), spec("b", 8_000)], false).unwrap();
+        let task = Task {
+            cpu_milli: 4_000,
+            memory_mib: 1024,
+            num_gpu: 0,
+            gpu_milli: 0,
+            models: super::super::cluster::ModelMask::ANY,
+            shape: 0,
+        };
+        let options = PolicyOptions::default();
+        let best_fit = BestFit::new(options, 1).choose(&cluster, &task);
+        let first_fit = super::super::FirstFit::new().choose(&cluster, &task);
+        // The two rules disagree here (best fit takes the smaller node), so each is told apart.
+        assert_ne!(best_fit, first_fit);
+        let mut default = Production::new(&cluster, options, 1).unwrap();
+        assert_eq!(default.choose(&cluster, &task), best_fit);
+        let mut told = Production::new(&cluster, options, 1)
+            .unwrap()
+            .with_cpu_only(Box::new(super::super::FirstFit::new()));
+        assert_eq!(told.choose(&cluster, &task), first_fit);
+        // The CPU taken shows in the next snapshot, whoever placed it.
+        let node = first_fit.unwrap().node;
+        assert_eq!(told.taken_cpu[node], 4_000);
     }
 }

@@ -82,6 +82,22 @@ pub struct SimConfig {
     /// decided together ([`super::simulate_cycles`]), as tessera runs.
     #[serde(default)]
     pub cycle: Option<usize>,
+    /// How the Tessera row places the trace's CPU-only tasks.
+    #[serde(default)]
+    pub cpu_only: CpuOnlyRule,
+}
+
+/// Which baseline's rule places the trace's CPU-only tasks in the Tessera row: they are not the
+/// solver's to place (a cluster's own scheduler places CPU-only pods), yet they spend the CPU
+/// that GPU tasks need, so the rule weighs on the row (BENCHMARKS.md, openb).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CpuOnlyRule {
+    /// BestFit's (the default).
+    #[default]
+    BestFit,
+    /// FGD's score, as the FGD row places them: against FGD, the rows then differ only in
+    /// how GPU tasks are placed.
+    Fgd,
 }
 
 impl SimConfig {
@@ -98,6 +114,7 @@ impl SimConfig {
             policy: PolicyOptions::default(),
             check_memory: false,
             cycle: None,
+            cpu_only: CpuOnlyRule::BestFit,
         }
     }
 
@@ -360,7 +377,19 @@ pub fn run_seed(
     config: &SimConfig,
 ) -> SeedResult {
     let arrivals = scale(workload, seed, config.target_ratio, config.arrival);
-    let mut placer = make_placer(kind, workload, typical, config.policy, seed);
+    let mut placer = match (kind, config.cpu_only) {
+        (PolicyKind::Tessera, CpuOnlyRule::Fgd) => Box::new(
+            Production::new(workload.cluster(), config.policy, seed)
+                .expect("the policy generated for a loaded node list compiles")
+                .with_cpu_only(Box::new(Fgd::new(
+                    typical.clone(),
+                    workload.num_shapes(),
+                    config.policy,
+                    seed,
+                ))),
+        ),
+        _ => make_placer(kind, workload, typical, config.policy, seed),
+    };
     let out = match config.cycle {
         None => simulate(workload, placer.as_mut(), &arrivals.order),
         Some(n) => super::simulate_cycles(workload, placer.as_mut(), &arrivals.order, n),
