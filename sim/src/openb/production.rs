@@ -543,6 +543,7 @@ mod tests {
         let p = Production::new(&cluster, PolicyOptions::default(), 1).unwrap();
         assert_eq!(p.pools, vec!["openb-g2", "openb-t4"]);
     }
+
     #[test]
     fn cpu_only_tasks_follow_the_rule_given() {
         let spec = |name: &str, cpu_milli| NodeSpec {

@@ -642,6 +642,7 @@ mod tests {
             }
         }
     }
+
     #[test]
     fn idle_at_the_end_tells_free_shared_and_cpu_stranded_capacity() {
         // Two 4-GPU nodes of 64 cores; the trace's GPU tasks ask 1 and 4 cores, a CPU-only
@@ -654,49 +655,21 @@ mod tests {
         });
         let w = Workload::new(&nodes(2, 4), specs, false).unwrap();
         let mut cluster = w.cluster().clone();
-        // Node 0: half of GPU 0 taken, and the CPU-only task leaves 2 cores, enough for the
-        // 1-core task: not stranded. Node 1: one whole GPU taken, then 63.5 cores by CPU-only
+        let mut place = |task: &Task, node, gpus: &[usize]| {
+            let gpus = gpus.to_vec();
+            cluster.place(task, &Choice { node, gpus }).unwrap();
+        };
+        // Node 0: half of GPU 0 taken, and the CPU-only task leaves 1 core, what the 1-core
+        // task asks: not stranded. Node 1: one whole GPU taken, then 59.5 cores by CPU-only
         // work, leaving 0.5 core: its 3 free GPUs are stranded.
-        cluster
-            .place(
-                &w.tasks()[0],
-                &Choice {
-                    node: 0,
-                    gpus: vec![0],
-                },
-            )
-            .unwrap();
-        cluster
-            .place(
-                &w.tasks()[2],
-                &Choice {
-                    node: 0,
-                    gpus: vec![],
-                },
-            )
-            .unwrap();
-        cluster
-            .place(
-                &w.tasks()[1],
-                &Choice {
-                    node: 1,
-                    gpus: vec![0],
-                },
-            )
-            .unwrap();
+        place(&w.tasks()[0], 0, &[0]);
+        place(&w.tasks()[2], 0, &[]);
+        place(&w.tasks()[1], 1, &[0]);
         let hog = Task {
             cpu_milli: 59_500,
             ..w.tasks()[2].clone()
         };
-        cluster
-            .place(
-                &hog,
-                &Choice {
-                    node: 1,
-                    gpus: vec![],
-                },
-            )
-            .unwrap();
+        place(&hog, 1, &[]);
         let idle = idle_at_end(&cluster, w.tasks());
         assert_eq!(idle.idle, 3.5 + 3.0);
         assert_eq!(idle.on_free_gpus, 3.0 + 3.0);
