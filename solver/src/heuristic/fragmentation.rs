@@ -411,11 +411,7 @@ impl Mix {
             .clone()
             .map(|s| Gpus::whole(1).units() - s.allocated().units())
             .sum();
-        let offers: Vec<u64> = mix
-            .demands
-            .iter()
-            .map(|&d| offer(&p.pools[pool], d, gpus.clone()))
-            .collect();
+        let offers = offers(&p.pools[pool], &mix.demands, gpus.clone());
         let mut fragmentation = 0u64;
         let mut hosting = 0u64;
         for (d, shape) in &mix.shapes {
@@ -450,43 +446,81 @@ impl Mix {
     }
 }
 
-/// How many replicas of `demand` these GPUs could host as they are laid out now.
-fn offer<'a>(info: &PoolInfo, demand: Demand, gpus: impl Iterator<Item = &'a GpuState>) -> u64 {
-    let mut whole = 0u64;
-    let mut replicas = 0u64;
-    for s in gpus {
-        match demand {
-            Demand::Whole { .. } => {
-                if s.is_free()
-                    && (info.sharing != Sharing::Mig
-                        || s.geometry == [Placement::new(mig::PROFILE_7G, 0)])
-                {
-                    whole += 1;
-                }
-            }
-            Demand::Share { fraction } => {
-                if s.whole.is_none() && s.held.is_empty() && fraction.units() > 0 {
-                    let room = (Gpus::whole(1).units() - s.share_total().units()).max(0)
-                        / fraction.units();
-                    let slots = info
-                        .max_clients_per_gpu
-                        .saturating_sub(s.shares.len() as u32);
-                    replicas += (room as u64).min(u64::from(slots));
-                }
-            }
-            Demand::Mig { profile_id } => {
-                if s.whole.is_none() {
-                    replicas += s
-                        .geometry
-                        .iter()
-                        .filter(|pl| pl.profile_id == profile_id && !s.held.contains_key(&pl.start))
-                        .count() as u64;
-                }
-            }
+/// What one GPU, as it is laid out now, offers every demand: read once per GPU, since a node
+/// is measured against each of its pool's demands (a MIG pool has one per profile).
+struct GpuOffer {
+    /// Hosts a whole-GPU replica.
+    whole: bool,
+    /// Room and client slots for shares, when the GPU takes shares.
+    share: Option<(i64, u32)>,
+    /// The profiles of its free MIG instances, when it takes instances.
+    free_instances: SmallVec<[u32; 8]>,
+}
+
+impl GpuOffer {
+    fn of(info: &PoolInfo, s: &GpuState) -> GpuOffer {
+        let whole = s.is_free()
+            && (info.sharing != Sharing::Mig || s.geometry == [Placement::new(mig::PROFILE_7G, 0)]);
+        let share = (s.whole.is_none() && s.held.is_empty()).then(|| {
+            let room = Gpus::whole(1).units() - s.share_total().units();
+            let slots = info
+                .max_clients_per_gpu
+                .saturating_sub(s.shares.len() as u32);
+            (room, slots)
+        });
+        let free_instances = if s.whole.is_none() {
+            s.geometry
+                .iter()
+                .filter(|pl| !s.held.contains_key(&pl.start))
+                .map(|pl| pl.profile_id)
+                .collect()
+        } else {
+            SmallVec::new()
+        };
+        GpuOffer {
+            whole,
+            share,
+            free_instances,
         }
     }
-    match demand {
-        Demand::Whole { count } => whole / u64::from(count.max(1)),
-        _ => replicas,
+
+    /// Replicas of `demand` this GPU hosts; for a whole-GPU demand, whether it is one of the
+    /// free GPUs a replica needs `count` of.
+    fn replicas(&self, demand: Demand) -> u64 {
+        match demand {
+            Demand::Whole { .. } => u64::from(self.whole),
+            Demand::Share { fraction } => match self.share {
+                Some((room, slots)) if fraction.units() > 0 => {
+                    ((room.max(0) / fraction.units()) as u64).min(u64::from(slots))
+                }
+                _ => 0,
+            },
+            Demand::Mig { profile_id } => self
+                .free_instances
+                .iter()
+                .filter(|&&p| p == profile_id)
+                .count() as u64,
+        }
     }
+}
+
+/// How many replicas of each of `demands` these GPUs could host as they are laid out now.
+fn offers<'a>(
+    info: &PoolInfo,
+    demands: &[Demand],
+    gpus: impl Iterator<Item = &'a GpuState>,
+) -> SmallVec<[u64; 8]> {
+    let mut sums: SmallVec<[u64; 8]> = SmallVec::from_elem(0, demands.len());
+    for s in gpus {
+        let gpu = GpuOffer::of(info, s);
+        for (sum, &d) in sums.iter_mut().zip(demands) {
+            *sum += gpu.replicas(d);
+        }
+    }
+    for (sum, &d) in sums.iter_mut().zip(demands) {
+        if let Demand::Whole { count } = d {
+            *sum /= u64::from(count.max(1));
+        }
+    }
+    sums
 }
