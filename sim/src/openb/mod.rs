@@ -70,8 +70,8 @@ pub use policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak, per
 pub use production::{Production, ProductionError, RENEW_EVERY};
 pub use protocol::{
     ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, CpuOnlyRule, DEFAULT_SEEDS, Sample,
-    SimConfig, SimOutcome, Workload, idle_at_end, make_placer, read_checkpoints, run_policy,
-    run_seed, run_trace, scale, simulate,
+    SimConfig, SimOutcome, Workload, idle_at_end, make_placer, make_placer_with, read_checkpoints,
+    run_policy, run_seed, run_trace, scale, simulate,
 };
 pub use random::Random;
 pub use report::{

@@ -343,12 +343,25 @@ pub fn read_checkpoints(samples: &[Sample], checkpoints: &[u32], how: Checkpoint
         .collect()
 }
 
-/// A fresh placer of the given kind for one seed.
+/// A fresh placer of the given kind for one seed (the Tessera row's CPU-only tasks by
+/// BestFit's rule).
 pub fn make_placer(
     kind: PolicyKind,
     workload: &Workload,
     typical: &TypicalShapes,
     options: PolicyOptions,
+    seed: u64,
+) -> Box<dyn Placer> {
+    make_placer_with(kind, workload, typical, options, CpuOnlyRule::BestFit, seed)
+}
+
+/// [`make_placer`], the Tessera row's CPU-only tasks placed by `cpu_only`'s rule.
+pub fn make_placer_with(
+    kind: PolicyKind,
+    workload: &Workload,
+    typical: &TypicalShapes,
+    options: PolicyOptions,
+    cpu_only: CpuOnlyRule,
     seed: u64,
 ) -> Box<dyn Placer> {
     match kind {
@@ -361,10 +374,20 @@ pub fn make_placer(
             seed,
         )),
         PolicyKind::Random => Box::new(Random::new(seed)),
-        PolicyKind::Tessera => Box::new(
-            Production::new(workload.cluster(), options, seed)
-                .expect("the policy generated for a loaded node list compiles"),
-        ),
+        PolicyKind::Tessera => {
+            let production = Production::new(workload.cluster(), options, seed)
+                .expect("the policy generated for a loaded node list compiles");
+            Box::new(match cpu_only {
+                CpuOnlyRule::BestFit => production,
+                CpuOnlyRule::Fgd => production.with_cpu_only(make_placer(
+                    PolicyKind::Fgd,
+                    workload,
+                    typical,
+                    options,
+                    seed,
+                )),
+            })
+        }
     }
 }
 
@@ -377,19 +400,14 @@ pub fn run_seed(
     config: &SimConfig,
 ) -> SeedResult {
     let arrivals = scale(workload, seed, config.target_ratio, config.arrival);
-    let mut placer = match (kind, config.cpu_only) {
-        (PolicyKind::Tessera, CpuOnlyRule::Fgd) => Box::new(
-            Production::new(workload.cluster(), config.policy, seed)
-                .expect("the policy generated for a loaded node list compiles")
-                .with_cpu_only(Box::new(Fgd::new(
-                    typical.clone(),
-                    workload.num_shapes(),
-                    config.policy,
-                    seed,
-                ))),
-        ),
-        _ => make_placer(kind, workload, typical, config.policy, seed),
-    };
+    let mut placer = make_placer_with(
+        kind,
+        workload,
+        typical,
+        config.policy,
+        config.cpu_only,
+        seed,
+    );
     let out = match config.cycle {
         None => simulate(workload, placer.as_mut(), &arrivals.order),
         Some(n) => super::simulate_cycles(workload, placer.as_mut(), &arrivals.order, n),

@@ -316,14 +316,14 @@ pub fn comparison_table(result: &TraceResult, paper: &PaperResults) -> String {
 /// Each policy's [`PolicyResult::mean_idle_at_end`], one row each.
 pub fn idle_table(result: &TraceResult) -> String {
     let mut out = format!(
-        "{:<10} {:>14} {:>14} {:>14} {:>16}\n",
+        "{:<11} {:>14} {:>14} {:>14} {:>16}\n",
         "idle at end", "GPUs idle", "on free GPUs", "on used GPUs", "on nodes no CPU"
     );
     for p in &result.policies {
         let i = p.mean_idle_at_end();
         let _ = writeln!(
             out,
-            "{:<10} {:>14.1} {:>14.1} {:>14.1} {:>16.1}",
+            "{:<11} {:>14.1} {:>14.1} {:>14.1} {:>16.1}",
             p.policy,
             i.idle,
             i.on_free_gpus,
