@@ -152,6 +152,34 @@ fn best_fit_keeps_a_whole_node_free() {
 }
 
 #[test]
+fn a_cpu_light_replica_goes_where_the_cpu_is_short() {
+    // t0 has 192 cores, t1 64. Each runs two 1-GPU replicas, one asking 2 cores (A) and one
+    // 30 (B): the mix asks 16 cores per GPU, so t1 (6 GPUs free, 32 cores left) can feed 2 of
+    // its free GPUs and t0 (6 free, 160 cores) all of them. A 1-GPU, 2-core replica scores the
+    // same on both (FGD's tier and the hosting lost tie; so do their free GPUs), and best fit
+    // alone would take t0, the first node. On t1 it feeds what t1's CPU could not, and leaves
+    // t0's CPU to work that needs it; a 30-core replica goes to t0.
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8).replace("cpu: 192", "cpu: 64"),
+    ];
+    let spec =
+        |cpu: u32| format!("{{tenant: b, sloClass: critical, gpu: {{count: 1}}, cpu: {cpu}}}");
+    let run_ = [
+        running("a0", &spec(2), &[&gpus("t0", 0, 1)], EARLY),
+        running("b0", &spec(30), &[&gpus("t0", 1, 2)], EARLY),
+        running("a1", &spec(2), &[&gpus("t1", 0, 1)], EARLY),
+        running("b1", &spec(30), &[&gpus("t1", 1, 2)], EARLY),
+    ]
+    .concat();
+    let ask = |cpu: u32| format!("{{tenant: a, sloClass: batch, gpu: {{count: 1}}, cpu: {cpu}}}");
+    let d = run(&state(&nodes, &run_, &pending("light", &ask(2), RECENT)));
+    assert_eq!(admitted(&d, "light")[0].node, "t1");
+    let d = run(&state(&nodes, &run_, &pending("heavy", &ask(30), RECENT)));
+    assert_eq!(admitted(&d, "heavy")[0].node, "t0");
+}
+
+#[test]
 fn a_pool_reports_fgd_fragmentation_against_its_running_mix() {
     // Running: two 4-GPU replicas and one 1-GPU replica. t0 has 3 GPUs idle, which a 4-GPU
     // replica (2 of the mix's 3) cannot use and a 1-GPU replica can; t1 has 4, which both can.

@@ -190,8 +190,9 @@ pub(super) struct NodeFree {
 type RelayoutKey = (Vec<Placement>, Vec<Placement>);
 
 /// `fill`'s order of places, lowest first: no re-layout first, then FGD's tier and the hosting
-/// capacity lost, then best fit (the node's free units), then the node.
-type FillKey = (bool, u32, u64, i64, usize);
+/// capacity lost, then the GPU units the place leaves unfed for CPU ([`Fleet::unfed_by`]), then
+/// best fit (the node's free units), then the node.
+type FillKey = (bool, u32, u64, i64, i64, usize);
 
 /// Why one replica does not fit on one node.
 #[derive(Debug, Clone, Default)]
@@ -417,6 +418,29 @@ impl Fleet {
 
     pub(super) fn usable(&self, p: &Problem, g: usize) -> bool {
         p.gpus[g].healthy
+    }
+
+    /// The GPU units of node `n` that its CPU could not feed at `pool`'s mix's ratio once it
+    /// holds a replica of `w`, less those unfed now ([`Mix::unfed`]): negative where the
+    /// replica asks less CPU per GPU than the mix on a node already short of CPU. A function
+    /// of what the node's measure key holds, like the rest of `fill`'s key but the node.
+    fn unfed_by(&self, p: &Problem, w: usize, pool: usize, n: usize) -> i64 {
+        let wl = &p.workloads[w];
+        let cpu = self.cpu_left(p, n);
+        let free = self.node_free(p, n);
+        let after = self.mix.unfed(
+            pool,
+            cpu.saturating_sub(wl.cpu.0),
+            free - wl.demand.gpus().units(),
+        );
+        after - self.unfed_at(p, pool, n)
+    }
+
+    /// The GPU units of node `n` of `pool` that its CPU left could not feed at the mix's ratio
+    /// ([`Mix::unfed`]).
+    pub(super) fn unfed_at(&self, p: &Problem, pool: usize, n: usize) -> i64 {
+        self.mix
+            .unfed(pool, self.cpu_left(p, n), self.node_free(p, n))
     }
 
     /// Free GPU units on a node (healthy GPUs).
@@ -1145,7 +1169,12 @@ impl Fleet {
                 }
                 None => (0, 0),
             };
-            let key = (relayout, tier, loss, self.node_free(p, n), n);
+            let unfed = if scored {
+                self.unfed_by(p, w, pool, n)
+            } else {
+                0
+            };
+            let key = (relayout, tier, loss, unfed, self.node_free(p, n), n);
             if best.as_ref().is_none_or(|b| key < b.0) {
                 best = Some((key, n, plan));
             }
@@ -1212,7 +1241,12 @@ impl Fleet {
             } else {
                 (0, 0)
             };
-            let key = (relayout, tier, loss, self.node_free(p, n), n);
+            let unfed = if scored {
+                self.unfed_by(p, w, pool, n)
+            } else {
+                0
+            };
+            let key = (relayout, tier, loss, unfed, self.node_free(p, n), n);
             if best.is_none_or(|b| key < b) {
                 best = Some(key);
             }

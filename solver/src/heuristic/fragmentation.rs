@@ -34,7 +34,17 @@
 //!   nodes / hosts_k` where `hosts_k` is how many nodes of the empty pool could host one
 //!   replica: a shape few nodes can take weighs more per replica, so that common shapes do not
 //!   use up the only nodes it fits. Among equal scores the placement that destroys the least
-//!   `H` wins; then best fit (the least free room left), then the node's index.
+//!   `H` wins.
+//! - Then the GPUs left *unfed*: a node's free GPU units beyond what its CPU left could feed
+//!   at the mix's CPU per GPU unit (`Σ count × cpu / Σ count × units`). A placement that
+//!   takes more CPU per GPU than the mix does, on a node whose CPU is already the short
+//!   resource, leaves GPUs no replica of the mix can use once the CPU is gone; the replica
+//!   that leaves the fewest new unfed units wins (a CPU-light replica on a CPU-starved node
+//!   leaves fewer than before). `F` sees the same loss only once a shape of the mix no longer
+//!   fits, one whole point of the score at a time, and best fit on GPU room alone packs the
+//!   fullest nodes, whose CPU goes first: on the openb traces most of the GPUs left idle at the
+//!   end sat on nodes out of CPU.
+//! - Then best fit (the least free room left), then the node's index.
 //!
 //! What a GPU can host, as it is laid out now (a layout change is a cost the placement already
 //! puts last): an exclusive GPU, or a MIG GPU laid out as one 7g instance, hosts a whole-GPU
@@ -79,6 +89,10 @@ struct Shape {
 /// and shared by the shapes that differ only in CPU or memory.
 #[derive(Debug, Clone, Default)]
 struct PoolMix {
+    /// The CPU and the GPU units the mix asks, in all: their ratio is the CPU a GPU unit of the
+    /// mix comes with (see [`Mix::unfed`]).
+    cpu_total: u128,
+    units_total: u128,
     demands: Vec<Demand>,
     /// With the index of their demand in `demands`.
     shapes: Vec<(usize, Shape)>,
@@ -309,6 +323,8 @@ impl Mix {
                         }
                     };
                     mix.total += count;
+                    mix.cpu_total += u128::from(count) * u128::from(cpu);
+                    mix.units_total += u128::from(count) * demand.gpus().units().max(0) as u128;
                     mix.shapes.push((
                         d,
                         Shape {
@@ -344,6 +360,17 @@ impl Mix {
             Some(units) => Gpus::from_units(i64::try_from(units).unwrap_or(i64::MAX)),
             None => Gpus::ZERO,
         }
+    }
+
+    /// The free GPU units of a node of `pool` with `cpu_left` and `free` units that its CPU
+    /// could not feed at the mix's CPU per GPU unit (0 without a mix, or a mix that asks no
+    /// CPU). Integer: the same on every machine.
+    pub(super) fn unfed(&self, pool: usize, cpu_left: u64, free: i64) -> i64 {
+        let Some(mix) = self.pools.get(pool).filter(|m| m.cpu_total > 0) else {
+            return 0;
+        };
+        let fed = u128::from(cpu_left).saturating_mul(mix.units_total) / mix.cpu_total;
+        i64::try_from((free.max(0) as u128).saturating_sub(fed)).unwrap_or(i64::MAX)
     }
 
     /// The key [`Mix::measure`] remembers a node of `pool` with `cpu_left`, `memory_left` and

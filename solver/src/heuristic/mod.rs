@@ -435,24 +435,24 @@ impl<'p> Solver<'p> {
         }
         let mut attempts = Vec::new();
         // Of the pools that take it, the one where it fragments least (FGD's whole-point score
-        // against each pool's mix, summed over the nodes it lands on), then the first listed: a
-        // pool that runs out of CPU next to idle GPUs must not be filled first only because it
-        // is listed first.
-        type Fit = (u64, Fleet, Ledger, Gpus, Gpus);
+        // against each pool's mix, summed over the nodes it lands on), then the one where it
+        // leaves the fewest GPUs unfed for CPU, then the first listed: a pool that runs out of
+        // CPU next to idle GPUs must not be filled first only because it is listed first.
+        type Fit = ((u64, i64), Fleet, Ledger, Gpus, Gpus);
         let mut best: Option<Fit> = None;
         for &pool in &wl.pools {
             match try_pool(p, &self.fleet, &self.ledger, w, pool, wl.replicas) {
                 Ok((fleet, ledger, guaranteed, borrowed)) => {
                     // (one pool: nothing to compare, nothing to measure)
                     let tier = if wl.pools.len() == 1 {
-                        0
+                        (0, 0)
                     } else {
                         placement_tier(p, &self.fleet, &fleet, w, pool)
                     };
                     if best.as_ref().is_none_or(|b| tier < b.0) {
                         best = Some((tier, fleet, ledger, guaranteed, borrowed));
                     }
-                    if tier == 0 {
+                    if tier == (0, 0) {
                         break;
                     }
                 }
@@ -623,15 +623,14 @@ fn scan_agrees(p: &Problem, ledger: &Ledger, waiting: &mut Vec<usize>, w: usize,
     waiting.remove(i);
 }
 
-/// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
-/// (guaranteed, borrowed) split of what was admitted.
 /// How much placing `w` in `pool` (`before` → `after`) fragments the nodes it lands on:
-/// `100 −` FGD's whole-point score of each such node against the pool's mix, summed. 0 (the
-/// best) when nothing runs in the pool: there is no work there to fragment, so new work goes
-/// to an idle pool before it breaks up a busy one.
-fn placement_tier(p: &Problem, before: &Fleet, after: &Fleet, w: usize, pool: usize) -> u64 {
+/// `100 −` FGD's whole-point score of each such node against the pool's mix, summed; then the
+/// GPU units it leaves unfed for CPU on them, summed ([`Fleet::unfed_at`]; negative where it
+/// feeds some). `(0, 0)` (the best) when nothing runs in the pool: there is no work there to
+/// fragment, so new work goes to an idle pool before it breaks up a busy one.
+fn placement_tier(p: &Problem, before: &Fleet, after: &Fleet, w: usize, pool: usize) -> (u64, i64) {
     if !before.mix.scores(pool) {
-        return 0;
+        return (0, 0);
     }
     let mut nodes: Vec<usize> = after.placed[w]
         .as_ref()
@@ -646,11 +645,14 @@ fn placement_tier(p: &Problem, before: &Fleet, after: &Fleet, w: usize, pool: us
                 before.measure(p, pool, n, None),
                 after.measure(p, pool, n, None),
             );
-            u64::from(tier)
+            let unfed = after.unfed_at(p, pool, n) - before.unfed_at(p, pool, n);
+            (u64::from(tier), unfed)
         })
-        .sum()
+        .fold((0, 0), |(t, u), (tier, unfed)| (t + tier, u + unfed))
 }
 
+/// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
+/// (guaranteed, borrowed) split of what was admitted.
 fn try_pool(
     p: &Problem,
     fleet: &Fleet,
