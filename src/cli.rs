@@ -372,6 +372,18 @@ pub enum BenchCommand {
         /// Also compute the LP relaxation's upper bound on allocation at each checkpoint.
         #[arg(long)]
         bound: bool,
+        /// Pin this share of the trace's GPU tasks (0 to 1) to one GPU model each, as the FGD
+        /// simulator's `gpu_spec` variants do: a model drawn by GPUs per model among those that
+        /// can host the task.
+        #[arg(long, default_value_t = 0.0, value_parser = share)]
+        gpu_spec_share: f64,
+        /// Seeds which tasks `--gpu-spec-share` pins, and to which model.
+        #[arg(long, default_value_t = 1)]
+        spec_seed: u64,
+        /// Whose rule places the trace's CPU-only tasks in the Tessera row (they are not
+        /// tessera's to place, but they spend the CPU that GPU tasks need).
+        #[arg(long, value_enum, default_value_t = OpenbCpuOnly::BestFit)]
+        cpu_only: OpenbCpuOnly,
         /// Policies to run (Tessera, FGD, BestFit, FirstFit, Random); all by default.
         #[arg(long, value_delimiter = ',')]
         policies: Vec<String>,
@@ -418,6 +430,24 @@ pub enum BenchCommand {
 pub enum OpenbMode {
     Online,
     Cycles,
+}
+
+/// Whose rule places an openb trace's CPU-only tasks in the Tessera row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OpenbCpuOnly {
+    /// BestFit's, the baseline's rule.
+    BestFit,
+    /// FGD's score, as the FGD row places them: the two rows then differ only in how GPU
+    /// tasks are placed.
+    Fgd,
+}
+
+/// A share in 0..=1.
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("a share from 0 to 1, got `{s}`")),
+    }
 }
 
 /// Which reading of the paper's protocol to run.

@@ -201,6 +201,45 @@ fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
 }
 
 #[test]
+fn bench_openb_pins_a_share_of_tasks_to_one_model_and_names_the_variant() {
+    let run = |share: &str| {
+        tessera(&[
+            "bench",
+            "openb",
+            "--trace",
+            "sim/tests/data/openb_slice/openb_pod_list_default.csv",
+            "--nodes",
+            "sim/tests/data/openb_slice/openb_node_list_gpu_node.csv",
+            "--variant",
+            "published",
+            "--seeds",
+            "1",
+            "--policies",
+            "Tessera,FGD",
+            "--gpu-spec-share",
+            share,
+            "--cpu-only",
+            "fgd",
+            "--output",
+            "json",
+        ])
+    };
+    let (code, stdout, stderr) = run("0.33");
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["trace"], "default+spec33");
+    assert_eq!(v["policies"].as_array().unwrap().len(), 2);
+    // Pinned tasks change what FGD's typical shapes are (their `gpu_spec` is part of a shape).
+    let (_, plain, _) = run("0");
+    let plain: serde_json::Value = serde_json::from_str(&plain).unwrap();
+    assert_eq!(plain["trace"], "default");
+    assert_ne!(v["policies"][1], plain["policies"][1]);
+    let (code, _, stderr) = run("1.5");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("a share from 0 to 1"), "{stderr}");
+}
+
+#[test]
 fn solve_prints_each_tenants_decayed_usage_and_share() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan");

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use tessera_sim::openb::{self, PaperResults, PolicyKind, SimConfig, Workload};
+use tessera_sim::openb::{self, CpuOnlyRule, PaperResults, PolicyKind, SimConfig, Workload};
 
-use crate::cli::{OpenbVariant, TextOrJson};
+use crate::cli::{OpenbCpuOnly, OpenbVariant, TextOrJson};
 use crate::output::emit;
 
 pub struct OpenbArgs<'a> {
@@ -22,6 +22,9 @@ pub struct OpenbArgs<'a> {
     pub paper: Option<&'a Path>,
     /// Also compute the LP upper bound at each checkpoint.
     pub bound: bool,
+    /// Pin this share of the GPU tasks to one model each, with this seed.
+    pub gpu_spec: Option<(f64, u64)>,
+    pub cpu_only: OpenbCpuOnly,
     pub output: TextOrJson,
 }
 
@@ -45,6 +48,10 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
         anyhow::ensure!(c > 0, "--cycle must be at least 1");
     }
     config.cycle = args.cycle;
+    config.cpu_only = match args.cpu_only {
+        OpenbCpuOnly::BestFit => CpuOnlyRule::BestFit,
+        OpenbCpuOnly::Fgd => CpuOnlyRule::Fgd,
+    };
     if let Some(n) = args.seeds {
         anyhow::ensure!(n > 0, "--seeds must be at least 1");
         config.seeds = (42..42 + n).collect();
@@ -69,9 +76,15 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
             .collect::<anyhow::Result<_>>()?
     };
     let nodes = openb::load_nodes(args.nodes)?;
-    let tasks = openb::load_tasks(args.trace)?;
+    let mut tasks = openb::load_tasks(args.trace)?;
+    let mut name = trace_name(args.trace);
+    let mut pinned = None;
+    if let Some((share, seed)) = args.gpu_spec {
+        pinned = Some(openb::pin_gpu_spec(&nodes, &mut tasks, share, seed)?);
+        // As the cargo bench names its variants: `default+spec10`.
+        name = format!("{name}+spec{}", (share * 100.0).round());
+    }
     let workload = Workload::new(&nodes, tasks, config.check_memory)?;
-    let name = trace_name(args.trace);
 
     let start = Instant::now();
     let mut result = openb::run_trace(&name, &workload, &kinds, &config);
@@ -102,7 +115,13 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
                 config.seeds.last().copied().unwrap_or_default(),
                 elapsed
             );
+            if let (Some(n), Some((share, seed))) = (pinned, args.gpu_spec) {
+                text.push_str(&format!(
+                    "{n} GPU tasks pinned to one model (share {share}, seed {seed})\n\n"
+                ));
+            }
             text.push_str(&openb::comparison_table(&result, &paper));
+            text.push_str(&openb::idle_table(&result));
             emit(&text)?;
         }
     }

@@ -89,6 +89,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             mode,
             cycle,
             bound,
+            gpu_spec_share,
+            spec_seed,
+            cpu_only,
             policies,
             paper,
             output,
@@ -101,6 +104,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             policies: &policies,
             paper: paper.as_deref(),
             bound,
+            gpu_spec: (gpu_spec_share > 0.0).then_some((gpu_spec_share, spec_seed)),
+            cpu_only,
             output,
         }),
         Command::Bench(BenchCommand::Service {
