@@ -159,20 +159,23 @@ fn mig_rejects_unknown_models_and_profiles_as_usage_errors() {
     );
 }
 
-#[test]
-fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
-    let (code, stdout, stderr) = tessera(&[
+/// `tessera bench openb` on the openb slice the sim crate's tests use, with `args` after.
+fn bench_openb_slice(args: &[&str]) -> (i32, String, String) {
+    let mut all = vec![
         "bench",
         "openb",
         "--trace",
         "sim/tests/data/openb_slice/openb_pod_list_default.csv",
         "--nodes",
         "sim/tests/data/openb_slice/openb_node_list_gpu_node.csv",
-        "--seeds",
-        "2",
-        "--output",
-        "json",
-    ]);
+    ];
+    all.extend_from_slice(args);
+    tessera(&all)
+}
+
+#[test]
+fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
+    let (code, stdout, stderr) = bench_openb_slice(&["--seeds", "2", "--output", "json"]);
     assert_eq!(code, 0, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["trace"], "default");
@@ -186,16 +189,7 @@ fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
         policies,
         ["Tessera", "FGD", "BestFit", "FirstFit", "Random"]
     );
-    let (code, _, stderr) = tessera(&[
-        "bench",
-        "openb",
-        "--trace",
-        "sim/tests/data/openb_slice/openb_pod_list_default.csv",
-        "--nodes",
-        "sim/tests/data/openb_slice/openb_node_list_gpu_node.csv",
-        "--policies",
-        "tetris",
-    ]);
+    let (code, _, stderr) = bench_openb_slice(&["--policies", "tetris"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown policy"), "{stderr}");
 }
@@ -203,13 +197,7 @@ fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
 #[test]
 fn bench_openb_pins_a_share_of_tasks_to_one_model_and_names_the_variant() {
     let run = |share: &str| {
-        tessera(&[
-            "bench",
-            "openb",
-            "--trace",
-            "sim/tests/data/openb_slice/openb_pod_list_default.csv",
-            "--nodes",
-            "sim/tests/data/openb_slice/openb_node_list_gpu_node.csv",
+        bench_openb_slice(&[
             "--variant",
             "published",
             "--seeds",

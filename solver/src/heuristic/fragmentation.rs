@@ -432,13 +432,9 @@ impl Mix {
         mix: &PoolMix,
         cpu_left: u64,
         memory_left: u64,
-        gpus: impl Iterator<Item = &'a GpuState> + Clone,
+        gpus: impl Iterator<Item = &'a GpuState>,
     ) -> Measure {
-        let idle: i64 = gpus
-            .clone()
-            .map(|s| Gpus::whole(1).units() - s.allocated().units())
-            .sum();
-        let offers = offers(&p.pools[pool], &mix.demands, gpus.clone());
+        let (idle, offers) = offers(&p.pools[pool], &mix.demands, gpus);
         let mut fragmentation = 0u64;
         let mut hosting = 0u64;
         for (d, shape) in &mix.shapes {
@@ -531,14 +527,17 @@ impl GpuOffer {
     }
 }
 
-/// How many replicas of each of `demands` these GPUs could host as they are laid out now.
+/// The idle GPU units of these GPUs, and how many replicas of each of `demands` they could
+/// host as they are laid out now: one pass over the GPUs for both.
 fn offers<'a>(
     info: &PoolInfo,
     demands: &[Demand],
     gpus: impl Iterator<Item = &'a GpuState>,
-) -> SmallVec<[u64; 8]> {
+) -> (i64, SmallVec<[u64; 8]>) {
+    let mut idle = 0;
     let mut sums: SmallVec<[u64; 8]> = SmallVec::from_elem(0, demands.len());
     for s in gpus {
+        idle += Gpus::whole(1).units() - s.allocated().units();
         let gpu = GpuOffer::of(info, s);
         for (sum, &d) in sums.iter_mut().zip(demands) {
             *sum += gpu.replicas(d);
@@ -549,5 +548,5 @@ fn offers<'a>(
             *sum /= u64::from(count.max(1));
         }
     }
-    sums
+    (idle, sums)
 }
