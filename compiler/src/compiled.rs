@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Sharing, TopologyMode};
+use crate::model::{GpuRequest, Sharing, Topology, TopologyMode, WorkloadSpec};
 use crate::units::{Bytes, Gpus, Millicores};
 
 /// Bumped on any change a consumer of the JSON could notice.
@@ -245,6 +245,49 @@ pub struct CompiledWorkload {
     pub max_duration_seconds: Option<u64>,
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
+}
+
+impl CompiledWorkload {
+    /// The workload as the spec a snapshot's running or waiting workload carries: what the
+    /// service submits for a committed workload, and what a replay starts for one.
+    pub fn spec(&self) -> WorkloadSpec {
+        let gpu = match &self.gpu {
+            GpuDemand::Whole { count } => GpuRequest {
+                count: Some(*count),
+                mig_profile: None,
+                fraction: None,
+            },
+            GpuDemand::Mig { profile_id } => GpuRequest {
+                count: None,
+                mig_profile: Some(profile_id.to_string()),
+                fraction: None,
+            },
+            GpuDemand::Share { fraction } => GpuRequest {
+                count: None,
+                mig_profile: None,
+                fraction: Some(fraction.as_f64()),
+            },
+        };
+        WorkloadSpec {
+            tenant: self.tenant.clone(),
+            slo_class: self.slo_class.clone(),
+            pool: match self.pools.as_slice() {
+                [only] => Some(only.clone()),
+                _ => None,
+            },
+            replicas: self.replicas,
+            min_member: (self.min_member != self.replicas).then_some(self.min_member),
+            gpu,
+            cpu: self.cpu,
+            memory: self.memory,
+            topology: Topology {
+                same_nvlink_domain: self.topology,
+            },
+            max_duration: self.max_duration_seconds.map(crate::units::Duration),
+            command: self.command.clone(),
+            env: self.env.clone(),
+        }
+    }
 }
 
 /// What one replica asks of a GPU.

@@ -8,8 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tessera_compiler::compiled::{CompiledWorkload, GpuDemand};
-use tessera_compiler::model::{GpuRequest, Topology, WorkloadSpec};
+use tessera_compiler::model::WorkloadSpec;
 use tessera_compiler::{CompiledPolicy, Diagnostic, Loaded, WorkloadKey};
 
 /// A compiled revision in force.
@@ -141,54 +140,11 @@ pub fn render(d: &Diagnostic) -> String {
     s
 }
 
-/// A committed workload (`kind: Workload` in the repository) as the spec a running workload
-/// carries in the cluster state.
-pub fn committed_spec(w: &CompiledWorkload) -> WorkloadSpec {
-    let gpu = match &w.gpu {
-        GpuDemand::Whole { count } => GpuRequest {
-            count: Some(*count),
-            mig_profile: None,
-            fraction: None,
-        },
-        GpuDemand::Mig { profile_id } => GpuRequest {
-            count: None,
-            mig_profile: Some(profile_id.to_string()),
-            fraction: None,
-        },
-        GpuDemand::Share { fraction } => GpuRequest {
-            count: None,
-            mig_profile: None,
-            fraction: Some(fraction.as_f64()),
-        },
-    };
-    WorkloadSpec {
-        tenant: w.tenant.clone(),
-        slo_class: w.slo_class.clone(),
-        pool: match w.pools.as_slice() {
-            [only] => Some(only.clone()),
-            _ => None,
-        },
-        replicas: w.replicas,
-        min_member: (w.min_member != w.replicas).then_some(w.min_member),
-        gpu,
-        cpu: w.cpu,
-        memory: w.memory,
-        topology: Topology {
-            same_nvlink_domain: w.topology,
-        },
-        max_duration: w
-            .max_duration_seconds
-            .map(tessera_compiler::units::Duration),
-        command: w.command.clone(),
-        env: w.env.clone(),
-    }
-}
-
 /// Per committed workload key (tenant and name), its spec under the policy in force.
 pub fn committed(policy: &CompiledPolicy) -> BTreeMap<WorkloadKey, WorkloadSpec> {
     policy
         .workloads
         .iter()
-        .map(|w| (WorkloadKey::new(&w.tenant, &w.name), committed_spec(w)))
+        .map(|w| (WorkloadKey::new(&w.tenant, &w.name), w.spec()))
         .collect()
 }

@@ -263,3 +263,60 @@ fn the_html_page_is_self_contained() {
     assert!(!page.contains("<script") && !page.contains("src=\"http"));
     assert!(page.contains("<th>BestFit</th>"));
 }
+
+/// The test fleet with one committed workload in the repository: `serve`, 2 whole training
+/// GPUs, not preemptible.
+fn fleet_with_committed() -> (CompiledPolicy, Vec<Node>) {
+    let mut loaded = tessera_compiler::source::discover(&[dir().join("policy")]).unwrap();
+    loaded.push(tessera_compiler::Loaded::File(tessera_compiler::SourceFile::new(
+        "workloads.yaml",
+        "apiVersion: tessera/v1alpha1\nkind: Workload\nmetadata: {name: serve}\nspec: {tenant: alpha, sloClass: urgent, pool: train, gpu: {count: 2}}\n",
+    )));
+    let c = tessera_compiler::compile_loaded(loaded);
+    let policy = c.policy.clone().expect("the test policy compiles");
+    assert_eq!(policy.workloads.len(), 1);
+    let nodes = c.states[0].1.nodes.clone();
+    (policy, nodes)
+}
+
+#[test]
+fn a_committed_workload_starts_once_and_holds_its_gpus() {
+    let (policy, nodes) = fleet_with_committed();
+    // `serve` (committed, 2 GPUs) runs from 0s to the 300s horizon; `fill` (4 GPUs) from 10s
+    // to 110s. Had the replay left `serve` out, every decision would admit it again and
+    // nothing would run it: 4 × 100 GPU-seconds used instead of 2 × 300 more.
+    let trace =
+        parse_tessera_trace("t.yaml", &one("fill", "alpha", "{count: 4}", 1, 5, 100)).unwrap();
+    let config = ReplayConfig {
+        horizon: Some(300),
+        ..config()
+    };
+    let r = run_with(&config, &policy, &nodes, &trace, None);
+    assert_eq!((r.workloads, r.started, r.never_started), (2, 2, 0));
+    assert_eq!(r.queueing_delay.max, Some(5));
+    assert!(
+        (r.gpu_hours_used - (2.0 * 300.0 + 4.0 * 100.0) / 3600.0).abs() < 1e-6,
+        "{}",
+        r.gpu_hours_used
+    );
+}
+
+#[test]
+fn a_trace_that_names_a_committed_workload_replays_it_as_written() {
+    let (policy, nodes) = fleet_with_committed();
+    // The trace's `alpha/serve` arrives at 20s and runs 30s: it is that workload, not a
+    // second one.
+    let trace =
+        parse_tessera_trace("t.yaml", &one("serve", "alpha", "{count: 2}", 1, 20, 30)).unwrap();
+    let config = ReplayConfig {
+        horizon: Some(300),
+        ..config()
+    };
+    let r = run_with(&config, &policy, &nodes, &trace, None);
+    assert_eq!((r.workloads, r.started), (1, 1));
+    assert!(
+        (r.gpu_hours_used - 2.0 * 30.0 / 3600.0).abs() < 1e-6,
+        "{}",
+        r.gpu_hours_used
+    );
+}

@@ -32,6 +32,11 @@
 //!
 //! A workload departs when it has run its duration; its GPUs are free from that instant, and
 //! the next cycle may use them.
+//!
+//! The policy's committed workloads (`kind: Workload` in the repository) that the trace does
+//! not name join it as workloads arriving at the start, running for their `maxDuration` or
+//! until the end: the service submits what the repository declares, and a snapshot without
+//! them would show them waiting at every cycle.
 
 use std::collections::HashMap;
 use std::time::Duration as WallDuration;
@@ -149,6 +154,14 @@ pub fn replay(
     if config.cycle < 1 {
         return Err(ReplayError::BadCycle);
     }
+    let committed = committed_jobs(policy, trace);
+    let extended: Vec<TraceWorkload>;
+    let trace = if committed.is_empty() {
+        trace
+    } else {
+        extended = [trace, &committed].concat();
+        &extended
+    };
     // Arrival order, stable: the queue's submission order.
     let mut order: Vec<usize> = (0..trace.len()).collect();
     order.sort_by_key(|&i| (trace[i].arrival, i));
@@ -393,6 +406,31 @@ struct Carried {
 }
 
 /// The first multiple of `step` at or after `t`.
+/// The policy's committed workloads (`kind: Workload` in the repository) that `trace` does
+/// not name, as trace workloads: each arrives at the start and runs for its `maxDuration`, or
+/// until the replay ends, as the service submits what the repository declares. Left out, the
+/// solver would find them waiting in every snapshot and admit them at every cycle: capacity
+/// each decision hands out (and may preempt for) that the replay never starts.
+fn committed_jobs(policy: &CompiledPolicy, trace: &[TraceWorkload]) -> Vec<TraceWorkload> {
+    let named: std::collections::HashSet<(&str, &str)> = trace
+        .iter()
+        .map(|w| (w.spec.tenant.as_str(), w.name.as_str()))
+        .collect();
+    policy
+        .workloads
+        .iter()
+        .filter(|w| !named.contains(&(w.tenant.as_str(), w.name.as_str())))
+        .map(|w| TraceWorkload {
+            name: w.name.clone(),
+            spec: w.spec(),
+            arrival: 0,
+            duration: w
+                .max_duration_seconds
+                .map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
+        })
+        .collect()
+}
+
 fn ceil_to(t: i64, step: i64) -> i64 {
     t.div_euclid(step) * step + if t.rem_euclid(step) == 0 { 0 } else { step }
 }
