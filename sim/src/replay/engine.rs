@@ -193,6 +193,20 @@ pub fn replay(
     let mut metrics = Metrics::new(policy, &nodes, trace);
     // The waiting queue, in submission order (indices into `trace`).
     let mut queue: Vec<usize> = Vec::new();
+    // Each workload's rank in the order the service's snapshot lists running work in (tenant,
+    // then name: `tessera_reconciler::snapshot::cluster_state`), which the solver sorts by:
+    // each cycle's sort of the running list is then one pass.
+    let listed = {
+        let mut by_key: Vec<usize> = (0..trace.len()).collect();
+        by_key.sort_by(|&a, &b| {
+            (&trace[a].spec.tenant, &trace[a].name).cmp(&(&trace[b].spec.tenant, &trace[b].name))
+        });
+        let mut rank = vec![0; trace.len()];
+        for (r, i) in by_key.into_iter().enumerate() {
+            rank[i] = r;
+        }
+        rank
+    };
     let mut next_arrival = 0usize;
     // The instant of the last cycle; the first may come at 0.
     let mut now = -1i64;
@@ -232,6 +246,7 @@ pub fn replay(
         let state = snapshot(
             std::mem::take(&mut nodes),
             &jobs,
+            &listed,
             trace,
             &queue,
             &carried,
@@ -498,19 +513,28 @@ fn depart(jobs: &mut [Job], until: i64, metrics: &mut Metrics) {
     }
 }
 
-/// The snapshot a cycle at `now` observes.
+/// The snapshot a cycle at `now` observes, its running work ordered by `listed` (each
+/// workload's rank).
+#[allow(clippy::too_many_arguments)]
 fn snapshot(
     nodes: Vec<Node>,
     jobs: &[Job],
+    listed: &[usize],
     trace: &[TraceWorkload],
     queue: &[usize],
     carried: &Carried,
     epoch: i64,
     now: i64,
 ) -> ClusterStateSpec {
-    let running = jobs
+    let mut ranked: Vec<(usize, &Job)> = jobs
         .iter()
-        .filter_map(|j| match &j.state {
+        .filter(|j| matches!(j.state, JobState::Running { .. }))
+        .map(|j| (listed[j.trace], j))
+        .collect();
+    ranked.sort_unstable_by_key(|&(r, _)| r);
+    let running = ranked
+        .into_iter()
+        .filter_map(|(_, j)| match &j.state {
             JobState::Running {
                 since, bindings, ..
             } => {

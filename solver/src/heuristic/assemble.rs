@@ -434,12 +434,17 @@ pub(super) fn pool_order(p: &Problem) -> Vec<usize> {
 pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
     let fleet = &s.fleet;
     let order = pool_order(p);
-    // Shapes still pending per pool.
+    // The distinct demands still pending per pool: each GPU is asked whether any could use
+    // it, and a long queue repeats a few demands (a thousand waiting workloads asked every
+    // GPU of the acme fleet a thousand questions, MIG re-layouts among them, each cycle).
     let mut pending: BTreeMap<usize, Vec<Demand>> = BTreeMap::new();
     for (w, wl) in p.workloads.iter().enumerate() {
         if matches!(s.status[w], Some(Status::Pending(_))) {
             for &pl in &wl.pools {
-                pending.entry(pl).or_default().push(wl.demand);
+                let demands = pending.entry(pl).or_default();
+                if !demands.contains(&wl.demand) {
+                    demands.push(wl.demand);
+                }
             }
         }
     }
