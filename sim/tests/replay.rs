@@ -279,44 +279,42 @@ fn fleet_with_committed() -> (CompiledPolicy, Vec<Node>) {
     (policy, nodes)
 }
 
-#[test]
-fn a_committed_workload_starts_once_and_holds_its_gpus() {
+/// `text`, a tessera trace, replayed to the 300s horizon on [`fleet_with_committed`].
+fn run_beside_committed(text: &str) -> RunReport {
     let (policy, nodes) = fleet_with_committed();
-    // `serve` (committed, 2 GPUs) runs from 0s to the 300s horizon; `fill` (4 GPUs) from 10s
-    // to 110s. Had the replay left `serve` out, every decision would admit it again and
-    // nothing would run it: 4 × 100 GPU-seconds used instead of 2 × 300 more.
-    let trace =
-        parse_tessera_trace("t.yaml", &one("fill", "alpha", "{count: 4}", 1, 5, 100)).unwrap();
+    let trace = parse_tessera_trace("t.yaml", text).unwrap();
     let config = ReplayConfig {
         horizon: Some(300),
         ..config()
     };
-    let r = run_with(&config, &policy, &nodes, &trace, None);
-    assert_eq!((r.workloads, r.started, r.never_started), (2, 2, 0));
-    assert_eq!(r.queueing_delay.max, Some(5));
+    run_with(&config, &policy, &nodes, &trace, None)
+}
+
+/// The report's GPU-hours are these GPU-seconds (to its six decimals).
+fn assert_gpu_seconds(r: &RunReport, gpu_seconds: f64) {
     assert!(
-        (r.gpu_hours_used - (2.0 * 300.0 + 4.0 * 100.0) / 3600.0).abs() < 1e-6,
-        "{}",
+        (r.gpu_hours_used - gpu_seconds / 3600.0).abs() < 1e-6,
+        "{} GPU-hours, expected {gpu_seconds} GPU-seconds",
         r.gpu_hours_used
     );
 }
 
 #[test]
+fn a_committed_workload_starts_once_and_holds_its_gpus() {
+    // `serve` (committed, 2 GPUs) runs from 0s to the 300s horizon; `fill` (4 GPUs) from 10s
+    // to 110s. Had the replay left `serve` out, every decision would admit it again and
+    // nothing would run it: 4 × 100 GPU-seconds used instead of 2 × 300 more.
+    let r = run_beside_committed(&one("fill", "alpha", "{count: 4}", 1, 5, 100));
+    assert_eq!((r.workloads, r.started, r.never_started), (2, 2, 0));
+    assert_eq!(r.queueing_delay.max, Some(5));
+    assert_gpu_seconds(&r, 2.0 * 300.0 + 4.0 * 100.0);
+}
+
+#[test]
 fn a_trace_that_names_a_committed_workload_replays_it_as_written() {
-    let (policy, nodes) = fleet_with_committed();
     // The trace's `alpha/serve` arrives at 20s and runs 30s: it is that workload, not a
     // second one.
-    let trace =
-        parse_tessera_trace("t.yaml", &one("serve", "alpha", "{count: 2}", 1, 20, 30)).unwrap();
-    let config = ReplayConfig {
-        horizon: Some(300),
-        ..config()
-    };
-    let r = run_with(&config, &policy, &nodes, &trace, None);
+    let r = run_beside_committed(&one("serve", "alpha", "{count: 2}", 1, 20, 30));
     assert_eq!((r.workloads, r.started), (1, 1));
-    assert!(
-        (r.gpu_hours_used - 2.0 * 30.0 / 3600.0).abs() < 1e-6,
-        "{}",
-        r.gpu_hours_used
-    );
+    assert_gpu_seconds(&r, 2.0 * 30.0);
 }
