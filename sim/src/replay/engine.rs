@@ -196,13 +196,13 @@ pub fn replay(
     // Each workload's rank in the order the service's snapshot lists running work in (tenant,
     // then name: `tessera_reconciler::snapshot::cluster_state`), which the solver sorts by:
     // each cycle's sort of the running list is then one pass.
-    let listed = {
-        let mut by_key: Vec<usize> = (0..trace.len()).collect();
-        by_key.sort_by(|&a, &b| {
+    let rank = {
+        let mut keyed: Vec<usize> = (0..trace.len()).collect();
+        keyed.sort_by(|&a, &b| {
             (&trace[a].spec.tenant, &trace[a].name).cmp(&(&trace[b].spec.tenant, &trace[b].name))
         });
         let mut rank = vec![0; trace.len()];
-        for (r, i) in by_key.into_iter().enumerate() {
+        for (r, i) in keyed.into_iter().enumerate() {
             rank[i] = r;
         }
         rank
@@ -246,7 +246,7 @@ pub fn replay(
         let state = snapshot(
             std::mem::take(&mut nodes),
             &jobs,
-            &listed,
+            &rank,
             trace,
             &queue,
             &carried,
@@ -420,7 +420,6 @@ struct Carried {
     reconfigurations: Vec<ReconfigurationRecord>,
 }
 
-/// The first multiple of `step` at or after `t`.
 /// The policy's committed workloads (`kind: Workload` in the repository) that `trace` does
 /// not name, as trace workloads: each arrives at the start and runs for its `maxDuration`, or
 /// until the replay ends, as the service submits what the repository declares. Left out, the
@@ -446,6 +445,7 @@ fn committed_jobs(policy: &CompiledPolicy, trace: &[TraceWorkload]) -> Vec<Trace
         .collect()
 }
 
+/// The first multiple of `step` at or after `t`.
 fn ceil_to(t: i64, step: i64) -> i64 {
     t.div_euclid(step) * step + if t.rem_euclid(step) == 0 { 0 } else { step }
 }
@@ -513,13 +513,12 @@ fn depart(jobs: &mut [Job], until: i64, metrics: &mut Metrics) {
     }
 }
 
-/// The snapshot a cycle at `now` observes, its running work ordered by `listed` (each
-/// workload's rank).
+/// The snapshot a cycle at `now` observes, its running work ordered by `rank`.
 #[allow(clippy::too_many_arguments)]
 fn snapshot(
     nodes: Vec<Node>,
     jobs: &[Job],
-    listed: &[usize],
+    rank: &[usize],
     trace: &[TraceWorkload],
     queue: &[usize],
     carried: &Carried,
@@ -529,7 +528,7 @@ fn snapshot(
     let mut ranked: Vec<(usize, &Job)> = jobs
         .iter()
         .filter(|j| matches!(j.state, JobState::Running { .. }))
-        .map(|j| (listed[j.trace], j))
+        .map(|j| (rank[j.trace], j))
         .collect();
     ranked.sort_unstable_by_key(|&(r, _)| r);
     let running = ranked
