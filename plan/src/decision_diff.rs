@@ -202,16 +202,16 @@ fn fate(outcome: Option<(&Option<String>, &Outcome)>) -> Fate {
         Outcome::Keep { bindings } => ("keep", placement(bindings), None, None),
         Outcome::Admit { bindings, .. } => ("admit", placement(bindings), None, None),
         Outcome::Preempt {
-            message,
+            reason,
             lost_gpu_seconds,
             ..
         } => (
             "preempt",
             Vec::new(),
-            Some(message.clone()),
+            Some(reason.to_string()),
             Some(*lost_gpu_seconds),
         ),
-        Outcome::Pending { message, .. } => ("pending", Vec::new(), Some(message.clone()), None),
+        Outcome::Pending { reason } => ("pending", Vec::new(), Some(reason.to_string()), None),
     };
     Fate {
         outcome: name.into(),
@@ -455,7 +455,6 @@ mod tests {
     fn waiting(why: &str) -> Outcome {
         Outcome::Pending {
             reason: Reason::Orphaned { cause: why.into() },
-            message: why.into(),
         }
     }
 
@@ -507,7 +506,6 @@ mod tests {
                     grace_seconds: 300,
                     lost_gpu_seconds: 3600.0,
                     reason: PreemptReason::Orphaned { cause: "x".into() },
-                    message: "x".into(),
                 },
             ),
             ("starts", on("n3", &[0])),

@@ -170,7 +170,13 @@ pub struct WorkloadDecision {
     pub outcome: Outcome,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What the decision does with one workload.
+///
+/// Serialized by hand (the layout `#[serde(tag = "outcome")]` would write) to add each reason's
+/// `message`, its sentence: derived from the reason when written, not kept beside it, since a
+/// fleet's decision has thousands of waiting workloads and most decisions are never written.
+/// Reading a decision back ignores the `message` and keeps the reason it came from.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum Outcome {
     /// Running, and stays where it is.
@@ -189,10 +195,74 @@ pub enum Outcome {
         /// GPUs × seconds since the last checkpoint (or the start).
         lost_gpu_seconds: f64,
         reason: PreemptReason,
-        message: String,
     },
     /// Not placed this cycle.
-    Pending { reason: Reason, message: String },
+    Pending { reason: Reason },
+}
+
+impl Outcome {
+    /// The sentence that explains a preemption or a wait (the reason's `Display`); `None` for
+    /// work that runs.
+    pub fn message(&self) -> Option<String> {
+        match self {
+            Outcome::Keep { .. } | Outcome::Admit { .. } => None,
+            Outcome::Preempt { reason, .. } => Some(reason.to_string()),
+            Outcome::Pending { reason } => Some(reason.to_string()),
+        }
+    }
+}
+
+impl Serialize for Outcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        // The message is written through `collect_str`, straight from the reason's `Display`.
+        struct Sentence<'a, T: fmt::Display>(&'a T);
+        impl<T: fmt::Display> Serialize for Sentence<'_, T> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self.0)
+            }
+        }
+        match self {
+            Outcome::Keep { bindings } => {
+                let mut st = serializer.serialize_struct("Outcome", 2)?;
+                st.serialize_field("outcome", "keep")?;
+                st.serialize_field("bindings", bindings)?;
+                st.end()
+            }
+            Outcome::Admit {
+                bindings,
+                guaranteed,
+                borrowed,
+            } => {
+                let mut st = serializer.serialize_struct("Outcome", 4)?;
+                st.serialize_field("outcome", "admit")?;
+                st.serialize_field("bindings", bindings)?;
+                st.serialize_field("guaranteed", guaranteed)?;
+                st.serialize_field("borrowed", borrowed)?;
+                st.end()
+            }
+            Outcome::Preempt {
+                grace_seconds,
+                lost_gpu_seconds,
+                reason,
+            } => {
+                let mut st = serializer.serialize_struct("Outcome", 5)?;
+                st.serialize_field("outcome", "preempt")?;
+                st.serialize_field("grace_seconds", grace_seconds)?;
+                st.serialize_field("lost_gpu_seconds", lost_gpu_seconds)?;
+                st.serialize_field("reason", reason)?;
+                st.serialize_field("message", &Sentence(reason))?;
+                st.end()
+            }
+            Outcome::Pending { reason } => {
+                let mut st = serializer.serialize_struct("Outcome", 3)?;
+                st.serialize_field("outcome", "pending")?;
+                st.serialize_field("reason", reason)?;
+                st.serialize_field("message", &Sentence(reason))?;
+                st.end()
+            }
+        }
+    }
 }
 
 /// Where one replica runs.
@@ -752,5 +822,72 @@ impl fmt::Display for PreemptReason {
                 "fair share: `{from}` borrows more of this pool per unit of weight than `{to}`, whose `{for_workload}` takes the room"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-written `Serialize` writes what `#[serde(tag = "outcome")]` did, plus each
+    /// reason's sentence; reading it back ignores the sentence and keeps the reason.
+    #[test]
+    fn an_outcome_is_written_with_its_sentence_and_read_back_without_it() {
+        let preempt = Outcome::Preempt {
+            grace_seconds: 300,
+            lost_gpu_seconds: 7200.5,
+            reason: PreemptReason::Priority {
+                for_workload: "a/train".into(),
+                priority: 100,
+            },
+        };
+        let pending = Outcome::Pending {
+            reason: Reason::Orphaned {
+                cause: "tenant `b` was removed from the policy".into(),
+            },
+        };
+        let keep = Outcome::Keep {
+            bindings: vec![ReplicaBinding {
+                node: "n1".into(),
+                gpus: vec![0, 1],
+                mig_profile: None,
+                mig_start: None,
+                share: None,
+            }],
+        };
+        let admit = Outcome::Admit {
+            bindings: Vec::new(),
+            guaranteed: Gpus::whole(1),
+            borrowed: Gpus::ZERO,
+        };
+        let text = |o: &Outcome| serde_json::to_string(o).unwrap();
+        assert_eq!(
+            text(&preempt),
+            format!(
+                r#"{{"outcome":"preempt","grace_seconds":300,"lost_gpu_seconds":7200.5,"reason":{{"kind":"priority","for_workload":"a/train","priority":100}},"message":{:?}}}"#,
+                preempt.message().unwrap()
+            )
+        );
+        assert_eq!(
+            text(&pending),
+            format!(
+                r#"{{"outcome":"pending","reason":{{"kind":"orphaned","cause":"tenant `b` was removed from the policy"}},"message":{:?}}}"#,
+                pending.message().unwrap()
+            )
+        );
+        assert!(text(&keep).starts_with(r#"{"outcome":"keep","bindings":[{"node":"n1""#));
+        assert!(text(&admit).starts_with(r#"{"outcome":"admit","bindings":[],"guaranteed":"#));
+        for o in [&preempt, &pending, &keep, &admit] {
+            let back: Outcome = serde_json::from_str(&text(o)).unwrap();
+            assert_eq!(&back, o);
+        }
+        assert_eq!(keep.message(), None);
+        assert_eq!(
+            pending.message().unwrap(),
+            match &pending {
+                Outcome::Pending { reason } => reason.to_string(),
+                _ => unreachable!(),
+            }
+        );
     }
 }

@@ -223,8 +223,8 @@ pub enum Phase {
 
 #[derive(Debug, Clone)]
 pub struct WorkloadInfo {
-    pub name: String,
-    /// `(tenant, name)`: what identifies the workload (names are per tenant).
+    /// `(tenant, name)`: what identifies the workload (names are per tenant). Its name is
+    /// `key.name`.
     pub key: WorkloadKey,
     pub tenant: usize,
     pub class: usize,
@@ -564,6 +564,9 @@ impl Problem {
         // Sorted and resolved on the machine's cores (`split`): at 50,000 GPUs the running
         // list is 65,000 workloads, and resolving one reads only the policy, the nodes and the
         // pools. Checked and added in order, so the first error is the sequential loop's.
+        problem
+            .workloads
+            .reserve(state.running.len() + state.pending.len() + policy.workloads.len());
         let mut running: Vec<_> = state.running.iter().collect();
         crate::split::sort_by(&mut running, |a, b| {
             (&a.spec.tenant, &a.name).cmp(&(&b.spec.tenant, &b.name))
@@ -860,7 +863,6 @@ impl Problem {
             });
         }
         Ok(Resolved::Workload(WorkloadInfo {
-            name: run.name.clone(),
             key: WorkloadKey::new(&spec.tenant, &run.name),
             tenant,
             class,
@@ -949,7 +951,6 @@ impl Problem {
             })?,
         };
         self.workloads.push(WorkloadInfo {
-            name: name.to_owned(),
             key: WorkloadKey::new(&spec.tenant, name),
             tenant,
             class,
@@ -1006,7 +1007,6 @@ impl Problem {
             .filter_map(|p| self.pools.iter().position(|x| &x.name == p))
             .collect();
         self.workloads.push(WorkloadInfo {
-            name: w.name.clone(),
             key: WorkloadKey::new(&w.tenant, &w.name),
             tenant,
             class,

@@ -255,7 +255,7 @@ impl<'a> Brute<'a> {
                 Outcome::Admit {
                     bindings, borrowed, ..
                 } if *borrowed == Gpus::ZERO => {
-                    let i = p.workloads.iter().position(|x| x.name == w.name)?;
+                    let i = p.workloads.iter().position(|x| x.key.name == w.name)?;
                     Some((i, bindings.len() as u32))
                 }
                 _ => None,
@@ -276,7 +276,7 @@ impl<'a> Brute<'a> {
             (
                 -p.classes[p.workloads[w].class].priority,
                 started_at,
-                p.workloads[w].name.clone(),
+                p.workloads[w].key.name.clone(),
             )
         });
         let mut usage: BTreeMap<(usize, usize), Use> = BTreeMap::new();

@@ -201,9 +201,10 @@ fn equal_weights_split_the_pool_evenly_in_one_cycle_and_stay_split() {
         .find(|w| w.name == "y-new-6")
         .unwrap()
         .outcome;
-    let Outcome::Pending { message, .. } = message else {
+    let Outcome::Pending { reason } = message else {
         panic!("{message:?}");
     };
+    let message = reason.to_string();
     assert!(
         message.contains("would borrow less than yours after the swap"),
         "{message}"

@@ -299,7 +299,7 @@ fn a_reservation_starts_the_gang_within_the_longest_run() {
     let mut held = 0;
     let mut reserved_for = false;
     for d in &c.decisions[1..k] {
-        let Outcome::Pending { reason, message } = gang(d) else {
+        let Outcome::Pending { reason } = gang(d) else {
             panic!("the gang neither waits nor starts");
         };
         let Reason::Reserving {
@@ -310,13 +310,17 @@ fn a_reservation_starts_the_gang_within_the_longest_run() {
             ..
         } = reason
         else {
-            panic!("the gang waits without reserving: {message}");
+            panic!("the gang waits without reserving: {reason}");
         };
         assert_eq!(*needed, 256);
         assert_eq!(nodes.len(), 32);
         // Nobody in the way declares an end.
         assert_eq!(*eta, None);
-        assert!(message.starts_with(&format!("reserving {now_held}/256 GPUs in pool `train`")));
+        assert!(
+            reason
+                .to_string()
+                .starts_with(&format!("reserving {now_held}/256 GPUs in pool `train`"))
+        );
         assert!(*now_held >= held, "the reservation shrank");
         held = *now_held;
         // The reservation is the decision's, with its nodes, and its idle GPUs are reported.

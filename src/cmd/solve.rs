@@ -101,12 +101,11 @@ fn human(d: &Decision) -> String {
             Outcome::Preempt {
                 grace_seconds,
                 lost_gpu_seconds,
-                message,
-                ..
+                reason,
             } => {
                 let _ = writeln!(
                     out,
-                    "  - preempt  {} ({}): {message}; checkpoint grace {grace_seconds}s, {:.1} GPU-hours lost since its last checkpoint",
+                    "  - preempt  {} ({}): {reason}; checkpoint grace {grace_seconds}s, {:.1} GPU-hours lost since its last checkpoint",
                     w.name,
                     w.tenant,
                     lost_gpu_seconds / 3600.0
@@ -135,10 +134,10 @@ fn human(d: &Decision) -> String {
     if pending > 0 {
         let _ = writeln!(out, "\nWaiting:");
         for w in &d.workloads {
-            if let Outcome::Pending { message, .. } = &w.outcome {
+            if let Outcome::Pending { reason } = &w.outcome {
                 let _ = writeln!(
                     out,
-                    "  . {} ({}, {}): {message}",
+                    "  . {} ({}, {}): {reason}",
                     w.name, w.tenant, w.slo_class
                 );
             }

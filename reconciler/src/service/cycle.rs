@@ -1169,7 +1169,7 @@ fn preempted_because(decision: Option<&Decision>, action: &Action) -> Option<Str
         .iter()
         .find(|w| WorkloadKey::new(&w.tenant, &w.name).to_string() == *workload)
         .and_then(|w| match &w.outcome {
-            tessera_solver::decision::Outcome::Preempt { message, .. } => Some(message.clone()),
+            tessera_solver::decision::Outcome::Preempt { reason, .. } => Some(reason.to_string()),
             _ => None,
         })
 }

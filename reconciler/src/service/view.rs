@@ -44,17 +44,15 @@ impl Decided {
         let (outcome, reason, message) = match &w.outcome {
             Outcome::Keep { .. } => ("keep", None, None),
             Outcome::Admit { .. } => ("admit", None, None),
-            Outcome::Preempt {
-                reason, message, ..
-            } => (
+            Outcome::Preempt { reason, .. } => (
                 "preempt",
                 serde_json::to_value(reason).ok().and_then(|v| tag_of(&v)),
-                Some(message.clone()),
+                Some(reason.to_string()),
             ),
-            Outcome::Pending { reason, message } => (
+            Outcome::Pending { reason } => (
                 "pending",
                 Some(crate::metrics::reason_kind(reason)),
-                Some(message.clone()),
+                Some(reason.to_string()),
             ),
         };
         Decided {

@@ -52,11 +52,14 @@ fn decision() -> Decision {
         json!({"name": name, "tenant": tenant, "slo_class": "batch", "priority": 0, "pool": pool,
                "outcome": "keep", "bindings": []})
     };
-    let pending = |tenant: &str, name: &str, message: &str| {
+    // A waiting workload's message is its reason's sentence: the decision's JSON carries it,
+    // and reading the decision back derives it from the reason again.
+    let no_capacity =
+        json!({"kind": "no_capacity", "pool": "train", "needed": 2, "fit": 1, "free": 1.0});
+    let pending = |tenant: &str, name: &str, reason: &serde_json::Value| {
         json!({"name": name, "tenant": tenant, "slo_class": "batch", "priority": 0, "pool": null,
-               "outcome": "pending",
-               "reason": {"kind": "no_capacity", "pool": "train", "needed": 2, "fit": 1, "free": 1.0},
-               "message": message})
+               "outcome": "pending", "reason": reason,
+               "message": "a message the reason does not say is not shown"})
     };
     let usage = |tenant: &str, pool: &str, total: f64| {
         json!({"tenant": tenant, "pool": pool, "guarantee": 1.0, "limit": 2.0, "total": total,
@@ -68,9 +71,14 @@ fn decision() -> Decision {
         "workloads": [
             keep("research", "trainer", "train"),
             keep("product", "embedder", "infer"),
-            pending("research", "big-run", "needs 2 GPUs in pool `train`; 1 free"),
-            pending("product", "queued", "waits behind `research/big-run`"),
-            pending("research", "stuck", "no pool may hold it"),
+            pending("research", "big-run", &no_capacity),
+            pending(
+                "product",
+                "queued",
+                &json!({"kind": "reserved_for", "pool": "train", "gang": "research/big-run",
+                        "capacity": no_capacity}),
+            ),
+            pending("research", "stuck", &no_capacity),
         ],
         "geometry": [],
         "usage": [usage("org", "train", 1.0), usage("research", "train", 1.0),
@@ -210,7 +218,7 @@ fn the_queue_is_in_line_order_with_reasons_and_the_unplaceable_last() {
     assert_eq!(
         line,
         [
-            ("queued", Some((1, 2)), "no_capacity"),
+            ("queued", Some((1, 2)), "reserved_for"),
             ("big-run", Some((2, 2)), "no_capacity"),
             ("stuck", None, "no_capacity"),
         ]
@@ -239,7 +247,12 @@ fn a_tenant_sees_its_own_workloads_named_and_no_one_elses() {
         .collect();
     assert_eq!(
         queue,
-        [("queued", "waits behind (another tenant's workload)")]
+        [(
+            "queued",
+            "pool `train` has room for 1 of the 2 replicas the gang needs (1 GPUs free); the rest \
+             is reserved for gang (another tenant's workload) (only preemptible work or work \
+             whose maxDuration ends before the gang can start may use it)"
+        )]
     );
     // Its own usage only, and only the conditions about its own workloads.
     let usage: Vec<&str> = page.usage.iter().map(|u| u.tenant.as_str()).collect();
@@ -325,7 +338,8 @@ fn the_page_shows_status_pools_nodes_queue_and_usage() {
         "3g.40gb",
         "1 of 2",
         "no_capacity",
-        "needs 2 GPUs in pool `train`; 1 free",
+        "pool `train` has room for 1 of the 2 replicas the gang needs (1 GPUs free)",
+        "reserved for gang `research/big-run`",
         "1 of 2 allocated",
     ] {
         assert!(html.contains(wanted), "{wanted} missing:\n{html}");

@@ -139,16 +139,13 @@ fn workload_decision_on(
     let status = status.cloned().unwrap_or(Status::Keep);
     let placed_gpus = wl.demand.gpus() * slots.len() as i64;
     let mut objective = 0.0;
-    let pool = match status {
-        Status::Keep | Status::Admit { .. } => {
-            objective = class.priority as f64 * placed_gpus.as_f64();
-            Some(p.pools[pool_of(p, w)].name.clone())
-        }
-        _ => None,
-    };
-    let pool = match (&status, &slots.first()) {
+    if matches!(status, Status::Keep | Status::Admit { .. }) {
+        objective = class.priority as f64 * placed_gpus.as_f64();
+    }
+    let pool = match (&status, slots.first()) {
         (Status::Admit { .. }, Some(sl)) => p.nodes[sl.node].pool.map(|x| p.pools[x].name.clone()),
-        _ => pool,
+        (Status::Keep | Status::Admit { .. }, _) => Some(p.pools[pool_of(p, w)].name.clone()),
+        _ => None,
     };
     let outcome = match status {
         Status::Keep => Outcome::Keep {
@@ -169,17 +166,13 @@ fn workload_decision_on(
             Outcome::Preempt {
                 grace_seconds: class.grace_period_seconds,
                 lost_gpu_seconds: round(lost, 1e3),
-                message: reason.to_string(),
                 reason,
             }
         }
-        Status::Pending(reason) => Outcome::Pending {
-            message: reason.to_string(),
-            reason,
-        },
+        Status::Pending(reason) => Outcome::Pending { reason },
     };
     let decision = WorkloadDecision {
-        name: wl.name.clone(),
+        name: wl.key.name.clone(),
         tenant: p.tenants[wl.tenant].name.clone(),
         slo_class: class.name.clone(),
         priority: class.priority,
@@ -201,15 +194,11 @@ pub(crate) fn orphan_decision(p: &Problem, o: &crate::problem::Orphan) -> Worklo
         Outcome::Preempt {
             grace_seconds: class.map_or(0, |c| c.grace_period_seconds),
             lost_gpu_seconds: round(lost, 1e3),
-            message: reason.to_string(),
             reason,
         }
     } else {
         let reason = Reason::Orphaned { cause };
-        Outcome::Pending {
-            message: reason.to_string(),
-            reason,
-        }
+        Outcome::Pending { reason }
     };
     WorkloadDecision {
         name: o.name.clone(),
@@ -236,30 +225,42 @@ pub(crate) fn decision_of(
     live: impl Fn(usize) -> bool,
 ) -> Decision {
     // Each workload's decision is built on the machine's cores (`split`): at 50,000 GPUs they
-    // are 70,000, each a few strings. The objective is summed here, in workload order, so its
-    // bits are the sequential loop's.
-    let held: Vec<(usize, &[Placed])> = (0..p.workloads.len())
+    // are 70,000, each a few strings. They are built in the decision's order, (tenant, name),
+    // sorted by the tenant's rank and the name, which orders as the strings do at the cost of
+    // one name comparison.
+    let ranks = s.tenant_ranks();
+    let ranks = &ranks[..];
+    let mut held: Vec<(usize, &[Placed])> = (0..p.workloads.len())
         .filter(|&w| live(w))
         .map(|w| (w, placed_on(&s.fleet, w)))
         .collect();
+    crate::split::sort_by(&mut held, |&(a, _), &(b, _)| {
+        let (a, b) = (&p.workloads[a], &p.workloads[b]);
+        (ranks[a.tenant], &a.key.name).cmp(&(ranks[b.tenant], &b.key.name))
+    });
     let status = &s.status;
     let decided = crate::split::map(&held, |&(w, slots)| {
         workload_decision_on(p, slots, w, status[w].as_ref())
     });
     let mut workloads = Vec::with_capacity(decided.len() + p.orphans.len());
-    let mut objective = 0.0;
-    for (d, value) in decided {
-        if value != 0.0 {
-            objective += value;
-        }
+    // The objective is summed in workload order, so that its bits are the sequential loop's
+    // whatever the decision's order.
+    let mut values = vec![0.0; p.workloads.len()];
+    for (&(w, _), (d, value)) in held.iter().zip(decided) {
+        values[w] = value;
         workloads.push(d);
     }
-    for o in &p.orphans {
-        workloads.push(orphan_decision(p, o));
+    let objective = values
+        .into_iter()
+        .filter(|&v| v != 0.0)
+        .fold(0.0, |sum, v| sum + v);
+    if !p.orphans.is_empty() {
+        // An orphan's tenant may have left the policy, and has no rank: sorted by names.
+        workloads.extend(p.orphans.iter().map(|o| orphan_decision(p, o)));
+        crate::split::sort_by(&mut workloads, |a, b| {
+            (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name))
+        });
     }
-    crate::split::sort_by(&mut workloads, |a, b| {
-        (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name))
-    });
 
     let (reservations, reserved_idle) = reserve::reports(s);
     let mut pools = pool_reports(p, s);

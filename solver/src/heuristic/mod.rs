@@ -286,14 +286,22 @@ impl<'p> Solver<'p> {
         let mut running: Vec<usize> = (0..p.workloads.len())
             .filter(|&w| p.workloads[w].is_running())
             .collect();
-        running.sort_by_cached_key(|&w| {
+        // Ties by key, compared as (tenant's rank, name): no key is cloned to sort by.
+        let ranks = self.tenant_ranks();
+        let order = |w: usize| {
             let wl = &p.workloads[w];
             let started = match wl.phase {
                 Phase::Running { started_at, .. } => started_at,
                 Phase::Pending { .. } => 0,
             };
-            (-p.classes[wl.class].priority, started, wl.key.clone())
-        });
+            (
+                -p.classes[wl.class].priority,
+                started,
+                ranks[wl.tenant],
+                wl.key.name.as_str(),
+            )
+        };
+        running.sort_by(|&a, &b| order(a).cmp(&order(b)));
         for w in running {
             let wl = &p.workloads[w];
             let pool = pool_of(p, w);

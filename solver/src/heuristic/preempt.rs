@@ -383,24 +383,26 @@ impl Solver<'_> {
             }
             return Err(refusal);
         };
+        // Written once: a gang may displace hundreds of victims, each naming it.
+        let for_workload = wl.key.to_string();
         for &v in &victims {
             // Drains are recorded on the fleet that admits `w`.
             let reason = if fair_victims.contains_key(&v) {
                 let (a, b) = quota::sides(p, wl.tenant, p.workloads[v].tenant)
                     .expect("a fair victim has a side");
                 PreemptReason::FairShare {
-                    for_workload: wl.key.to_string(),
+                    for_workload: for_workload.clone(),
                     from: p.tenants[b].name.clone(),
                     to: p.tenants[a].name.clone(),
                 }
             } else if requester_guaranteed && !self.within_guarantee[v] {
                 PreemptReason::Reclaim {
-                    for_workload: wl.key.to_string(),
+                    for_workload: for_workload.clone(),
                     owner: p.tenants[wl.tenant].name.clone(),
                 }
             } else {
                 PreemptReason::Priority {
-                    for_workload: wl.key.to_string(),
+                    for_workload: for_workload.clone(),
                     priority: prio,
                 }
             };

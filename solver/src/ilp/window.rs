@@ -118,7 +118,11 @@ pub fn build(
     };
     waiting.sort_by_cached_key(|&w| {
         let wl = &p.workloads[w];
-        (-p.classes[wl.class].priority, -value(w), wl.name.clone())
+        (
+            -p.classes[wl.class].priority,
+            -value(w),
+            wl.key.name.clone(),
+        )
     });
     waiting.truncate(caps.gangs);
 

@@ -6,7 +6,7 @@ pub mod random;
 
 use tessera_compiler::model::ClusterStateSpec;
 use tessera_compiler::{CompiledPolicy, SourceFile, compile};
-use tessera_solver::decision::{Decision, Outcome, WorkloadDecision};
+use tessera_solver::decision::{Decision, WorkloadDecision};
 use tessera_solver::{SolveOptions, solve};
 
 /// The property tests' configuration: `cases` draws, or `PROPTEST_CASES` where it is set (a
@@ -232,10 +232,10 @@ pub fn get<'a>(d: &'a Decision, name: &str) -> &'a WorkloadDecision {
 }
 
 pub fn message(d: &Decision, name: &str) -> String {
-    match &get(d, name).outcome {
-        Outcome::Pending { message, .. } | Outcome::Preempt { message, .. } => message.clone(),
-        other => panic!("{name} is not pending or preempted: {other:?}"),
-    }
+    let outcome = &get(d, name).outcome;
+    outcome
+        .message()
+        .unwrap_or_else(|| panic!("{name} is not pending or preempted: {outcome:?}"))
 }
 
 /// A running workload: `spec` is a YAML flow mapping, each binding a flow mapping.
