@@ -551,8 +551,10 @@ fn running_list(
         let started_at = unix(epoch + since);
         while old.next_if(|&(o, _)| o < r).is_some() {}
         let kept = old
-            .next_if(|(o, w)| *o == r && w.started_at == started_at && w.bindings == *bindings)
-            .map(|(_, w)| w);
+            .next_if(|(o, entry)| {
+                *o == r && entry.started_at == started_at && entry.bindings == *bindings
+            })
+            .map(|(_, entry)| entry);
         let mut entry = kept.unwrap_or_else(|| RunningWorkload {
             name: w.name.clone(),
             spec: w.spec.running_as(bindings.len() as u32),
