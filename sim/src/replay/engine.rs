@@ -208,7 +208,7 @@ pub fn replay(
         rank
     };
     // The last snapshot's running work, taken back for the next (see `running_list`).
-    let mut lent: (Vec<usize>, Vec<RunningWorkload>) = Default::default();
+    let mut lent = Lent::default();
     let mut next_arrival = 0usize;
     // The instant of the last cycle; the first may come at 0.
     let mut now = -1i64;
@@ -263,7 +263,7 @@ pub fn replay(
             },
         );
         nodes = state.nodes;
-        lent.1 = state.running;
+        lent.entries = state.running;
         let decision = decision.map_err(|source| ReplayError::Solve { at: now, source })?;
         metrics.cycle(
             decision
@@ -515,17 +515,24 @@ fn depart(jobs: &mut [Job], until: i64, metrics: &mut Metrics) {
     }
 }
 
+/// The last snapshot's running work: its entries, taken back from the snapshot after the
+/// cycle, and their ranks, kept by [`running_list`].
+#[derive(Default)]
+struct Lent {
+    ranks: Vec<usize>,
+    entries: Vec<RunningWorkload>,
+}
+
 /// The running work a cycle observes, ordered by `rank` (tenant and name, as the service lists
-/// it). An entry of the last snapshot's list (`lent`: its ranks and its entries, taken back
-/// after the cycle) is moved into this one where its job still runs on the same bindings
-/// since the same instant, and built afresh otherwise: building every running workload's
-/// spec at every cycle was 4 % of a day's replay. `lent.0` becomes this list's ranks.
+/// it). An entry `lent` holds is moved into this list where its job still runs on the same
+/// bindings since the same instant, and built afresh otherwise: building every running
+/// workload's spec at every cycle was 4 % of a day's replay. `lent.ranks` become this list's.
 fn running_list(
     jobs: &[Job],
     rank: &[usize],
     trace: &[TraceWorkload],
     epoch: i64,
-    lent: &mut (Vec<usize>, Vec<RunningWorkload>),
+    lent: &mut Lent,
 ) -> Vec<RunningWorkload> {
     let mut ranked: Vec<(usize, &Job)> = jobs
         .iter()
@@ -534,11 +541,11 @@ fn running_list(
         .collect();
     ranked.sort_unstable_by_key(|&(r, _)| r);
     // `lent` is in rank order too: walked once beside `ranked`.
-    let mut old = std::mem::take(&mut lent.0)
+    let mut old = std::mem::take(&mut lent.ranks)
         .into_iter()
-        .zip(std::mem::take(&mut lent.1))
+        .zip(std::mem::take(&mut lent.entries))
         .peekable();
-    let ranks = &mut lent.0;
+    let ranks = &mut lent.ranks;
     let mut running = Vec::with_capacity(ranked.len());
     for (r, j) in ranked {
         let JobState::Running {
@@ -642,8 +649,8 @@ mod tests {
             gpus: Gpus::whole(1),
             pool: "p".into(),
         };
-        let fresh = |jobs: &[Job]| running_list(jobs, &rank, &trace, 0, &mut Default::default());
-        let mut lent = Default::default();
+        let fresh = |jobs: &[Job]| running_list(jobs, &rank, &trace, 0, &mut Lent::default());
+        let mut lent = Lent::default();
         let first = vec![
             job(0, running(10, "n0"), None),
             job(1, running(10, "n1"), None),
@@ -654,7 +661,7 @@ mod tests {
         assert_eq!(list, fresh(&first));
         let names: Vec<&str> = list.iter().map(|w| w.name.as_str()).collect();
         assert_eq!(names, ["b", "c", "d"]);
-        lent.1 = list;
+        lent.entries = list;
         // `b` keeps running and checkpoints, `c` restarts elsewhere, `d` ends, `a` starts.
         let second = vec![
             job(0, JobState::Done { at: 20 }, None),
@@ -664,7 +671,7 @@ mod tests {
         ];
         let list = running_list(&second, &rank, &trace, 0, &mut lent);
         assert_eq!(list, fresh(&second));
-        assert_eq!(lent.0, [0, 1, 2]);
+        assert_eq!(lent.ranks, [0, 1, 2]);
         let rows: Vec<(&str, &str, i64, Option<i64>)> = list
             .iter()
             .map(|w| {
