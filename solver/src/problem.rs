@@ -161,6 +161,10 @@ pub struct NodeInfo {
     pub healthy: bool,
     /// GPU indices into [`Problem::gpus`], by device index.
     pub gpus: Vec<usize>,
+    /// Whether `gpus[i]` is the GPU of device index `i` for every `i` (the node's indices run
+    /// 0, 1, … without a gap, as NVML numbers them), so that a binding's GPU is found without
+    /// reading the GPUs.
+    pub gpus_by_position: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -402,7 +406,7 @@ impl Problem {
                 fair_share_preemption: p.fair_share_preemption,
             })
             .collect();
-        let pool_index = index_by_name(&policy.pools, |x| &x.name);
+        let tables = Tables::new(policy);
 
         let classes: Vec<ClassInfo> = policy
             .slo_classes
@@ -416,15 +420,13 @@ impl Problem {
                 min_runtime_seconds: c.min_runtime_seconds,
             })
             .collect();
-        let class_index = index_by_name(&policy.slo_classes, |x| &x.name);
 
-        let tenant_index = index_by_name(&policy.tenants, |x| &x.name);
         let mut tenants: Vec<TenantInfo> = Vec::with_capacity(policy.tenants.len());
         for t in &policy.tenants {
             let parent = t
                 .parent
                 .as_deref()
-                .and_then(|p| tenant_index.get(p).copied());
+                .and_then(|p| tables.tenant_index.get(p).copied());
             let mut lineage = vec![tenants.len()];
             if let Some(p) = parent {
                 lineage.extend(tenants[p].lineage.iter().copied());
@@ -438,7 +440,7 @@ impl Problem {
                 quota: t
                     .quota
                     .iter()
-                    .filter_map(|(p, q)| pool_index.get(p.as_str()).map(|&i| (i, q.clone())))
+                    .filter_map(|(p, q)| tables.pool_index.get(p.as_str()).map(|&i| (i, q.clone())))
                     .collect(),
                 fair_share: t.fair_share.clone(),
                 history: 0.0,
@@ -454,7 +456,7 @@ impl Problem {
             if n > 0 && node_specs[n - 1].name == spec.name {
                 return Err(ProblemError::DuplicateNode(spec.name.clone()));
             }
-            let pool = pool_index.get(spec.pool.as_str()).copied();
+            let pool = tables.pool_index.get(spec.pool.as_str()).copied();
             let mut gpu_specs: Vec<_> = spec.gpus.iter().collect();
             gpu_specs.sort_by_key(|g| g.index);
             let mut ids = Vec::new();
@@ -520,6 +522,10 @@ impl Problem {
                 cpu: spec.cpu,
                 memory: spec.memory,
                 healthy: spec.health == Health::Healthy,
+                gpus_by_position: gpu_specs
+                    .iter()
+                    .enumerate()
+                    .all(|(i, g)| usize::try_from(g.index).is_ok_and(|x| x == i)),
                 gpus: ids,
             });
         }
@@ -542,20 +548,14 @@ impl Problem {
             reconfigurations: Vec::new(),
             usage: None,
         };
-        let tables = Tables {
-            pool_index: &pool_index,
-            class_index: &class_index,
-            tenant_index: &tenant_index,
-            policy,
-        };
-
         // Workloads are identified by (tenant, name): two tenants may each run a `train`.
-        // Hashed, and borrowed from the snapshot and policy: a tree of owned keys cost a
-        // string comparison per level and two allocations per workload of a 70,000-workload
-        // snapshot.
+        // The running list is sorted by that key below, so a running duplicate is its
+        // neighbour and the others are found by halving it; the queue's and the policy's keys,
+        // a few thousand, are hashed (a hashed set of all 70,000 keys of a 50,000-GPU snapshot
+        // cost more than the halving).
         let mut keys: std::collections::HashSet<(&str, &str), foldhash::fast::FixedState> =
             std::collections::HashSet::with_capacity_and_hasher(
-                state.running.len() + state.pending.len() + policy.workloads.len(),
+                state.pending.len() + policy.workloads.len(),
                 foldhash::fast::FixedState::default(),
             );
         let duplicate = |tenant: &str, name: &str| {
@@ -584,8 +584,16 @@ impl Problem {
                 problem.resolve_running(&tables, &node_index, run)
             })
         };
-        for (run, resolved) in running.iter().zip(resolved) {
-            if !keys.insert((run.spec.tenant.as_str(), run.name.as_str())) {
+        fn key_of(run: &tessera_compiler::model::RunningWorkload) -> (&str, &str) {
+            (run.spec.tenant.as_str(), run.name.as_str())
+        }
+        let runs = |key: (&str, &str)| {
+            running
+                .binary_search_by(|run| key_of(run).cmp(&key))
+                .is_ok()
+        };
+        for (i, (run, resolved)) in running.iter().zip(resolved).enumerate() {
+            if i > 0 && key_of(running[i - 1]) == key_of(run) {
                 return Err(duplicate(&run.spec.tenant, &run.name));
             }
             match resolved? {
@@ -595,7 +603,8 @@ impl Problem {
         }
         let mut pending: Vec<(i64, usize, &str, &WorkloadSpec)> = Vec::new();
         for (i, p) in state.pending.iter().enumerate() {
-            if !keys.insert((p.spec.tenant.as_str(), p.name.as_str())) {
+            let key = (p.spec.tenant.as_str(), p.name.as_str());
+            if runs(key) || !keys.insert(key) {
                 return Err(duplicate(&p.spec.tenant, &p.name));
             }
             pending.push((p.submitted_at.as_second(), i, &p.name, &p.spec));
@@ -607,7 +616,8 @@ impl Problem {
         // Committed workloads of the policy that the snapshot neither runs nor queues are demand
         // too (GitOps: what the repository declares should run).
         for w in &policy.workloads {
-            if keys.insert((w.tenant.as_str(), w.name.as_str())) {
+            let key = (w.tenant.as_str(), w.name.as_str());
+            if !runs(key) && keys.insert(key) {
                 problem.add_committed(w, observed);
             }
         }
@@ -679,17 +689,8 @@ impl Problem {
         policy: &CompiledPolicy,
         arrival: &PendingWorkload,
     ) -> Result<(), ProblemError> {
-        let pool_index = index_by_name(&policy.pools, |x| &x.name);
-        let class_index = index_by_name(&policy.slo_classes, |x| &x.name);
-        let tenant_index = index_by_name(&policy.tenants, |x| &x.name);
-        let tables = Tables {
-            pool_index: &pool_index,
-            class_index: &class_index,
-            tenant_index: &tenant_index,
-            policy,
-        };
         self.add_pending(
-            &tables,
+            &Tables::new(policy),
             &arrival.name,
             &arrival.spec,
             arrival.submitted_at.as_second(),
@@ -717,10 +718,7 @@ impl Problem {
             .class_index
             .get(spec.slo_class.as_str())
             .ok_or_else(|| OrphanCause::SloClass(spec.slo_class.clone()))?;
-        if !t.policy.tenants[tenant]
-            .slo_classes
-            .contains(&spec.slo_class)
-        {
+        if t.allowed_classes.binary_search(&(tenant, class)).is_err() {
             return Err(OrphanCause::ClassNotAllowed {
                 tenant: spec.tenant.clone(),
                 class: spec.slo_class.clone(),
@@ -732,6 +730,23 @@ impl Problem {
             return Err(OrphanCause::Pool(p.clone()));
         }
         Ok((tenant, class))
+    }
+
+    /// The GPU of node `n` with NVML index `index`. A node's GPUs are nearly always numbered
+    /// from 0 without a gap, and then the index is the position: scanning the node's GPUs
+    /// read up to eight of them, each likely a cache miss at 50,000 GPUs, for every binding
+    /// of the snapshot.
+    fn gpu_id(&self, n: usize, index: u32) -> Option<usize> {
+        let node = &self.nodes[n];
+        if node.gpus_by_position {
+            return usize::try_from(index)
+                .ok()
+                .and_then(|i| node.gpus.get(i).copied());
+        }
+        node.gpus
+            .iter()
+            .copied()
+            .find(|&id| self.gpus[id].index == index)
     }
 
     /// A running workload of the snapshot resolved against the policy, the nodes and the
@@ -755,11 +770,10 @@ impl Problem {
         let since = last_checkpoint_at.unwrap_or(started_at).max(started_at);
         // Node names are unique (`DuplicateNode`).
         let node_of = |b: &Binding| nodes.get(b.node.as_str()).copied();
-        let pool = run
-            .bindings
-            .first()
-            .and_then(node_of)
-            .and_then(|n| self.nodes[n].pool);
+        // Most workloads have one replica: its node is looked up once, for the pool and the
+        // binding both.
+        let first_node = run.bindings.first().and_then(node_of);
+        let pool = first_node.and_then(|n| self.nodes[n].pool);
         let rough = rough_gpus(spec) * i64::from(spec.replicas);
         let (tenant, class) = match self.references(t, spec) {
             Ok(x) => x,
@@ -773,7 +787,7 @@ impl Problem {
             }
         };
         let Some(pool) = pool else {
-            let Some(node) = run.bindings.first().and_then(node_of) else {
+            let Some(node) = first_node else {
                 return Err(ProblemError::InvalidBinding {
                     workload: format!("{}/{}", spec.tenant, run.name),
                     binding: 0,
@@ -806,7 +820,8 @@ impl Problem {
                 binding: i,
                 message,
             };
-            let node = node_of(b).ok_or_else(|| bad(format!("unknown node `{}`", b.node)))?;
+            let node = if i == 0 { first_node } else { node_of(b) }
+                .ok_or_else(|| bad(format!("unknown node `{}`", b.node)))?;
             if self.nodes[node].pool != Some(pool) {
                 return Err(bad(format!(
                     "node `{}` is not in pool `{}` like the first replica's",
@@ -815,11 +830,8 @@ impl Problem {
             }
             let mut ids = Vec::new();
             for g in &b.gpus {
-                let id = self.nodes[node]
-                    .gpus
-                    .iter()
-                    .copied()
-                    .find(|&id| self.gpus[id].index == *g)
+                let id = self
+                    .gpu_id(node, *g)
                     .ok_or_else(|| bad(format!("GPU {g} of node `{}` does not exist", b.node)))?;
                 if ids.contains(&id) {
                     return Err(bad(format!("GPU {g} is listed twice")));
@@ -1036,7 +1048,11 @@ impl Problem {
 }
 
 /// Each item's position, by its name.
-fn index_by_name<T>(items: &[T], name: impl Fn(&T) -> &String) -> BTreeMap<&str, usize> {
+/// Names to their position, hashed: the snapshot's 65,000 running workloads at 50,000 GPUs
+/// each look up a tenant and a class, where a tree cost a string comparison per level.
+type NameIndex<'a> = std::collections::HashMap<&'a str, usize, foldhash::fast::FixedState>;
+
+fn index_by_name<T>(items: &[T], name: impl Fn(&T) -> &String) -> NameIndex<'_> {
     items
         .iter()
         .enumerate()
@@ -1075,10 +1091,33 @@ fn orphan_of(
 }
 
 struct Tables<'a> {
-    pool_index: &'a BTreeMap<&'a str, usize>,
-    class_index: &'a BTreeMap<&'a str, usize>,
-    tenant_index: &'a BTreeMap<&'a str, usize>,
-    policy: &'a CompiledPolicy,
+    pool_index: NameIndex<'a>,
+    class_index: NameIndex<'a>,
+    tenant_index: NameIndex<'a>,
+    /// The (tenant, SLO class) pairs the policy allows, sorted: a running workload's class is
+    /// checked by number, not by comparing its name with each of the tenant's.
+    allowed_classes: Vec<(usize, usize)>,
+}
+
+impl<'a> Tables<'a> {
+    fn new(policy: &'a CompiledPolicy) -> Tables<'a> {
+        let class_index = index_by_name(&policy.slo_classes, |x| &x.name);
+        let mut allowed_classes = Vec::new();
+        for (t, tenant) in policy.tenants.iter().enumerate() {
+            for c in &tenant.slo_classes {
+                if let Some(&c) = class_index.get(c.as_str()) {
+                    allowed_classes.push((t, c));
+                }
+            }
+        }
+        allowed_classes.sort_unstable();
+        Tables {
+            pool_index: index_by_name(&policy.pools, |x| &x.name),
+            class_index,
+            tenant_index: index_by_name(&policy.tenants, |x| &x.name),
+            allowed_classes,
+        }
+    }
 }
 
 fn share_of(spec: &WorkloadSpec) -> Option<Gpus> {

@@ -645,6 +645,90 @@ fn inconsistent_input_is_a_typed_error() {
 }
 
 #[test]
+fn a_gpu_is_found_by_its_device_index_when_the_indices_have_gaps() {
+    let nodes = [node("t0", "train", 4)];
+    let (policy, mut st) = compile_all(&state(
+        &nodes,
+        &running(
+            "old",
+            "{tenant: b, sloClass: batch, gpu: {count: 1}}",
+            &["{node: t0, gpus: [3]}"],
+            EARLY,
+        ),
+        "",
+    ));
+    // NVML numbers 0, 2, 5 and 7 here (devices hidden or failed between them).
+    for (g, index) in st.nodes[0].gpus.iter_mut().zip([0, 2, 5, 7]) {
+        g.index = index;
+    }
+    st.running[0].bindings[0].gpus = vec![5];
+    let d = tessera_solver::solve(&policy, &st, &Default::default()).unwrap();
+    match &get(&d, "old").outcome {
+        Outcome::Keep { bindings } => assert_eq!(bindings[0].gpus, vec![5]),
+        other => panic!("old should keep its GPU: {other:?}"),
+    }
+    // Position 1 exists, index 1 does not.
+    st.running[0].bindings[0].gpus = vec![1];
+    let err = tessera_solver::solve(&policy, &st, &Default::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "inconsistent input: workload `b/old`: binding 0: GPU 1 of node `t0` does not exist"
+    );
+}
+
+#[test]
+fn a_workload_listed_twice_is_a_typed_error_wherever_the_two_are() {
+    // The compiler refuses a snapshot file that lists a workload twice; a snapshot the
+    // service builds reaches the solver without it, and is checked there.
+    let nodes = [node("t0", "train", 8)];
+    let spec = |tenant: &str| format!("{{tenant: {tenant}, sloClass: batch, gpu: {{count: 1}}}}");
+    // (running, pending, as (tenant, name); the workload named twice, if any)
+    type Keys<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Keys, Keys, Option<&str>); 5] = [
+        (&[("b", "x"), ("b", "y")], &[], None),
+        (&[("a", "x"), ("b", "w")], &[("b", "x")], None),
+        (&[("b", "x"), ("b", "x")], &[], Some("b/x")),
+        (&[("b", "y"), ("a", "z")], &[("b", "y")], Some("b/y")),
+        (&[("b", "y")], &[("a", "q"), ("a", "q")], Some("a/q")),
+    ];
+    for (run, wait, twice) in cases {
+        let running_yaml: String = run
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| {
+                running(
+                    &format!("r{i}"),
+                    &spec(t),
+                    &[&gpus("t0", i as u32, i as u32 + 1)],
+                    EARLY,
+                )
+            })
+            .collect();
+        let pending_yaml: String = wait
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| pending(&format!("p{i}"), &spec(t), RECENT))
+            .collect();
+        let (policy, mut st) = compile_all(&state(&nodes, &running_yaml, &pending_yaml));
+        for (r, (_, name)) in st.running.iter_mut().zip(run) {
+            r.name = (*name).into();
+        }
+        for (p, (_, name)) in st.pending.iter_mut().zip(wait) {
+            p.name = (*name).into();
+        }
+        let got = tessera_solver::solve(&policy, &st, &Default::default());
+        match twice {
+            None => assert!(got.is_ok(), "{run:?} {wait:?}: {:?}", got.err()),
+            Some(key) => assert_eq!(
+                got.unwrap_err().to_string(),
+                format!("inconsistent input: workload `{key}` is listed twice"),
+                "{run:?} {wait:?}"
+            ),
+        }
+    }
+}
+
+#[test]
 fn the_quickstart_snapshot_solves_deterministically() {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -283,26 +283,30 @@ impl<'p> Solver<'p> {
     /// allows them; the part of each tenant's work up to its guarantee is protected.
     fn keep_running(&mut self) {
         let p = self.p;
-        let mut running: Vec<usize> = (0..p.workloads.len())
-            .filter(|&w| p.workloads[w].is_running())
-            .collect();
-        // Ties by key, compared as (tenant's rank, name): no key is cloned to sort by.
+        // Ordered by (priority, start, key), the key compared as (tenant's rank, name). The
+        // numbers are read once into the list: a comparison that read each workload again
+        // missed the cache twice per step of sorting 65,000 at 50,000 GPUs. The names are
+        // compared only within a run of equal numbers, which is one tenant's.
         let ranks = self.tenant_ranks();
-        let order = |w: usize| {
-            let wl = &p.workloads[w];
-            let started = match wl.phase {
-                Phase::Running { started_at, .. } => started_at,
-                Phase::Pending { .. } => 0,
-            };
-            (
-                -p.classes[wl.class].priority,
-                started,
-                ranks[wl.tenant],
-                wl.key.name.as_str(),
-            )
-        };
-        running.sort_by(|&a, &b| order(a).cmp(&order(b)));
-        for w in running {
+        let mut running: Vec<(i64, i64, u32, usize)> = (0..p.workloads.len())
+            .filter_map(|w| {
+                let wl = &p.workloads[w];
+                let Phase::Running { started_at, .. } = wl.phase else {
+                    return None;
+                };
+                let prio = -p.classes[wl.class].priority;
+                Some((prio, started_at, ranks[wl.tenant], w))
+            })
+            .collect();
+        running.sort_unstable_by_key(|&(prio, started, rank, _)| (prio, started, rank));
+        for tie in running.chunk_by_mut(|a, b| (a.0, a.1, a.2) == (b.0, b.1, b.2)) {
+            if tie.len() > 1 {
+                tie.sort_unstable_by(|a, b| {
+                    p.workloads[a.3].key.name.cmp(&p.workloads[b.3].key.name)
+                });
+            }
+        }
+        for (_, _, _, w) in running {
             let wl = &p.workloads[w];
             let pool = pool_of(p, w);
             let amount = wl.amount(wl.replicas);

@@ -384,17 +384,5 @@ fn quota_victims(
 
 /// Where a running workload ran, from the snapshot.
 pub fn running_placement(p: &Problem, w: usize) -> Option<Placement> {
-    let Phase::Running { slots, .. } = &p.workloads[w].phase else {
-        return None;
-    };
-    let mut pl = Placement {
-        pool: p.workloads[w].pools[0],
-        nodes: BTreeMap::new(),
-    };
-    for s in slots {
-        let h = pl.nodes.entry(s.node).or_default();
-        h.replicas += 1;
-        h.healthy_gpus += s.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() as u32;
-    }
-    Some(pl)
+    Placement::running(p, &p.workloads[w])
 }
