@@ -574,12 +574,7 @@ impl Problem {
         let resolved = {
             // Nodes by name, hashed: a binding's node was found by halving the sorted nodes,
             // a dozen string comparisons per binding of 65,000 workloads at 50,000 GPUs.
-            let node_index: NodeIndex = problem
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (n.name.as_str(), i))
-                .collect();
+            let node_index = problem.node_index();
             crate::split::map(&running, |run| {
                 problem.resolve_running(&tables, &node_index, run)
             })
@@ -730,6 +725,15 @@ impl Problem {
             return Err(OrphanCause::Pool(p.clone()));
         }
         Ok((tenant, class))
+    }
+
+    /// The nodes by name, hashed.
+    pub(crate) fn node_index(&self) -> NodeIndex<'_> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect()
     }
 
     /// The GPU of node `n` with NVML index `index`. A node's GPUs are nearly always numbered
@@ -1061,7 +1065,8 @@ fn index_by_name<T>(items: &[T], name: impl Fn(&T) -> &String) -> NameIndex<'_> 
 }
 
 /// The problem's nodes by name.
-type NodeIndex<'a> = std::collections::HashMap<&'a str, usize, foldhash::fast::FixedState>;
+pub(crate) type NodeIndex<'a> =
+    std::collections::HashMap<&'a str, usize, foldhash::fast::FixedState>;
 
 /// A running workload of the snapshot, resolved ([`Problem::resolve_running`]).
 // Unboxed: each is moved once into the problem's list, where a box cost an allocation per

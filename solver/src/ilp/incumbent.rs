@@ -7,7 +7,7 @@ use tessera_compiler::units::Gpus;
 
 use crate::decision::{Decision, Outcome, ReplicaBinding};
 use crate::heuristic::Admission;
-use crate::problem::{Phase, Problem, WorkloadInfo};
+use crate::problem::{NodeIndex, Phase, Problem, WorkloadInfo};
 
 /// One workload's place in a pool: replicas and healthy GPUs held, per node.
 #[derive(Debug, Clone, Default)]
@@ -112,17 +112,9 @@ impl State {
     }
 }
 
-/// Nodes by name.
-type NodeIndex<'a> = HashMap<&'a str, usize, foldhash::fast::FixedState>;
-
 /// The state of every workload of the problem, by index.
 pub fn read(p: &Problem, d: &Decision) -> Vec<State> {
-    let node_index: NodeIndex = p
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.name.as_str(), i))
-        .collect();
+    let node_index = p.node_index();
     // Hashed, and each workload's state read on the machine's cores (`split`): at 50,000
     // GPUs a tree of 70,000 string pairs cost a tenth of a refinement.
     let by_key: HashMap<(&str, &str), &Outcome, foldhash::fast::FixedState> = d
