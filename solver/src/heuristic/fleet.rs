@@ -152,6 +152,8 @@ pub(crate) struct Fleet {
     /// preemption search's bounds ask for them for every node of a pool per gang, and a
     /// replica's search for a place skips the nodes that offer none.
     pub(super) free: CowVec<NodeFree>,
+    /// Which nodes have anything free (`open.rs`), kept with `free` ([`Fleet::set_free`]).
+    open: OpenNodes,
     /// What is known of each node as it stands ([`Kept`]), once worked out. Set through a
     /// shared chunk (the value is the same for every fleet that shares it: a fleet that
     /// changes a node first clears its entry, which copies the chunk), cleared by every write
@@ -185,6 +187,13 @@ pub(super) struct NodeFree {
     units: i64,
     whole: u32,
     offers: Offers,
+}
+
+impl NodeFree {
+    /// Whether anything is free: a GPU unit, or an instance a MIG replica could be offered.
+    pub(super) fn is_open(&self) -> bool {
+        self.units > 0 || self.whole > 0 || self.offers != Offers::default()
+    }
 }
 
 type RelayoutKey = (Vec<Placement>, Vec<Placement>);
@@ -246,6 +255,7 @@ impl Fleet {
             memory: vec![0; p.nodes.len()].into(),
             placed: vec![None; p.workloads.len()].into(),
             free: vec![NodeFree::default(); p.nodes.len()].into(),
+            open: OpenNodes::new(p),
             kept: vec![Kept::default(); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
@@ -296,8 +306,42 @@ impl Fleet {
         let free = self.count_free(p, n);
         if self.free[n] != free {
             self.save_free(n);
-            self.free[n] = free;
+            self.set_free(n, free);
         }
+    }
+
+    /// Writes node `n`'s free room, and whether it is open with it (the one place both are
+    /// written: a recount and a rollback).
+    pub(super) fn set_free(&mut self, n: usize, free: NodeFree) {
+        self.free[n] = free;
+        self.open.set(n, free.is_open());
+    }
+
+    /// The nodes among `nodes` of `pool` a replica of `demand` may go to by their free room
+    /// alone: the open ones ([`needs_open`]), else all.
+    fn candidates<'a>(
+        &self,
+        p: &Problem,
+        pool: usize,
+        nodes: &'a [usize],
+        demand: Demand,
+    ) -> std::borrow::Cow<'a, [usize]> {
+        if !needs_open(demand) {
+            return std::borrow::Cow::Borrowed(nodes);
+        }
+        debug_assert!(
+            nodes
+                .iter()
+                .all(|&n| self.open.is_open(n) == self.free[n].is_open()
+                    || p.nodes[n].pool.is_none()),
+            "a node's open bit differs from its free room"
+        );
+        std::borrow::Cow::Owned(self.open.among(p, pool, nodes))
+    }
+
+    /// The open nodes of `pool` (see `open.rs`), in the pool's order.
+    pub(super) fn open_in(&self, p: &Problem, pool: usize) -> Vec<usize> {
+        self.open.among(p, pool, &p.pools[pool].nodes)
     }
 
     fn count_free(&self, p: &Problem, n: usize) -> NodeFree {
@@ -1038,13 +1082,16 @@ impl Fleet {
         let demand = p.workloads[w].demand;
         let mut placed = 0;
         while placed < want {
+            // Only the nodes with anything free, found from the kept bits: in a busy pool a
+            // few in a hundred, and the pool is asked once per replica.
+            let open = self.candidates(p, pool, nodes, demand);
             // A free instance always beats a re-layout (the key's first field): where any node
             // offers one that takes the replica, the best of those is the best of all, and the
             // nodes without one need not be asked. The misses recorded there are not the whole
             // scan's; they are read only when nothing is placed, and then the scan below runs.
             let mut best = None;
             if let Demand::Mig { profile_id } = demand {
-                let free = nodes
+                let free = open
                     .iter()
                     .copied()
                     .filter(|&n| self.node_offers(p, n).has_free(profile_id));
@@ -1058,10 +1105,10 @@ impl Fleet {
                     &mut Misses::default(),
                 );
             }
-            // The nodes whose free room, as kept, could take a replica: in a busy pool a
-            // few in a hundred, and telling costs one read of what is kept per node.
+            // The nodes whose free room, as kept, could take a replica: of the open ones,
+            // those with enough, told by one read of what is kept per node.
             if best.is_none() {
-                let roomy = nodes.iter().copied().filter(|&n| self.may_host(n, demand));
+                let roomy = open.iter().copied().filter(|&n| self.may_host(n, demand));
                 best = self.best_option(
                     p,
                     w,
@@ -1560,14 +1607,17 @@ mod tests {
     use proptest::prelude::*;
     use tessera_compiler::{SourceFile, compile};
 
-    const POLICY: &str = r#"
+    /// One tier, which every test policy here starts with.
+    const TIERS: &str = r#"
 apiVersion: tessera/v1alpha1
 kind: PriorityTiers
 metadata: {name: tiers}
 spec:
   tiers:
     - {name: high, value: 1000}
----
+---"#;
+
+    const POLICY: &str = r#"
 apiVersion: tessera/v1alpha1
 kind: SloClass
 metadata: {name: serving}
@@ -1645,7 +1695,58 @@ spec:
         let state = format!(
             "---\napiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{nodes}  running: []\n  pending:\n{pending}"
         );
-        let c = compile(&[SourceFile::new("p.yaml", format!("{POLICY}{state}"))]);
+        let c = compile(&[SourceFile::new("p.yaml", format!("{TIERS}{POLICY}{state}"))]);
+        assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
+        Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
+    }
+
+    /// A pool of whole GPUs over three words of open bits: 150 nodes of two GPUs, and 200
+    /// pending workloads asking one or two GPUs.
+    fn whole_gpu_problem() -> Problem {
+        let policy = r#"
+apiVersion: tessera/v1alpha1
+kind: SloClass
+metadata: {name: batch}
+spec: {tier: high, preemptible: true, isolation: {minimum: exclusive}}
+---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: train}
+spec:
+  gpuModel: H100-SXM5-80GB
+  sharing: exclusive
+  capacity: {nodes: 150, gpusPerNode: 2, cpuPerNode: 192, memoryPerNode: 2Ti}
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: a}
+spec:
+  guarantee: {train: 300}
+  sloClasses: [batch]
+"#;
+        let mut nodes = String::new();
+        for n in 0..150 {
+            nodes += &format!(
+                "    - name: t{n:03}\n      pool: train\n      cpu: 192\n      memory: 2Ti\n      gpus:\n"
+            );
+            for i in 0..2 {
+                nodes += &format!(
+                    "        - {{index: {i}, uuid: GPU-{:08x}-0000-0000-0000-000000000001, model: H100-SXM5-80GB}}\n",
+                    n * 2 + i
+                );
+            }
+        }
+        let mut pending = String::new();
+        for w in 0..200 {
+            pending += &format!(
+                "    - name: w{w:03}\n      spec: {{tenant: a, sloClass: batch, gpu: {{count: {}}}}}\n      submittedAt: \"2026-11-20T07:00:00Z\"\n",
+                1 + w % 2
+            );
+        }
+        let state = format!(
+            "---\napiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{nodes}  running: []\n  pending:\n{pending}"
+        );
+        let c = compile(&[SourceFile::new("p.yaml", format!("{TIERS}{policy}{state}"))]);
         assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
         Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
     }
@@ -1658,7 +1759,22 @@ spec:
         let nodes = (0..p.nodes.len())
             .filter(|&n| f.free[n] != f.count_free(p, n))
             .map(|n| format!("node {n}"));
-        gpus.chain(nodes).collect()
+        // The open nodes, read a word at a time and a node at a time, are those a recount
+        // finds anything free on.
+        let open = (0..p.pools.len()).filter_map(|pool| {
+            let all = &p.pools[pool].nodes;
+            let recounted: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|&n| f.count_free(p, n).is_open())
+                .collect();
+            let by_word = f.open.among(p, pool, all);
+            let by_node = f.open.among(p, pool, &all.clone());
+            (by_word != recounted || by_node != recounted).then(|| {
+                format!("pool {pool}'s open nodes {by_word:?} {by_node:?}, not {recounted:?}")
+            })
+        });
+        gpus.chain(nodes).chain(open).collect()
     }
 
     /// Whether two fleets hold the very same GPU states and placements (the same `Rc`s) and
@@ -1667,6 +1783,7 @@ spec:
         (0..p.gpus.len()).all(|g| Rc::ptr_eq(&a.gpu[g], &b.gpu[g]))
             && (0..p.nodes.len())
                 .all(|n| (a.cpu[n], a.memory[n], a.free[n]) == (b.cpu[n], b.memory[n], b.free[n]))
+            && (0..p.nodes.len()).all(|n| a.open.is_open(n) == b.open.is_open(n))
             && (0..p.workloads.len()).all(|w| match (&a.placed[w], &b.placed[w]) {
                 (Some(x), Some(y)) => Rc::ptr_eq(x, y),
                 (None, None) => true,
@@ -1685,11 +1802,12 @@ spec:
         ) {
             let p = problem();
             let pool = 0;
-            let nodes = p.pools[pool].nodes.clone();
+            // The pool's own list: `fill` reads its open nodes a word at a time.
+            let nodes = &p.pools[pool].nodes;
             let mut fleet = Fleet::new(&p);
             // Some work placed before any mark, so that releases have something to undo.
             for w in 0..6 {
-                fleet.fill(&p, w, pool, &nodes, 1, &mut Misses::default());
+                fleet.fill(&p, w, pool, nodes, 1, &mut Misses::default());
             }
             // Each open mark, with a copy of the fleet as it was when it opened.
             let mut open: Vec<(crate::undo::Mark, Fleet)> = Vec::new();
@@ -1711,7 +1829,7 @@ spec:
                         if fleet.placed[w].is_some() {
                             fleet.release(&p, w, preempted);
                         } else {
-                            fleet.fill(&p, w, pool, &nodes, 1, &mut Misses::default());
+                            fleet.fill(&p, w, pool, nodes, 1, &mut Misses::default());
                         }
                     }
                 }
@@ -1724,6 +1842,33 @@ spec:
             }
         }
 
+        /// Whole GPUs placed and released in any order on a pool of three words of open
+        /// bits: the open nodes read a word at a time are those a recount finds room on, in a
+        /// clone too, and a rollback puts the bits back with the free room.
+        #[test]
+        fn open_nodes_follow_the_free_room_across_words(
+            ops in proptest::collection::vec((0usize..200, any::<bool>()), 1..120)
+        ) {
+            let p = whole_gpu_problem();
+            let pool = 0;
+            let nodes = &p.pools[pool].nodes;
+            let mut fleet = Fleet::new(&p);
+            let start = fleet.clone();
+            let mark = fleet.mark();
+            for (w, preempted) in ops {
+                let before = fleet.clone();
+                if fleet.placed[w].is_some() {
+                    fleet.release(&p, w, preempted);
+                } else {
+                    fleet.fill(&p, w, pool, nodes, 1, &mut Misses::default());
+                }
+                prop_assert_eq!(stale(&p, &fleet), Vec::<String>::new());
+                prop_assert_eq!(stale(&p, &before), Vec::<String>::new());
+            }
+            fleet.rollback(mark);
+            prop_assert!(identical(&p, &fleet, &start));
+        }
+
         /// Placing and releasing replicas in any order (the placement checked against the
         /// scan of every node in debug builds), the offers and free units kept equal a
         /// recount, in the fleet and in a clone taken before each change.
@@ -1731,7 +1876,8 @@ spec:
         fn kept_offers_equal_a_recount(ops in proptest::collection::vec((0usize..12, any::<bool>()), 1..40)) {
             let p = problem();
             let pool = 0;
-            let nodes = p.pools[pool].nodes.clone();
+            // The pool's own list: `fill` reads its open nodes a word at a time.
+            let nodes = &p.pools[pool].nodes;
             let mut fleet = Fleet::new(&p);
             prop_assert!(stale(&p, &fleet).is_empty());
             for (w, preempted) in ops {
@@ -1739,7 +1885,7 @@ spec:
                 if fleet.placed[w].is_some() {
                     fleet.release(&p, w, preempted);
                 } else {
-                    fleet.fill(&p, w, pool, &nodes, 1, &mut Misses::default());
+                    fleet.fill(&p, w, pool, nodes, 1, &mut Misses::default());
                 }
                 prop_assert_eq!(stale(&p, &fleet), Vec::<String>::new());
                 prop_assert_eq!(stale(&p, &before), Vec::<String>::new());

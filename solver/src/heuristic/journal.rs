@@ -82,7 +82,7 @@ impl Fleet {
                 }
                 Undo::Memory(n, v) => self.memory[n] = v,
                 Undo::Placed(w, v) => self.placed[w] = v,
-                Undo::Free(n, v) => self.free[n] = v,
+                Undo::Free(n, v) => self.set_free(n, v),
             }
         }
         j.marks.truncate(mark.depth());

@@ -813,7 +813,9 @@ pub(crate) fn cost_order(p: &Problem, running: &[Running]) -> Rc<[u32]> {
 /// skipped that could succeed; the search from scratch that debug builds run beside this one
 /// asserts it).
 pub(super) struct Room {
-    free_at: Vec<i64>,
+    /// The free units of the pool's open nodes (`open.rs`) as the search began; a node not
+    /// here had none.
+    free_at: HashMap<usize, i64, foldhash::fast::FixedState>,
     /// The pool's free units.
     pool_free: i64,
     /// Replicas of the gang the pool's nodes could take as they are (see `replicas_on`).
@@ -825,18 +827,25 @@ pub(super) struct Room {
 impl Room {
     fn new(s: &Solver<'_>, pool: usize, per_replica: i64) -> Room {
         let p = s.p;
-        let pool_nodes = &p.pools[pool].nodes;
-        let mut free_at = vec![0i64; p.nodes.len()];
-        for &n in pool_nodes {
-            free_at[n] = s.fleet.node_free(p, n);
-        }
+        // A node with nothing free adds nothing to either sum, and a search asks for a few
+        // nodes' room: the open ones are all it reads (a gang of no units fits everywhere,
+        // and is counted over every node).
+        let nodes = if per_replica > 0 {
+            s.fleet.open_in(p, pool)
+        } else {
+            p.pools[pool].nodes.clone()
+        };
+        let free_at: HashMap<usize, i64, foldhash::fast::FixedState> = nodes
+            .iter()
+            .map(|&n| (n, s.fleet.node_free(p, n)))
+            .collect();
         let mut room = Room {
-            pool_free: pool_nodes.iter().map(|&n| free_at[n]).sum(),
+            pool_free: nodes.iter().map(|n| free_at[n]).sum(),
             free_at,
             base_fit: 0,
             per_replica,
         };
-        room.base_fit = pool_nodes
+        room.base_fit = nodes
             .iter()
             .fold(0i64, |a, &n| a.wrapping_add(room.replicas_on(n, 0)));
         room
@@ -845,7 +854,7 @@ impl Room {
     /// Replicas node `n` could take with `freed` more units free.
     fn replicas_on(&self, n: usize, freed: i64) -> i64 {
         if self.per_replica > 0 {
-            (self.free_at[n] + freed) / self.per_replica
+            (self.free_at.get(&n).copied().unwrap_or(0) + freed) / self.per_replica
         } else {
             i64::MAX / 4
         }
