@@ -1692,10 +1692,16 @@ spec:
                 PROFILES[w % PROFILES.len()]
             );
         }
+        problem_of(POLICY, &nodes, &pending)
+    }
+
+    /// The problem of `policy` (after [`TIERS`]) and a snapshot of these nodes and pending
+    /// workloads (YAML list items), nothing running.
+    fn problem_of(policy: &str, nodes: &str, pending: &str) -> Problem {
         let state = format!(
             "---\napiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{nodes}  running: []\n  pending:\n{pending}"
         );
-        let c = compile(&[SourceFile::new("p.yaml", format!("{TIERS}{POLICY}{state}"))]);
+        let c = compile(&[SourceFile::new("p.yaml", format!("{TIERS}{policy}{state}"))]);
         assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
         Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
     }
@@ -1743,12 +1749,7 @@ spec:
                 1 + w % 2
             );
         }
-        let state = format!(
-            "---\napiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{nodes}  running: []\n  pending:\n{pending}"
-        );
-        let c = compile(&[SourceFile::new("p.yaml", format!("{TIERS}{policy}{state}"))]);
-        assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
-        Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap()
+        problem_of(policy, &nodes, &pending)
     }
 
     /// The nodes and GPUs whose kept free units or offers differ from a recount.
