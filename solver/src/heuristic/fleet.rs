@@ -1306,65 +1306,67 @@ impl Fleet {
         best
     }
 
-    /// Places the gang on `pool` honouring its topology: at least `min`, up to `want` replicas.
+    /// Places the gang on `pool` honouring its topology: at least `min`, up to `want` replicas,
+    /// written on this fleet. On `Err` the fleet is as it was: each tentative placement is made
+    /// under a journal mark (`journal.rs`) and rolled back when it falls short, where a clone of
+    /// the whole fleet per attempt cost the fleet's size each time (a pointer per chunk, then
+    /// all dropped), per admission.
     pub(super) fn place_gang(
-        &self,
+        &mut self,
         p: &Problem,
         w: usize,
         pool: usize,
         want: u32,
         min: u32,
-    ) -> Result<Fleet, Reason> {
+    ) -> Result<(), Reason> {
         let wl = &p.workloads[w];
         let info = &p.pools[pool];
         let mut miss = Misses::default();
         let all: &[usize] = &info.nodes;
         // Each domain's nodes, in pool order, gathered once a cycle (see `Fleet::new`); sets
         // of nodes are borrowed, not copied, per gang (a pool has thousands of nodes).
-        let members = &self.domains[pool];
+        let members = Rc::clone(&self.domains);
+        let members = &members[pool];
         let domain_free =
             |f: &Fleet, d: usize| -> i64 { members[d].iter().map(|&n| f.node_free(p, n)).sum() };
-        let try_sets = |sets: &[&[usize]], at_least: u32, miss: &mut Misses| -> Option<Fleet> {
-            for &set in sets {
-                // `fill` asks each node of the set for a place first, as this does, and stops
-                // when none has one: skip the clone then (the misses recorded are the same).
-                if at_least > 0
-                    && !set
-                        .iter()
-                        .any(|&n| self.option_indexed(p, w, pool, n, miss).is_some())
-                {
-                    continue;
-                }
-                let mut f = self.clone();
-                if f.fill(p, w, pool, set, want, miss) >= at_least {
-                    return Some(f);
-                }
+        // A set where not even one replica has a place cannot take the gang: `fill` would ask
+        // each node for a place first, as this does, and stop when none has one (most nodes of
+        // a busy pool). The misses recorded are not the reason given.
+        let attempt = |f: &mut Fleet, set: &[usize], at_least: u32| {
+            let mut miss = Misses::default();
+            if at_least > 0
+                && !set
+                    .iter()
+                    .any(|&n| f.option_indexed(p, w, pool, n, &mut miss).is_some())
+            {
+                return false;
             }
-            None
+            f.fill_at_least(p, w, pool, set, want, at_least, &mut miss)
+                .is_ok()
         };
         // Domains and nodes best-fit: the smallest free room first, so large ones stay free;
         // then by name (the pool's domains are sorted by name, so by index). Ordered only for
         // a gang with a topology: the free room of every node of the pool is summed for it.
-        let domain_sets = || -> Vec<&[usize]> {
+        let domain_sets = |f: &Fleet| -> Vec<&[usize]> {
             let mut domains: Vec<usize> = (0..info.domains.len()).collect();
-            domains.sort_by_cached_key(|&d| (domain_free(self, d), d));
+            domains.sort_by_cached_key(|&d| (domain_free(f, d), d));
             domains.iter().map(|&d| members[d].as_slice()).collect()
         };
         match wl.topology {
             TopologyMode::Required => {
                 // A domain that takes every replica, else one that takes at least `min`.
-                let domain_sets = domain_sets();
-                let mut scratch = Misses::default();
-                if let Some(f) = try_sets(&domain_sets, want, &mut scratch) {
-                    return Ok(f);
-                }
-                if let Some(f) = try_sets(&domain_sets, min, &mut miss) {
-                    return Ok(f);
+                let domain_sets = domain_sets(self);
+                let tries: &[u32] = if want == min { &[want] } else { &[want, min] };
+                for &at_least in tries {
+                    for &set in &domain_sets {
+                        if attempt(self, set, at_least) {
+                            return Ok(());
+                        }
+                    }
                 }
                 // Would it fit split? Then the domain is the reason; otherwise the capacity.
-                let mut f = self.clone();
-                let mut m2 = Misses::default();
-                if f.fill(p, w, pool, all, want, &mut m2) >= min {
+                let fit = self.fit_count(p, w, pool, all, want, &mut miss);
+                if fit >= min {
                     let best = (0..info.domains.len())
                         .map(|d| domain_free(self, d))
                         .max()
@@ -1375,46 +1377,67 @@ impl Fleet {
                         best_free: Gpus::from_units(best),
                     });
                 }
-                Err(self.capacity_reason(p, w, pool, min, &f, &m2))
+                Err(self.capacity_reason(p, w, pool, min, fit, &miss))
             }
             TopologyMode::Preferred => {
                 let mut nodes = all.to_vec();
                 nodes.sort_by_cached_key(|&n| (self.node_free(p, n), n));
                 let node_sets: Vec<&[usize]> = nodes.iter().map(std::slice::from_ref).collect();
                 // A one-node, then one-domain placement, if it takes the whole gang.
-                for sets in [node_sets, domain_sets()] {
+                for sets in [node_sets, domain_sets(self)] {
                     for set in sets {
-                        // A set where not even one replica has a place cannot take it: skip
-                        // the clone (most nodes of a busy pool).
-                        if want > 0 {
-                            let mut m = Misses::default();
-                            if !set
-                                .iter()
-                                .any(|&n| self.option_indexed(p, w, pool, n, &mut m).is_some())
-                            {
-                                continue;
-                            }
-                        }
-                        let mut f = self.clone();
-                        let mut m = Misses::default();
-                        if f.fill(p, w, pool, set, want, &mut m) >= want {
-                            return Ok(f);
+                        if attempt(self, set, want) {
+                            return Ok(());
                         }
                     }
                 }
-                let mut f = self.clone();
-                if f.fill(p, w, pool, all, want, &mut miss) >= min {
-                    return Ok(f);
-                }
-                Err(self.capacity_reason(p, w, pool, min, &f, &miss))
+                self.fill_at_least(p, w, pool, all, want, min, &mut miss)
+                    .map_err(|fit| self.capacity_reason(p, w, pool, min, fit, &miss))
             }
-            TopologyMode::None => {
-                let mut f = self.clone();
-                if f.fill(p, w, pool, all, want, &mut miss) >= min {
-                    return Ok(f);
-                }
-                Err(self.capacity_reason(p, w, pool, min, &f, &miss))
-            }
+            TopologyMode::None => self
+                .fill_at_least(p, w, pool, all, want, min, &mut miss)
+                .map_err(|fit| self.capacity_reason(p, w, pool, min, fit, &miss)),
+        }
+    }
+
+    /// How many replicas of `w` (up to `want`) [`Fleet::fill`] places on `nodes`; the fleet is
+    /// left as it is.
+    fn fit_count(
+        &mut self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: &[usize],
+        want: u32,
+        miss: &mut Misses,
+    ) -> u32 {
+        let mark = self.mark();
+        let fit = self.fill(p, w, pool, nodes, want, miss);
+        self.rollback(mark);
+        fit
+    }
+
+    /// [`Fleet::fill`] under a journal mark: kept when at least `at_least` replicas fit,
+    /// otherwise undone and how many fitted.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_at_least(
+        &mut self,
+        p: &Problem,
+        w: usize,
+        pool: usize,
+        nodes: &[usize],
+        want: u32,
+        at_least: u32,
+        miss: &mut Misses,
+    ) -> Result<(), u32> {
+        let mark = self.mark();
+        let fit = self.fill(p, w, pool, nodes, want, miss);
+        if fit >= at_least {
+            self.commit(mark);
+            Ok(())
+        } else {
+            self.rollback(mark);
+            Err(fit)
         }
     }
 
@@ -1424,12 +1447,11 @@ impl Fleet {
         w: usize,
         pool: usize,
         min: u32,
-        after: &Fleet,
+        fit: u32,
         miss: &Misses,
     ) -> Reason {
         let wl = &p.workloads[w];
         let info = &p.pools[pool];
-        let fit = after.placed[w].as_ref().map_or(0, |v| v.len() as u32);
         if let Demand::Mig { profile_id } = wl.demand
             && fit == 0
         {
@@ -1796,10 +1818,13 @@ spec:
         /// Marks opened, replicas placed and released (drains marked or not) under them, and
         /// rollbacks to any open mark: a rollback leaves the fleet holding the very values it
         /// held when the mark opened (the same `Rc` per GPU state and per placement list), and
-        /// the offers and free units kept equal a recount throughout.
+        /// the offers and free units kept equal a recount throughout. A rollback that keeps
+        /// what it undid, then its redo, leaves the fleet as it was before the rollback, and
+        /// the marks opened before still undo the redone writes; so do they a committed
+        /// mark's writes.
         #[test]
         fn rollback_restores_the_very_values(
-            ops in proptest::collection::vec((0usize..12, any::<bool>(), 0u8..6), 1..60)
+            ops in proptest::collection::vec((0usize..12, any::<bool>(), 0u8..9), 1..60)
         ) {
             let p = problem();
             let pool = 0;
@@ -1824,6 +1849,24 @@ spec:
                         fleet.rollback(mark);
                         open.truncate(i);
                         prop_assert!(identical(&p, &fleet, &copy));
+                        prop_assert_eq!(fleet.journaling(), !open.is_empty());
+                    }
+                    2 if !open.is_empty() => {
+                        let i = w % open.len();
+                        let (mark, copy) = open[i].clone();
+                        let written = fleet.clone();
+                        let redo = fleet.rollback_keeping(mark);
+                        open.truncate(i);
+                        prop_assert!(identical(&p, &fleet, &copy));
+                        prop_assert_eq!(stale(&p, &fleet), Vec::<String>::new());
+                        fleet.redo(redo);
+                        prop_assert!(identical(&p, &fleet, &written));
+                        prop_assert_eq!(fleet.journaling(), !open.is_empty());
+                    }
+                    3 if !open.is_empty() => {
+                        let i = w % open.len();
+                        fleet.commit(open[i].0);
+                        open.truncate(i);
                         prop_assert_eq!(fleet.journaling(), !open.is_empty());
                     }
                     _ => {

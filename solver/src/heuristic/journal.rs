@@ -27,6 +27,10 @@ enum Undo {
     Free(usize, NodeFree),
 }
 
+/// The writes a rollback undid, in the order they were made ([`Fleet::rollback_keeping`]).
+#[derive(Debug)]
+pub(crate) struct Redo(Vec<Undo>);
+
 #[derive(Debug, Default)]
 struct FleetJournal {
     undo: Vec<Undo>,
@@ -62,27 +66,88 @@ impl Fleet {
         self.journal.0.is_some()
     }
 
+    /// Closes `mark` and the marks opened after it, keeping every write since: a mark opened
+    /// before it still undoes them; with none open, nothing is recorded any more.
+    pub(crate) fn commit(&mut self, mark: Mark) {
+        let j = self.journal.0.as_mut().expect("a mark is open");
+        j.marks.truncate(mark.depth());
+        if j.marks.is_empty() {
+            self.journal.0 = None;
+        }
+    }
+
     /// Undoes every write since `mark` opened, and closes it and the marks opened after it.
     pub(crate) fn rollback(&mut self, mark: Mark) {
-        let mut j = self.journal.0.take().expect("a mark is open");
-        let start = j.marks[mark.depth()];
-        while j.undo.len() > start {
-            match j.undo.pop().expect("above the mark") {
-                Undo::Gpu(g, old, before) => {
-                    self.gpu[g] = old;
-                    match before {
-                        Some(i) => j.saved.insert(g, i),
-                        None => j.saved.remove(&g),
-                    };
+        self.undo_to(mark, None);
+    }
+
+    /// [`Fleet::rollback`], keeping what it undoes: the values it replaces, in the order they
+    /// were written, for [`Fleet::redo`] to write again. The pools a workload may use are
+    /// compared so: each tentative placement written, measured, undone, and the best written
+    /// again, where a clone of the whole fleet per pool tried cost the fleet's size.
+    pub(crate) fn rollback_keeping(&mut self, mark: Mark) -> Redo {
+        let mut kept = Vec::new();
+        self.undo_to(mark, Some(&mut kept));
+        kept.reverse();
+        Redo(kept)
+    }
+
+    /// Writes again what a rollback undid (journaled, when a mark is open): the fleet holds
+    /// the very values it held before the rollback.
+    pub(crate) fn redo(&mut self, redo: Redo) {
+        for write in redo.0 {
+            match write {
+                Undo::Gpu(g, state, _) => {
+                    self.save_gpu(g);
+                    self.gpu[g] = state;
                 }
-                // Every write to a node's state saves its CPU first (`save_node`).
+                // A node's CPU and memory are saved together, CPU first (`save_node`).
                 Undo::Cpu(n, v) => {
+                    self.save_node(n);
                     self.cpu[n] = v;
                     self.unmeasure(n);
                 }
                 Undo::Memory(n, v) => self.memory[n] = v,
-                Undo::Placed(w, v) => self.placed[w] = v,
-                Undo::Free(n, v) => self.set_free(n, v),
+                Undo::Placed(w, v) => {
+                    self.save_placed(w);
+                    self.placed[w] = v;
+                }
+                Undo::Free(n, v) => {
+                    self.save_free(n);
+                    self.set_free(n, v);
+                }
+            }
+        }
+    }
+
+    fn undo_to(&mut self, mark: Mark, mut keep: Option<&mut Vec<Undo>>) {
+        let mut j = self.journal.0.take().expect("a mark is open");
+        let start = j.marks[mark.depth()];
+        while j.undo.len() > start {
+            let undone = match j.undo.pop().expect("above the mark") {
+                Undo::Gpu(g, old, before) => {
+                    match before {
+                        Some(i) => j.saved.insert(g, i),
+                        None => j.saved.remove(&g),
+                    };
+                    Undo::Gpu(g, std::mem::replace(&mut self.gpu[g], old), None)
+                }
+                // Every write to a node's state saves its CPU first (`save_node`).
+                Undo::Cpu(n, v) => {
+                    let now = std::mem::replace(&mut self.cpu[n], v);
+                    self.unmeasure(n);
+                    Undo::Cpu(n, now)
+                }
+                Undo::Memory(n, v) => Undo::Memory(n, std::mem::replace(&mut self.memory[n], v)),
+                Undo::Placed(w, v) => Undo::Placed(w, std::mem::replace(&mut self.placed[w], v)),
+                Undo::Free(n, v) => {
+                    let now = self.free[n];
+                    self.set_free(n, v);
+                    Undo::Free(n, now)
+                }
+            };
+            if let Some(keep) = keep.as_deref_mut() {
+                keep.push(undone);
             }
         }
         j.marks.truncate(mark.depth());

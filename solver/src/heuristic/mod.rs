@@ -452,34 +452,59 @@ impl<'p> Solver<'p> {
         // against each pool's mix, summed over the nodes it lands on), then the one where it
         // leaves the fewest GPUs unfed for CPU, then the first listed: a pool that runs out of
         // CPU next to idle GPUs must not be filled first only because it is listed first.
-        type Fit = ((u64, i64), Fleet, Ledger, Gpus, Gpus);
-        let mut best: Option<Fit> = None;
-        for &pool in &wl.pools {
-            match try_pool(p, &self.fleet, &self.ledger, w, pool, wl.replicas) {
-                Ok((fleet, ledger, guaranteed, borrowed)) => {
-                    // (one pool: nothing to compare, nothing to measure)
-                    let tier = if wl.pools.len() == 1 {
-                        (0, 0)
-                    } else {
-                        placement_tier(p, &self.fleet, &fleet, w, pool)
+        if let [pool] = wl.pools[..] {
+            // One pool: nothing to compare, so the gang is placed on the solver's own fleet.
+            match admit_on(p, &mut self.fleet, &mut self.ledger, w, pool, wl.replicas) {
+                Ok((guaranteed, borrowed)) => {
+                    return Status::Admit {
+                        guaranteed,
+                        borrowed,
                     };
-                    if best.as_ref().is_none_or(|b| tier < b.0) {
-                        best = Some((tier, fleet, ledger, guaranteed, borrowed));
-                    }
-                    if tier == (0, 0) {
-                        break;
-                    }
                 }
                 Err(r) => attempts.push((pool, r)),
             }
-        }
-        if let Some((_, fleet, ledger, guaranteed, borrowed)) = best {
-            self.fleet = fleet;
-            self.ledger = ledger;
-            return Status::Admit {
-                guaranteed,
-                borrowed,
-            };
+        } else {
+            // Each pool's placement is written on the solver's own fleet under a mark,
+            // measured, and undone, its writes kept while it is the best; the best is written
+            // again (`journal.rs`). A clone of the fleet per pool cost the fleet's size.
+            let mut best: Option<((u64, i64), usize, Redo)> = None;
+            for &pool in &wl.pools {
+                let placed =
+                    quota_allows(p, &self.ledger, w, pool, wl.replicas).and_then(|(want, min)| {
+                        let mark = self.fleet.mark();
+                        match self.fleet.place_gang(p, w, pool, want, min) {
+                            Ok(()) => Ok(mark),
+                            Err(r) => {
+                                self.fleet.rollback(mark);
+                                Err(r)
+                            }
+                        }
+                    });
+                match placed {
+                    Ok(mark) => {
+                        let nodes = nodes_of(&self.fleet, w);
+                        let after = tier_reading(p, &self.fleet, pool, &nodes);
+                        let redo = self.fleet.rollback_keeping(mark);
+                        let before = tier_reading(p, &self.fleet, pool, &nodes);
+                        let tier = placement_tier(&self.fleet.mix, pool, &before, &after);
+                        if best.as_ref().is_none_or(|b| tier < b.0) {
+                            best = Some((tier, pool, redo));
+                        }
+                        if tier == (0, 0) {
+                            break;
+                        }
+                    }
+                    Err(r) => attempts.push((pool, r)),
+                }
+            }
+            if let Some((_, pool, redo)) = best {
+                self.fleet.redo(redo);
+                let (guaranteed, borrowed) = book(p, &self.fleet, &mut self.ledger, w, pool);
+                return Status::Admit {
+                    guaranteed,
+                    borrowed,
+                };
+            }
         }
         // Releasing victims frees room and quota alike (the root's limit is the pool).
         let preempting = if self.hold[w] { 0 } else { attempts.len() };
@@ -637,48 +662,62 @@ fn scan_agrees(p: &Problem, ledger: &Ledger, waiting: &mut Vec<usize>, w: usize,
     waiting.remove(i);
 }
 
-/// How much placing `w` in `pool` (`before` → `after`) fragments the nodes it lands on:
-/// `100 −` FGD's whole-point score of each such node against the pool's mix, summed; then the
-/// GPU units it leaves unfed for CPU on them, summed ([`Fleet::unfed_at`]; negative where it
-/// feeds some). `(0, 0)` (the best) when nothing runs in the pool: there is no work there to
-/// fragment, so new work goes to an idle pool before it breaks up a busy one.
-fn placement_tier(p: &Problem, before: &Fleet, after: &Fleet, w: usize, pool: usize) -> (u64, i64) {
-    if !before.mix.scores(pool) {
-        return (0, 0);
-    }
-    let mut nodes: Vec<usize> = after.placed[w]
+/// The nodes `w` holds, each once, in order.
+fn nodes_of(fleet: &Fleet, w: usize) -> Vec<usize> {
+    let mut nodes: Vec<usize> = fleet.placed[w]
         .as_ref()
         .map_or_else(Vec::new, |slots| slots.iter().map(|s| s.node).collect());
     nodes.sort_unstable();
     nodes.dedup();
     nodes
-        .into_iter()
-        .map(|n| {
-            let (tier, _) = before.mix.cost(
-                pool,
-                before.measure(p, pool, n, None),
-                after.measure(p, pool, n, None),
-            );
-            let unfed = after.unfed_at(p, pool, n) - before.unfed_at(p, pool, n);
-            (u64::from(tier), unfed)
+}
+
+/// What [`placement_tier`] reads of `nodes` of `pool` on `fleet`: each one's measure against
+/// the pool's mix and the GPU units it leaves unfed for CPU (none when the pool's mix scores
+/// nothing).
+fn tier_reading(p: &Problem, fleet: &Fleet, pool: usize, nodes: &[usize]) -> Vec<(Measure, i64)> {
+    if !fleet.mix.scores(pool) {
+        return Vec::new();
+    }
+    nodes
+        .iter()
+        .map(|&n| (fleet.measure(p, pool, n, None), fleet.unfed_at(p, pool, n)))
+        .collect()
+}
+
+/// How much placing a workload in `pool` fragments the nodes it lands on, from their readings
+/// before and after ([`tier_reading`]): `100 −` FGD's whole-point score of each such node
+/// against the pool's mix, summed; then the GPU units it leaves unfed for CPU on them, summed
+/// ([`Fleet::unfed_at`]; negative where it feeds some). `(0, 0)` (the best) when nothing runs
+/// in the pool: there is no work there to fragment, so new work goes to an idle pool before
+/// it breaks up a busy one.
+fn placement_tier(
+    mix: &Mix,
+    pool: usize,
+    before: &[(Measure, i64)],
+    after: &[(Measure, i64)],
+) -> (u64, i64) {
+    before
+        .iter()
+        .zip(after)
+        .map(|(&(b, unfed_b), &(a, unfed_a))| {
+            (u64::from(mix.cost(pool, b, a).0), unfed_a - unfed_b)
         })
         .fold((0, 0), |(t, u), (tier, unfed)| (t + tier, u + unfed))
 }
 
-/// Quota, then placement, of `w` on `pool`: the new fleet and ledger and the
-/// (guaranteed, borrowed) split of what was admitted.
-fn try_pool(
+/// The replicas of `w` the quota allows in `pool`: `(want, min)`, the most up to `cap` that
+/// the limits and the borrowing rules allow, and the gang's smallest; why not, when not `min`.
+fn quota_allows(
     p: &Problem,
-    fleet: &Fleet,
     ledger: &Ledger,
     w: usize,
     pool: usize,
     cap: u32,
-) -> Result<(Fleet, Ledger, Gpus, Gpus), Reason> {
+) -> Result<(u32, u32), Reason> {
     let wl = &p.workloads[w];
     let min = wl.min_member;
     ledger.check_limit(p, wl.tenant, pool, wl.amount(min))?;
-    // The most replicas (up to `cap`) the limit and the reservations allow.
     let mut want = min;
     for n in (min..=cap.clamp(min, wl.replicas)).rev() {
         if ledger.check_limit(p, wl.tenant, pool, wl.amount(n)).is_ok() {
@@ -691,13 +730,66 @@ fn try_pool(
     while want > min && borrow_ok(want).is_err() {
         want -= 1;
     }
-    let fleet = fleet.place_gang(p, w, pool, want, min)?;
+    Ok((want, min))
+}
+
+/// Places `w` on `pool` (from `min` up to `want` replicas) and books it: the (guaranteed,
+/// borrowed) split of what was admitted. On `Err` neither the fleet nor the ledger changed.
+fn place_and_book(
+    p: &Problem,
+    fleet: &mut Fleet,
+    ledger: &mut Ledger,
+    w: usize,
+    pool: usize,
+    (want, min): (u32, u32),
+) -> Result<(Gpus, Gpus), Reason> {
+    fleet.place_gang(p, w, pool, want, min)?;
+    Ok(book(p, fleet, ledger, w, pool))
+}
+
+/// Books on `ledger` what `w` holds on `fleet` in `pool`: the (guaranteed, borrowed) split.
+fn book(p: &Problem, fleet: &Fleet, ledger: &mut Ledger, w: usize, pool: usize) -> (Gpus, Gpus) {
+    let wl = &p.workloads[w];
     let placed = fleet.placed[w].as_ref().map_or(0, |v| v.len() as u32);
     let amount = wl.amount(placed);
-    let (guaranteed, borrowed) = ledger.split(p, wl.tenant, pool, amount.gpus);
-    let mut ledger = ledger.clone();
+    let split = ledger.split(p, wl.tenant, pool, amount.gpus);
     ledger.add(p, wl.tenant, pool, amount);
-    Ok((fleet, ledger, guaranteed, borrowed))
+    split
+}
+
+/// Quota, then placement, of `w` on `pool`, written on the solver's own fleet and ledger: the
+/// (guaranteed, borrowed) split of what was admitted. On `Err` nothing changed.
+fn admit_on(
+    p: &Problem,
+    fleet: &mut Fleet,
+    ledger: &mut Ledger,
+    w: usize,
+    pool: usize,
+    cap: u32,
+) -> Result<(Gpus, Gpus), Reason> {
+    let replicas = quota_allows(p, ledger, w, pool, cap)?;
+    place_and_book(p, fleet, ledger, w, pool, replicas)
+}
+
+/// A what-if: `w` admitted in `pool` on the fleet and ledger as they stand, the result a copy
+/// of both (a pool compared, a preemption search's witness). Placed under marks, copied when
+/// admitted, then undone: a what-if that fails costs what it wrote, where a copy of the fleet
+/// made first cost the fleet's size (a pointer per chunk) each time.
+fn try_pool(
+    p: &Problem,
+    fleet: &mut Fleet,
+    ledger: &mut Ledger,
+    w: usize,
+    pool: usize,
+    cap: u32,
+) -> Result<Admitted, Reason> {
+    let replicas = quota_allows(p, ledger, w, pool, cap)?;
+    let (fm, lm) = (fleet.mark(), ledger.mark());
+    let admitted = place_and_book(p, fleet, ledger, w, pool, replicas)
+        .map(|(guaranteed, borrowed)| (fleet.clone(), ledger.clone(), guaranteed, borrowed));
+    fleet.rollback(fm);
+    ledger.rollback(lm);
+    admitted
 }
 
 fn no_pool_reason(p: &Problem, w: usize) -> Reason {

@@ -138,7 +138,7 @@ impl Solver<'_> {
         }
         let cost = |v: usize| cost_of(p, v);
         // A what-if on the fleet and ledger with `victims` released.
-        let attempt_on = |fleet: &Fleet, ledger: &Ledger, victims: &[usize]| {
+        let attempt_on = |fleet: &mut Fleet, ledger: &mut Ledger, victims: &[usize]| {
             let admitted = try_pool(p, fleet, ledger, w, pool, cap).map_err(|_| ())?;
             // Taken together, each side that gives up work by fair share still holds at least
             // what the requester's side holds with the gang admitted.
@@ -210,7 +210,7 @@ impl Solver<'_> {
         while let Some(v) = next {
             let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
             self.release_victim(pool, v);
-            let attempt = attempt_on(&self.fleet, &self.ledger, &[v]);
+            let attempt = attempt_on(&mut self.fleet, &mut self.ledger, &[v]);
             self.fleet.rollback(fm);
             self.ledger.rollback(lm);
             if let Ok(admitted) = attempt {
@@ -325,14 +325,14 @@ impl Solver<'_> {
                         self.fleet.release(p, u, true);
                     }
                 }
-                let attempt = attempt_on(&self.fleet, &self.ledger, &set);
+                let attempt = attempt_on(&mut self.fleet, &mut self.ledger, &set);
                 #[cfg(debug_assertions)]
                 if lazy {
                     let mut whole = self.fleet.clone();
                     for &u in &set {
                         whole.release(p, u, true);
                     }
-                    let full = attempt_on(&whole, &self.ledger, &set);
+                    let full = attempt_on(&mut whole, &mut self.ledger, &set);
                     assert_eq!(
                         attempt.as_ref().map(|a| &a.0.placed[w]).ok(),
                         full.as_ref().map(|a| &a.0.placed[w]).ok(),
@@ -527,7 +527,7 @@ impl Solver<'_> {
             }
             let (fm, lm) = (self.fleet.mark(), self.ledger.mark());
             self.release_victim(pool, v);
-            let attempt = try_pool(p, &self.fleet, &self.ledger, w, pool, cap);
+            let attempt = try_pool(p, &mut self.fleet, &mut self.ledger, w, pool, cap);
             self.fleet.rollback(fm);
             self.ledger.rollback(lm);
             if let Ok(admitted) = attempt {
@@ -569,7 +569,7 @@ impl Solver<'_> {
     ) -> (Vec<usize>, Admitted)
     where
         F: Fn(usize, i64) -> i64,
-        A: Fn(&Fleet, &Ledger, &[usize]) -> Result<Admitted, ()>,
+        A: Fn(&mut Fleet, &mut Ledger, &[usize]) -> Result<Admitted, ()>,
     {
         let p = self.p;
         let Pruning {
@@ -634,7 +634,7 @@ impl Solver<'_> {
                 let fits = quota_allows(p, &self.ledger, w, pool).is_ok();
                 debug_assert_eq!(
                     fits,
-                    attempt_on(&self.fleet, &self.ledger, &without(&kept)).is_ok(),
+                    attempt_on(&mut self.fleet, &mut self.ledger, &without(&kept)).is_ok(),
                     "the witness decided otherwise than the what-if"
                 );
                 if fits {
@@ -642,7 +642,7 @@ impl Solver<'_> {
                 }
                 fits
             } else {
-                match attempt_on(&self.fleet, &self.ledger, &without(&kept)) {
+                match attempt_on(&mut self.fleet, &mut self.ledger, &without(&kept)) {
                     Ok(a) => {
                         witness = placed_nodes(&a);
                         admitted = Some(a);
@@ -677,7 +677,7 @@ impl Solver<'_> {
                 for &v in &victims {
                     self.release_victim(pool, v);
                 }
-                let a = attempt_on(&self.fleet, &self.ledger, &victims);
+                let a = attempt_on(&mut self.fleet, &mut self.ledger, &victims);
                 self.fleet.rollback(fm);
                 self.ledger.rollback(lm);
                 a.expect("a set whose witness holds admits the gang")

@@ -476,8 +476,8 @@ impl<'p> Solver<'p> {
         }
         let admitted = try_pool(
             p,
-            &self.fleet,
-            &self.ledger,
+            &mut self.fleet,
+            &mut self.ledger,
             w,
             pool,
             p.workloads[w].replicas,
@@ -492,11 +492,11 @@ impl<'p> Solver<'p> {
     pub(super) fn reserved_reason(&self, w: usize, holds: &[usize], reason: Reason) -> Reason {
         let p = self.p;
         let wl = &p.workloads[w];
-        let mut fleet = self.fleet.clone();
+        let (mut fleet, mut ledger) = (self.fleet.clone(), self.ledger.clone());
         fleet.barred = None;
         for &i in holds {
             let h = &self.holds[i];
-            if try_pool(p, &fleet, &self.ledger, w, h.pool, wl.replicas).is_ok() {
+            if try_pool(p, &mut fleet, &mut ledger, w, h.pool, wl.replicas).is_ok() {
                 return Reason::ReservedFor {
                     pool: p.pools[h.pool].name.clone(),
                     gang: p.workloads[h.gang].key.to_string(),

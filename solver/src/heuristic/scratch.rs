@@ -115,7 +115,7 @@ impl Solver<'_> {
         };
         let cap = self.replicas_cap(w, pool, requester_guaranteed);
         // A what-if on the fleet and ledger with `victims` released.
-        let attempt_on = |fleet: &Fleet, ledger: &Ledger, victims: &[usize]| {
+        let attempt_on = |fleet: &mut Fleet, ledger: &mut Ledger, victims: &[usize]| {
             let admitted = try_pool(p, fleet, ledger, w, pool, cap).map_err(|_| ())?;
             // Taken together, each side that gives up work by fair share still holds at least
             // what the requester's side holds with the gang admitted.
@@ -137,8 +137,8 @@ impl Solver<'_> {
             if fair_ok { Ok(admitted) } else { Err(()) }
         };
         let attempt = |victims: &[usize]| {
-            let (fleet, ledger) = self.without(pool, victims);
-            attempt_on(&fleet, &ledger, victims)
+            let (mut fleet, mut ledger) = self.without(pool, victims);
+            attempt_on(&mut fleet, &mut ledger, victims)
         };
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
         // its GPUs) is not needed.
@@ -258,7 +258,9 @@ impl Solver<'_> {
                     debug_assert!(attempt(&set).is_err(), "a what-if skipped would succeed");
                     continue;
                 }
-                if let Ok(mut admitted) = attempt_on(&released_fleet, &released_ledger, &set) {
+                if let Ok(mut admitted) =
+                    attempt_on(&mut released_fleet, &mut released_ledger, &set)
+                {
                     let mut i = set.len();
                     while i > 0 {
                         i -= 1;
