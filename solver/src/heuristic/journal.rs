@@ -1,16 +1,20 @@
-//! An undo journal for the fleet and the ledger, so that the preemption search's what-ifs cost
-//! what they change: a what-if releases its victims on the solver's own fleet and ledger, each
-//! write recording the value it replaces, and a rollback to a mark puts every replaced value
-//! back. A clone of the whole fleet per candidate set, dropped after, cost the fleet's size
-//! each time (a pointer per chunk, the chunks copied on their first write, then all dropped).
+//! An undo journal for the fleet and the ledger, so that a tentative change costs what it
+//! writes: the preemption search's what-ifs release their victims, and an admission places its
+//! gang, on the solver's own fleet and ledger, each write recording the value it replaces, and
+//! a rollback to a mark puts every replaced value back. A clone of the whole fleet per
+//! candidate set or per placement tried, dropped after, cost the fleet's size each time (a
+//! pointer per chunk, the chunks copied on their first write, then all dropped).
 //!
 //! A rollback restores the very values replaced, not equal ones: a GPU's state comes back as
 //! the same `Rc` (the decision's assembly tells changed GPUs by pointer), with its preemption
 //! marks and its shares in their order; a workload's placements come back as the same `Rc`.
 //!
 //! Marks nest: [`Fleet::mark`] opens one, [`Fleet::rollback`] undoes everything written since
-//! and closes it with every mark opened after it. With no mark open nothing is recorded, and a
-//! clone of a fleet or ledger never carries its journal.
+//! and closes it with every mark opened after it, [`Fleet::commit`] closes them keeping the
+//! writes (a mark opened before still undoes them). [`Fleet::rollback_keeping`] undoes and
+//! returns the writes, which [`Fleet::redo`] makes again: the pools a workload may use are
+//! compared so. With no mark open nothing is recorded, and a clone of a fleet or ledger never
+//! carries its journal.
 
 use super::*;
 use crate::undo::Mark;
