@@ -778,7 +778,9 @@ impl Problem {
         // binding both.
         let first_node = run.bindings.first().and_then(node_of);
         let pool = first_node.and_then(|n| self.nodes[n].pool);
-        let rough = rough_gpus(spec) * i64::from(spec.replicas);
+        // What an orphan held, for its report: only orphans read it, and a MIG profile's
+        // name is looked up in every built-in model.
+        let rough = || rough_gpus(spec) * i64::from(spec.replicas);
         let (tenant, class) = match self.references(t, spec) {
             Ok(x) => x,
             Err(cause) => {
@@ -786,7 +788,7 @@ impl Problem {
                     &run.name,
                     (&spec.tenant, &spec.slo_class),
                     cause,
-                    Some((rough, since)),
+                    Some((rough(), since)),
                 )));
             }
         };
@@ -809,7 +811,7 @@ impl Problem {
                 &run.name,
                 (&spec.tenant, &spec.slo_class),
                 cause,
-                Some((rough, since)),
+                Some((rough(), since)),
             )));
         };
         let demand =

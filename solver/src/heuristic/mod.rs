@@ -72,6 +72,7 @@ mod pick;
 mod preempt;
 mod protected;
 mod queue;
+mod reclaim_scan;
 #[cfg(debug_assertions)]
 mod scratch;
 use crate::cow::CowVec;
@@ -162,6 +163,9 @@ pub(crate) struct Solver<'p> {
     /// requester of any such tenant (none, mostly: a full pool of non-preemptible serving work
     /// refuses every requester alike), and as long as the statuses stay (until a preemption).
     refused_guaranteed: Option<(RefusalKey, BTreeSet<usize>, Refusal)>,
+    /// The pool's candidates classified for requesters within their guarantee of one
+    /// (pool, scope, priority), kept across their searches (`reclaim_scan.rs`).
+    reclaim_scan: Option<reclaim_scan::ReclaimScan>,
     /// Workloads admitted only where they fit without preemption (an integer program found
     /// preempting for them not worth it; see `replay.rs`).
     pub(crate) hold: Vec<bool>,
@@ -241,6 +245,7 @@ impl<'p> Solver<'p> {
             by_cost: vec![None; p.pools.len()],
             refused: None,
             refused_guaranteed: None,
+            reclaim_scan: None,
             hold: vec![false; p.workloads.len()],
             holds: Vec::new(),
             tenant_index: std::cell::OnceCell::new(),
@@ -261,6 +266,7 @@ impl<'p> Solver<'p> {
             by_cost: parts.by_cost,
             refused: None,
             refused_guaranteed: None,
+            reclaim_scan: None,
             hold: vec![false; p.workloads.len()],
             holds: parts.holds,
             tenant_index: std::cell::OnceCell::new(),
@@ -401,6 +407,7 @@ impl<'p> Solver<'p> {
     pub(crate) fn forget_refusals(&mut self) {
         self.refused = None;
         self.refused_guaranteed = None;
+        self.reclaim_scan = None;
     }
 
     /// The ledger changes of admitting `w` (its victims released, itself added), and the

@@ -88,54 +88,22 @@ impl Solver<'_> {
                 .cheapest_single(w, pool, &requester, cap, &mut room)
                 .map(|(v, admitted)| (vec![v], admitted));
         }
-        let mut protected = Blocking::new(self.tenant_ranks());
-        let mut eligible = Vec::new();
-        // Eligible by fair share alone, with how far above its share each level of its side
-        // is (see `fairly_yields`).
-        let mut fair_victims: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-        // Tenants whose borrower could displace protected work here (their own, within
-        // guarantee, of lower priority): a refusal holds for every other tenant's borrower.
-        let mut owners = BTreeSet::new();
-        // Tenants whose borrowed work a requester within guarantee found protected because it
-        // was its own: another tenant's requester could reclaim it.
-        let mut own = BTreeSet::new();
-        // Whether the scope left a candidate out: when it left none (the scope is the pool's
-        // root, say), the search without it below would be this one again.
-        let mut outside_scope = false;
-        let candidates = if chosen.is_some() {
-            &[][..]
+        let Scan {
+            protected,
+            eligible,
+            fair_victims,
+            owners,
+            own,
+            outside_scope,
+        } = if chosen.is_some() {
+            Scan::new(self.tenant_ranks())
+        } else if walked {
+            // The same classification for each requester within its guarantee of one
+            // priority, kept until a preemption changes it (`reclaim_scan.rs`).
+            self.reclaim_scan(w, pool, scope, &requester)
         } else {
-            &self.running_by_pool[pool][..]
+            self.scan(w, pool, &requester)
         };
-        for run in candidates {
-            // Names are cloned only for the few candidates a reason lists (see `listed`).
-            let v = run.workload;
-            match self.candidate(&requester, run) {
-                Candidate::Outside => outside_scope = true,
-                Candidate::Gone => {}
-                Candidate::Eligible => eligible.push(v),
-                Candidate::Protected(why, note) => {
-                    match note {
-                        Note::Owner(t) => {
-                            owners.insert(t);
-                        }
-                        Note::Own(t) => {
-                            own.insert(t);
-                        }
-                        Note::None => {}
-                    }
-                    protected.push(p, v, why);
-                }
-                Candidate::FairShare => match self.fairly_yields(w, v, pool) {
-                    Some(Ok(rank)) => {
-                        fair_victims.insert(v, rank);
-                        eligible.push(v);
-                    }
-                    Some(Err(())) => protected.push(p, v, Blocked::FairShare),
-                    None => protected.push(p, v, Blocked::NotLowerPriority),
-                },
-            }
-        }
         let cost = |v: usize| cost_of(p, v);
         // A what-if on the fleet and ledger with `victims` released.
         let attempt_on = |fleet: &mut Fleet, ledger: &mut Ledger, victims: &[usize]| {
@@ -408,7 +376,10 @@ impl Solver<'_> {
             };
             self.status[v] = Some(Status::Preempt(reason));
         }
+        // The kept classification loses the victims, now gone, and stays (`reclaim_scan.rs`).
+        let kept = self.reclaim_scan.take();
         self.forget_refusals();
+        self.reclaim_scan = kept.and_then(|k| k.without(p, pool, &victims));
         self.victims = victims;
         self.fleet = fleet;
         self.ledger = ledger;
@@ -453,9 +424,45 @@ impl Solver<'_> {
             .unwrap_or(wl.min_member)
     }
 
+    /// Every running candidate of `pool` classified for requester `r` of `w`, in key order.
+    pub(super) fn scan(&self, w: usize, pool: usize, r: &Requester<'_>) -> Scan {
+        let p = self.p;
+        let mut found = Scan::new(self.tenant_ranks());
+        for run in &self.running_by_pool[pool] {
+            // Names are cloned only for the few candidates a reason lists (see `listed`).
+            let v = run.workload;
+            match self.candidate(r, run) {
+                Candidate::Outside => found.outside_scope = true,
+                Candidate::Gone => {}
+                Candidate::Eligible => found.eligible.push(v),
+                Candidate::Protected(why, note) => {
+                    match note {
+                        Note::Owner(t) => {
+                            found.owners.insert(t);
+                        }
+                        Note::Own(t) => {
+                            found.own.insert(t);
+                        }
+                        Note::None => {}
+                    }
+                    found.protected.push(p, v, why);
+                }
+                Candidate::FairShare => match self.fairly_yields(w, v, pool) {
+                    Some(Ok(rank)) => {
+                        found.fair_victims.insert(v, rank);
+                        found.eligible.push(v);
+                    }
+                    Some(Err(())) => found.protected.push(p, v, Blocked::FairShare),
+                    None => found.protected.push(p, v, Blocked::NotLowerPriority),
+                },
+            }
+        }
+        found
+    }
+
     /// What running candidate `run` is to `r`: the classification of the search's scan and
     /// of its walk alike.
-    fn candidate(&self, r: &Requester<'_>, run: &Running) -> Candidate {
+    pub(super) fn candidate(&self, r: &Requester<'_>, run: &Running) -> Candidate {
         let p = self.p;
         let v = run.workload;
         if r.in_scope.is_some_and(|s| !s[run.tenant]) {
@@ -709,16 +716,48 @@ pub(super) struct Pruning<'s, F> {
     base: (Mark, Mark),
 }
 
+/// What a scan of a pool's running candidates found for one requester.
+#[derive(Debug, PartialEq)]
+pub(super) struct Scan {
+    pub(super) protected: Blocking,
+    pub(super) eligible: Vec<usize>,
+    /// Eligible by fair share alone, with how far above its share each level of its side
+    /// is (see `fairly_yields`).
+    pub(super) fair_victims: BTreeMap<usize, Vec<u64>>,
+    /// Tenants whose borrower could displace protected work here (their own, within
+    /// guarantee, of lower priority): a refusal holds for every other tenant's borrower.
+    pub(super) owners: BTreeSet<usize>,
+    /// Tenants whose borrowed work a requester within guarantee found protected because it
+    /// was its own: another tenant's requester could reclaim it.
+    pub(super) own: BTreeSet<usize>,
+    /// Whether the scope left a candidate out: when it left none (the scope is the pool's
+    /// root, say), the search without it would be the same search again.
+    pub(super) outside_scope: bool,
+}
+
+impl Scan {
+    pub(super) fn new(ranks: Rc<[u32]>) -> Scan {
+        Scan {
+            protected: Blocking::new(ranks),
+            eligible: Vec::new(),
+            fair_victims: BTreeMap::new(),
+            owners: BTreeSet::new(),
+            own: BTreeSet::new(),
+            outside_scope: false,
+        }
+    }
+}
+
 /// What a preemption search asks of each candidate about its requester.
 pub(super) struct Requester<'a> {
-    tenant: usize,
-    prio: i64,
+    pub(super) tenant: usize,
+    pub(super) prio: i64,
     /// Whether the requester's gang stays within its tenant's guarantee.
-    guaranteed: bool,
+    pub(super) guaranteed: bool,
     /// Whether borrowers of one priority compete by fair share here.
-    fair: bool,
+    pub(super) fair: bool,
     /// Whether each tenant is in the search's scope (`None`: no scope).
-    in_scope: Option<&'a [bool]>,
+    pub(super) in_scope: Option<&'a [bool]>,
 }
 
 /// One running candidate, to a [`Requester`].

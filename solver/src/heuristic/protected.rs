@@ -4,7 +4,7 @@
 use super::*;
 
 /// Why a candidate victim is protected, before its name is needed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Blocked {
     NonPreemptible,
     MinRuntime(u64),
@@ -18,7 +18,7 @@ pub(super) enum Blocked {
 /// The protected candidates of one preemption search: all counted, the first
 /// [`crate::decision::PROTECTED_LISTED`] by key kept (a borrower refused on a large fleet
 /// has thousands, and a queue has thousands of borrowers).
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Blocking {
     /// By (tenant, name). A snapshot's running workloads are numbered in that order, but a
     /// session's carried-out admissions run under the numbers they arrived with.
@@ -26,7 +26,7 @@ pub(super) struct Blocking {
     pub(super) total: usize,
     /// Each tenant's rank by name ([`Solver::tenant_ranks`]): candidates are ordered by
     /// (rank, name), which is their key's order without comparing tenant names.
-    ranks: Rc<[u32]>,
+    pub(super) ranks: Rc<[u32]>,
 }
 
 impl Blocking {
@@ -58,6 +58,39 @@ impl Blocking {
         );
         if self.first.len() < crate::decision::PROTECTED_LISTED {
             self.first.push((v, why));
+        }
+    }
+}
+
+impl Blocking {
+    /// These candidates and `more` (in key order; `count` of them in all, the first listed
+    /// ones given) counted and listed together.
+    pub(super) fn with(
+        &self,
+        p: &Problem,
+        more: impl Iterator<Item = (usize, Blocked)>,
+        count: usize,
+    ) -> Blocking {
+        let key = |u: usize| {
+            let wl = &p.workloads[u];
+            (self.ranks[wl.tenant], wl.key.name.as_str())
+        };
+        let mut first = Vec::with_capacity(crate::decision::PROTECTED_LISTED);
+        let mut mine = self.first.iter().copied().peekable();
+        let mut more = more.peekable();
+        while first.len() < crate::decision::PROTECTED_LISTED {
+            let next = match (mine.peek(), more.peek()) {
+                (Some(a), Some(b)) if key(b.0) < key(a.0) => more.next(),
+                (Some(_), _) => mine.next(),
+                (None, _) => more.next(),
+            };
+            let Some(next) = next else { break };
+            first.push(next);
+        }
+        Blocking {
+            first,
+            total: self.total + count,
+            ranks: Rc::clone(&self.ranks),
         }
     }
 }

@@ -353,6 +353,7 @@ impl<'p> Solver<'p> {
             by_cost: self.by_cost.clone(),
             refused: self.refused.clone(),
             refused_guaranteed: self.refused_guaranteed.clone(),
+            reclaim_scan: None,
             hold: self.hold.clone(),
             holds: self.holds.clone(),
             tenant_index: self.tenant_index.clone(),
