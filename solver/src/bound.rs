@@ -27,6 +27,10 @@ use tessera_compiler::units::Gpus;
 
 use crate::problem::Problem;
 
+/// The network's lookups by small integers, hashed with a fixed fast hasher (nothing here is
+/// iterated, and no key comes from outside).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
 /// The relaxation's optimum. Always `Some` (a flow always exists: the empty one); an `Option`
 /// because a decision's bound is one.
 pub fn lp_bound(p: &Problem) -> Option<f64> {
@@ -45,7 +49,7 @@ pub(crate) fn lp_bound_of(p: &Problem, live: impl Fn(usize) -> bool) -> Option<f
     let units = |w: usize| p.workloads[w].amount(p.workloads[w].replicas).gpus.units();
     // What non-preemptible running work holds per (tenant, pool): a floor under the limit, as
     // a decision never takes it away. Zero-priority work counts here though it adds no value.
-    let mut pinned: HashMap<(usize, usize), i64> = HashMap::new();
+    let mut pinned: FastMap<(usize, usize), i64> = FastMap::default();
     let mut weighted: Vec<(i64, usize)> = Vec::new();
     for (w, wl) in p.workloads.iter().enumerate() {
         let gpus = units(w);
@@ -153,18 +157,18 @@ const INFINITE: i64 = i64::MAX / 4;
 /// A residual network: arc `e`'s reverse is `e ^ 1`.
 struct Network<'a> {
     p: &'a Problem,
-    pinned: HashMap<(usize, usize), i64>,
+    pinned: FastMap<(usize, usize), i64>,
     head: Vec<u32>,
     residual: Vec<i64>,
     out: Vec<Vec<u32>>,
     /// A chain node's arc toward the sink (NONE for the source, the sink and workload nodes).
     up: Vec<u32>,
-    chain: HashMap<(usize, usize), u32>,
-    pool: HashMap<usize, u32>,
+    chain: FastMap<(usize, usize), u32>,
+    pool: FastMap<usize, u32>,
 }
 
 impl<'a> Network<'a> {
-    fn new(p: &'a Problem, pinned: HashMap<(usize, usize), i64>) -> Self {
+    fn new(p: &'a Problem, pinned: FastMap<(usize, usize), i64>) -> Self {
         let mut net = Network {
             p,
             pinned,
@@ -172,8 +176,8 @@ impl<'a> Network<'a> {
             residual: Vec::new(),
             out: Vec::new(),
             up: Vec::new(),
-            chain: HashMap::new(),
-            pool: HashMap::new(),
+            chain: FastMap::default(),
+            pool: FastMap::default(),
         };
         net.node();
         net.node();

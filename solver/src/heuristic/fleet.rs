@@ -1078,7 +1078,7 @@ impl Fleet {
     ) -> u32 {
         let scored = self.mix.scores(pool);
         // Each node's measure as it is; only the node a replica went to changes.
-        let mut before: HashMap<usize, Measure> = HashMap::new();
+        let mut before: HashMap<usize, Measure, foldhash::fast::FixedState> = HashMap::default();
         let demand = p.workloads[w].demand;
         let mut placed = 0;
         while placed < want {
@@ -1159,7 +1159,7 @@ impl Fleet {
         pool: usize,
         nodes: impl Iterator<Item = usize>,
         scored: bool,
-        before: &mut HashMap<usize, Measure>,
+        before: &mut HashMap<usize, Measure, foldhash::fast::FixedState>,
         miss: &mut Misses,
     ) -> Option<(FillKey, usize, Plan)> {
         let mut best: Option<(FillKey, usize, Plan)> = None;

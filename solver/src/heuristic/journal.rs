@@ -43,7 +43,7 @@ struct FleetJournal {
     /// Per GPU, its latest entry in `undo`. A GPU saved since the innermost mark opened need
     /// not be saved again (every rollback reaches back past that entry): a second save would
     /// hold the state `Rc` twice and make the next write copy it again.
-    saved: HashMap<usize, usize>,
+    saved: HashMap<usize, usize, foldhash::fast::FixedState>,
 }
 
 /// The fleet's journal slot: a clone starts without one.

@@ -937,7 +937,9 @@ impl Room {
 /// again over the set per candidate cost set² per search.
 pub(super) struct Bound<'f, F> {
     replicas_on: &'f F,
-    freed: HashMap<usize, i64>,
+    /// Hashed with a fixed fast hasher: node numbers are not attacker-chosen, and the
+    /// accumulation of a large reclaim changes it once per victim.
+    freed: HashMap<usize, i64, foldhash::fast::FixedState>,
     pub(super) fit: i64,
 }
 
@@ -945,7 +947,7 @@ impl<'f, F: Fn(usize, i64) -> i64> Bound<'f, F> {
     pub(super) fn new(base_fit: i64, replicas_on: &'f F) -> Self {
         Bound {
             replicas_on,
-            freed: HashMap::new(),
+            freed: HashMap::default(),
             fit: base_fit,
         }
     }
