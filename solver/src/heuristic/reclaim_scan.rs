@@ -20,7 +20,6 @@
 use super::preempt::{Candidate, Requester, Scan};
 use super::protected::{Blocked, Blocking};
 use super::*;
-use std::collections::HashSet;
 
 /// What the classification depends on besides the statuses: (pool, scope, priority).
 type Key = (usize, Option<usize>, i64);
@@ -68,23 +67,25 @@ impl ReclaimScan {
         if kept_pool != pool {
             return Some(self);
         }
-        let gone: HashSet<usize> = victims.iter().copied().collect();
-        let mut found = HashSet::new();
-        self.eligible.retain(|&(v, _)| {
-            let keep = !gone.contains(&v);
-            if !keep {
-                found.insert(v);
-            }
-            keep
-        });
+        // Each victim, and whether it was eligible here; a preemption's victims are few, and
+        // the eligible list is about 1,400 long at 50,000 GPUs.
+        let mut gone: Vec<(usize, bool)> = victims.iter().map(|&v| (v, false)).collect();
+        gone.sort_unstable();
+        self.eligible
+            .retain(|&(v, _)| match gone.binary_search_by_key(&v, |g| g.0) {
+                Ok(i) => {
+                    gone[i].1 = true;
+                    false
+                }
+                Err(_) => true,
+            });
         // A victim not eligible here was outside the scope, and stays outside it (the scope
         // is read before the status), or it was protected.
         let outside = |v: usize| {
             scope.is_some_and(|x| !p.tenants[p.workloads[v].tenant].lineage.contains(&x))
         };
-        victims
-            .iter()
-            .all(|&v| found.contains(&v) || outside(v))
+        gone.iter()
+            .all(|&(v, eligible)| eligible || outside(v))
             .then_some(self)
     }
 }
