@@ -295,6 +295,49 @@ fn a_mig_request_takes_a_free_existing_instance_without_reconfiguring() {
 }
 
 #[test]
+fn a_mig_profile_is_the_same_in_any_case_or_by_its_id() {
+    // The catalog's rule: a profile by its name in any case, or by its ID as a decimal. The
+    // snapshot's instances and the requests below spell them every way, and the decision is
+    // the one the catalog's spelling gives (the test above).
+    const SPELLED: &[(&str, u8)] = &[
+        ("2G.20GB", 0),
+        ("\"19\"", 2),
+        ("1g.10GB", 3),
+        ("\" 3g.40gb\"", 4),
+    ];
+    let nodes = [mig_node("m0", "infer", &[SPELLED, BALANCED])];
+    let run_ = running(
+        "api",
+        "{tenant: b, sloClass: serving, gpu: {migProfile: 3G.40GB}}",
+        &["{node: m0, gpus: [0], migStart: 4}"],
+        EARLY,
+    );
+    for asked in ["1G.10GB", "19", "1g.10gb"] {
+        let pend = pending(
+            "embed",
+            &format!("{{tenant: a, sloClass: serving, gpu: {{migProfile: \"{asked}\"}}}}"),
+            RECENT,
+        );
+        let d = run(&state(&nodes, &run_, &pend));
+        let b = &admitted(&d, "embed")[0];
+        assert_eq!(
+            b.mig_profile.as_deref(),
+            Some("1g.10gb"),
+            "asked as {asked}"
+        );
+        assert!(b.mig_start == Some(2) || b.mig_start == Some(3));
+        assert_eq!(b.gpus, vec![0], "asked as {asked}");
+        assert!(
+            d.geometry
+                .iter()
+                .all(|g| g.create.is_empty() && g.destroy.is_empty()),
+            "asked as {asked}: {:?}",
+            d.geometry
+        );
+    }
+}
+
+#[test]
 fn a_mig_request_reconfigures_an_idle_part_and_keeps_busy_instances() {
     // Both 3g instances are busy; a second 3g needs a GPU re-laid out as two-3g around its
     // busy 3g@4. GPU 0's 2g is busy too and blocks it; GPU 1 is re-laid out.

@@ -17,7 +17,7 @@
 //! refusal shows could change) and wherever refusals are forgotten for another reason. Debug
 //! builds classify the pool again at every use and assert the same result.
 
-use super::preempt::{Candidate, Requester, Scan};
+use super::preempt::{Requester, Scan};
 use super::protected::{Blocked, Blocking};
 use super::*;
 
@@ -103,7 +103,7 @@ impl Solver<'_> {
         debug_assert!(r.guaranteed && !r.fair);
         let key = (pool, scope, r.prio);
         if self.reclaim_scan.as_ref().is_none_or(|k| k.key != key) {
-            self.reclaim_scan = Some(self.classify(key, r));
+            self.reclaim_scan = Some(self.classify(key, w, r));
         }
         let kept = self.reclaim_scan.as_ref().expect("kept just above");
         let scan = kept.for_tenant(self.p, r.tenant);
@@ -115,10 +115,13 @@ impl Solver<'_> {
         scan
     }
 
-    /// The pool's candidates as requester `r` of no tenant finds them.
-    fn classify(&self, key: Key, r: &Requester<'_>) -> ReclaimScan {
+    /// The pool's candidates as requester `r` of `w` finds them were it of no tenant: the
+    /// scan of a requester no candidate belongs to, whose eligible candidates are then marked
+    /// with their tenant where that tenant's own requester would find them protected.
+    fn classify(&self, key: Key, w: usize, r: &Requester<'_>) -> ReclaimScan {
         let p = self.p;
         let (pool, _, prio) = key;
+        // Competing by no fair share, the scan never asks `w` whether another yields to it.
         let nobody = Requester {
             tenant: usize::MAX,
             prio,
@@ -126,31 +129,26 @@ impl Solver<'_> {
             fair: false,
             in_scope: r.in_scope,
         };
-        let mut kept = ReclaimScan {
+        let found = self.scan(w, pool, &nobody);
+        debug_assert!(
+            found.owners.is_empty() && found.own.is_empty() && found.fair_victims.is_empty()
+        );
+        let eligible = found
+            .eligible
+            .iter()
+            .map(|&v| {
+                let wl = &p.workloads[v];
+                // The rule `Solver::candidate` applies to a requester's own tenant.
+                let owned = !self.within_guarantee[v] && p.classes[wl.class].priority >= prio;
+                (v, owned.then_some(wl.tenant))
+            })
+            .collect();
+        ReclaimScan {
             key,
-            eligible: Vec::new(),
-            protected: Blocking::new(self.tenant_ranks()),
-            outside_scope: false,
-        };
-        for run in &self.running_by_pool[pool] {
-            let v = run.workload;
-            match self.candidate(&nobody, run) {
-                Candidate::Outside => kept.outside_scope = true,
-                Candidate::Gone => {}
-                Candidate::Eligible => {
-                    let owned = !self.within_guarantee[v] && p.classes[run.class].priority >= prio;
-                    kept.eligible.push((v, owned.then_some(run.tenant)));
-                }
-                // A requester within its guarantee and of no tenant meets no note (see
-                // `Solver::candidate`).
-                Candidate::Protected(why, _) => kept.protected.push(p, v, why),
-                Candidate::FairShare => {
-                    debug_assert!(false, "a fair-share candidate for a requester without one");
-                    kept.protected.push(p, v, Blocked::NotLowerPriority);
-                }
-            }
+            eligible,
+            protected: found.protected,
+            outside_scope: found.outside_scope,
         }
-        kept
     }
 }
 
