@@ -45,12 +45,20 @@ pub struct NodePos {
 /// eagerly cost more than parsing the YAML.
 #[derive(Debug, Clone, Default)]
 pub struct SpanIndex {
-    /// Every node in the order it was lowered, parents before children.
-    nodes: Vec<Recorded>,
+    /// Every node in the order it was lowered, parents before children, in chunks of
+    /// [`CHUNK`]: a large fleet's snapshot records millions, and one vector doubling to hold
+    /// them copied every entry again at each doubling, into memory the kernel zeroed first.
+    nodes: Vec<Vec<Recorded>>,
+    /// How many nodes are recorded.
+    count: usize,
     /// Each node's last pointer segment, escaped, one after the other in `nodes`' order.
     segments: String,
     by_pointer: OnceLock<HashMap<String, NodePos>>,
 }
+
+/// Nodes per chunk of [`SpanIndex::nodes`] (640 kB of them); a chunk's own growth up to it is
+/// what a small document pays.
+const CHUNK: usize = 1 << 14;
 
 #[derive(Debug, Clone, Copy)]
 struct Recorded {
@@ -96,20 +104,30 @@ impl SpanIndex {
 
     /// Records the node whose segment was just appended to `segments`; its index.
     fn record(&mut self, parent: Option<u32>, pos: NodePos) -> u32 {
-        self.nodes.push(Recorded {
+        let recorded = Recorded {
             parent,
             segment_end: self.segments.len(),
             pos,
-        });
+        };
+        match self.nodes.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(recorded),
+            last => {
+                // The first chunk grows as a vector does; the others are allocated whole.
+                let mut chunk = Vec::with_capacity(if last.is_some() { CHUNK } else { 0 });
+                chunk.push(recorded);
+                self.nodes.push(chunk);
+            }
+        }
+        self.count += 1;
         // `parse`'s budget bounds a file to millions of nodes, far from `u32::MAX`.
-        u32::try_from(self.nodes.len() - 1).unwrap_or(u32::MAX)
+        u32::try_from(self.count - 1).unwrap_or(u32::MAX)
     }
 
     fn by_pointer(&self) -> &HashMap<String, NodePos> {
         self.by_pointer.get_or_init(|| {
-            let mut pointers: Vec<String> = Vec::with_capacity(self.nodes.len());
+            let mut pointers: Vec<String> = Vec::with_capacity(self.count);
             let mut start = 0;
-            for r in &self.nodes {
+            for r in self.nodes.iter().flatten() {
                 let segment = &self.segments[start..r.segment_end];
                 start = r.segment_end;
                 pointers.push(match r.parent.and_then(|i| pointers.get(i as usize)) {
@@ -119,7 +137,7 @@ impl SpanIndex {
             }
             pointers
                 .into_iter()
-                .zip(&self.nodes)
+                .zip(self.nodes.iter().flatten())
                 .map(|(pointer, r)| (pointer, r.pos))
                 .collect()
         })
@@ -436,6 +454,31 @@ mod tests {
             docs[1].spans.key_or_value("/kind"),
             Pos { line: 6, column: 1 }
         );
+    }
+
+    #[test]
+    fn nodes_past_the_first_chunks_are_found() {
+        // Three nodes per item (the item, `name`, `gpus`) and the root and `items`: the last
+        // items are recorded chunks after the first.
+        let items = 3 * CHUNK / 2;
+        let mut text = String::from("items:\n");
+        for i in 0..items {
+            let _ = writeln!(text, "  - {{name: w-{i}, gpus: {i}}}");
+        }
+        let docs = parse("big.yaml", &text).unwrap();
+        let s = &docs[0].spans;
+        assert!(s.count > 2 * CHUNK, "{} nodes", s.count);
+        for i in [0, CHUNK / 3, CHUNK, items - 1] {
+            let line = u32::try_from(i + 2).unwrap();
+            assert_eq!(s.value(&format!("/items/{i}")), Pos { line, column: 5 });
+            assert_eq!(
+                s.key_or_value(&format!("/items/{i}/gpus")),
+                Pos {
+                    line,
+                    column: u32::try_from(16 + i.to_string().len()).unwrap()
+                }
+            );
+        }
     }
 
     #[test]
