@@ -2,7 +2,11 @@
 //!
 //! serde-saphyr parses with hard budgets (aliases, depth, node count) and rejects duplicate keys;
 //! each document becomes a `serde_json::Value` for schema validation plus a [`SpanIndex`] that
-//! maps every JSON pointer in it back to a line and column.
+//! maps every JSON pointer in it back to a line and column. Files in the plain part of YAML
+//! (most policy files, and a fleet's snapshot) are read straight from the parser's events by
+//! [`plain`], which gives any other file back to serde-saphyr.
+
+mod plain;
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
@@ -172,6 +176,10 @@ fn escape_into(out: &mut String, segment: &str) {
 const MAX_DEPTH: usize = 48;
 /// Nodes that alias expansion may produce in one file.
 const MAX_ALIAS_EVENTS: usize = 100_000;
+/// Nodes (scalars, sequences and mappings), parser events and documents in one file.
+const MAX_NODES: usize = 4_000_000;
+const MAX_EVENTS: usize = 8_000_000;
+const MAX_DOCUMENTS: usize = 100_000;
 
 /// Bounds on what one file may make the parser do. Generous for real fleets (the acme example
 /// snapshot of 4,000 GPUs uses a few percent), tight enough that an alias bomb or a
@@ -182,9 +190,9 @@ fn options() -> Options {
     budget.flow_nesting_limit = MAX_DEPTH;
     budget.max_aliases = 10_000;
     budget.max_anchors = 10_000;
-    budget.max_nodes = 4_000_000;
-    budget.max_events = 8_000_000;
-    budget.max_documents = 100_000;
+    budget.max_nodes = MAX_NODES;
+    budget.max_events = MAX_EVENTS;
+    budget.max_documents = MAX_DOCUMENTS;
     let mut options = Options::default();
     options.budget = Some(budget);
     options.duplicate_keys = DuplicateKeyPolicy::Error;
@@ -197,6 +205,14 @@ fn options() -> Options {
 /// Parses every document of `text`. A file that is not valid YAML yields one diagnostic and no
 /// documents: its other documents cannot be trusted to be what the author meant either.
 pub fn parse(file: &str, text: &str) -> Result<Vec<ParsedDocument>, Diagnostic> {
+    match plain::parse(text) {
+        Some(docs) => Ok(docs),
+        None => parse_with_serde_saphyr(file, text),
+    }
+}
+
+/// [`parse`] through serde-saphyr's deserializer: any YAML, and every diagnostic.
+fn parse_with_serde_saphyr(file: &str, text: &str) -> Result<Vec<ParsedDocument>, Diagnostic> {
     let nodes: Vec<Spanned<Node>> = serde_saphyr::from_str_multiple_with_options(text, options())
         .map_err(|e| parse_error(file, &e))?;
     let mut docs = Vec::with_capacity(nodes.len());
