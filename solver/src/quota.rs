@@ -185,6 +185,19 @@ impl Ledger {
         }
     }
 
+    /// Whether `amount` more keeps usage ≤ limit at the tenant and every ancestor.
+    /// [`Ledger::check_limit`] says why not; a search that only asks whether (how many
+    /// replicas fit, whether a set of victims makes room) asks this, which writes nothing.
+    pub fn within_limits(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        amount: Amounts,
+    ) -> bool {
+        self.refusal(problem, tenant, pool, amount).is_none()
+    }
+
     /// Whether `amount` more keeps usage ≤ limit at the tenant and every ancestor; the first
     /// level (from the tenant up) that refuses, otherwise.
     pub fn check_limit(
@@ -194,97 +207,130 @@ impl Ledger {
         pool: usize,
         amount: Amounts,
     ) -> Result<(), Reason> {
-        let pool_name = &problem.pools[pool].name;
-        let capacity = self.capacity[pool];
-        for &t in &problem.tenants[tenant].lineage {
-            let info = &problem.tenants[t];
+        match self.refusal(problem, tenant, pool, amount) {
+            None => Ok(()),
+            Some((t, resource)) => Err(self.refusal_reason(problem, t, pool, amount, resource)),
+        }
+    }
+
+    /// The limits' rule: the first level from `tenant` up whose limit in `pool` `amount` more
+    /// would pass, and on which resource (a level without quota in the pool refuses GPUs).
+    fn refusal(
+        &self,
+        problem: &Problem,
+        tenant: usize,
+        pool: usize,
+        amount: Amounts,
+    ) -> Option<(usize, Resource)> {
+        problem.tenants[tenant].lineage.iter().find_map(|&t| {
             let used = self.usage(t, pool);
-            // The root's usage is the pool's, so a root limit of at least the pool's capacity
-            // refuses only what the pool cannot hold: that is what the reason says. A lower
-            // tenant's limit stays a quota, whatever its size.
-            let at_root = info.parent.is_none();
-            let refuse = |resource, usage: String, request: String, limit: String, full: bool| {
-                if !(full && at_root) {
-                    return Reason::QuotaExceeded {
-                        tenant: info.name.clone(),
-                        pool: pool_name.clone(),
-                        resource,
-                        usage,
-                        request,
-                        limit,
-                    };
-                }
-                let in_pool = self
-                    .roots
-                    .iter()
-                    .fold(Amounts::default(), |a, &r| add(a, self.usage(r, pool)));
-                let (usage, capacity) = match resource {
-                    Resource::Gpus => (in_pool.gpus.to_string(), capacity.gpus.to_string()),
-                    Resource::Cpu => (
-                        in_pool.cpu.unwrap_or_default().to_string(),
-                        capacity.cpu.unwrap_or_default().to_string(),
-                    ),
-                    Resource::Memory => (
-                        in_pool.memory.unwrap_or_default().to_string(),
-                        capacity.memory.unwrap_or_default().to_string(),
-                    ),
-                };
-                Reason::PoolFull {
-                    tenant: info.name.clone(),
-                    pool: pool_name.clone(),
-                    resource,
-                    usage,
-                    request,
-                    capacity,
-                }
+            let Some(q) = problem.tenants[t].quota.get(&pool) else {
+                return Some((t, Resource::Gpus));
             };
-            let Some(q) = info.quota.get(&pool) else {
-                return Err(refuse(
-                    Resource::Gpus,
-                    used.gpus.to_string(),
-                    amount.gpus.to_string(),
-                    "0".into(),
-                    false,
-                ));
+            let over = |used: Option<u64>, amount: Option<u64>, limit: Option<u64>| {
+                limit.is_some_and(|l| used.unwrap_or(0) + amount.unwrap_or(0) > l)
             };
             if used.gpus + amount.gpus > q.limit.gpus {
-                return Err(refuse(
-                    Resource::Gpus,
-                    used.gpus.to_string(),
-                    amount.gpus.to_string(),
-                    q.limit.gpus.to_string(),
-                    q.limit.gpus >= capacity.gpus,
-                ));
+                Some((t, Resource::Gpus))
+            } else if over(
+                used.cpu.map(|c| c.0),
+                amount.cpu.map(|c| c.0),
+                q.limit.cpu.map(|c| c.0),
+            ) {
+                Some((t, Resource::Cpu))
+            } else if over(
+                used.memory.map(|m| m.0),
+                amount.memory.map(|m| m.0),
+                q.limit.memory.map(|m| m.0),
+            ) {
+                Some((t, Resource::Memory))
+            } else {
+                None
             }
-            let (uc, ac) = (used.cpu.unwrap_or_default(), amount.cpu.unwrap_or_default());
-            if let Some(l) = q.limit.cpu
-                && uc.0 + ac.0 > l.0
-            {
-                return Err(refuse(
-                    Resource::Cpu,
-                    uc.to_string(),
-                    ac.to_string(),
+        })
+    }
+
+    /// Why level `t`'s limit on `resource` refuses `amount` more in `pool`, in the words of
+    /// the decision: a quota, or, at a root whose limit is at least the pool's capacity, the
+    /// pool being full (a root's usage is the pool's, so that limit refuses only what the pool
+    /// cannot hold). A lower tenant's limit stays a quota, whatever its size.
+    fn refusal_reason(
+        &self,
+        problem: &Problem,
+        t: usize,
+        pool: usize,
+        amount: Amounts,
+        resource: Resource,
+    ) -> Reason {
+        let info = &problem.tenants[t];
+        let pool_name = &problem.pools[pool].name;
+        let capacity = self.capacity[pool];
+        let used = self.usage(t, pool);
+        let (usage, request, limit, full) = match (info.quota.get(&pool), resource) {
+            (None, _) => (
+                used.gpus.to_string(),
+                amount.gpus.to_string(),
+                "0".to_owned(),
+                false,
+            ),
+            (Some(q), Resource::Gpus) => (
+                used.gpus.to_string(),
+                amount.gpus.to_string(),
+                q.limit.gpus.to_string(),
+                q.limit.gpus >= capacity.gpus,
+            ),
+            (Some(q), Resource::Cpu) => {
+                let l = q.limit.cpu.unwrap_or_default();
+                (
+                    used.cpu.unwrap_or_default().to_string(),
+                    amount.cpu.unwrap_or_default().to_string(),
                     l.to_string(),
                     capacity.cpu.is_some_and(|c| l.0 >= c.0),
-                ));
+                )
             }
-            let (um, am) = (
-                used.memory.unwrap_or_default(),
-                amount.memory.unwrap_or_default(),
-            );
-            if let Some(l) = q.limit.memory
-                && um.0 + am.0 > l.0
-            {
-                return Err(refuse(
-                    Resource::Memory,
-                    um.to_string(),
-                    am.to_string(),
+            (Some(q), Resource::Memory) => {
+                let l = q.limit.memory.unwrap_or_default();
+                (
+                    used.memory.unwrap_or_default().to_string(),
+                    amount.memory.unwrap_or_default().to_string(),
                     l.to_string(),
                     capacity.memory.is_some_and(|c| l.0 >= c.0),
-                ));
+                )
             }
+        };
+        if !(full && info.parent.is_none()) {
+            return Reason::QuotaExceeded {
+                tenant: info.name.clone(),
+                pool: pool_name.clone(),
+                resource,
+                usage,
+                request,
+                limit,
+            };
         }
-        Ok(())
+        let in_pool = self
+            .roots
+            .iter()
+            .fold(Amounts::default(), |a, &r| add(a, self.usage(r, pool)));
+        let (usage, capacity) = match resource {
+            Resource::Gpus => (in_pool.gpus.to_string(), capacity.gpus.to_string()),
+            Resource::Cpu => (
+                in_pool.cpu.unwrap_or_default().to_string(),
+                capacity.cpu.unwrap_or_default().to_string(),
+            ),
+            Resource::Memory => (
+                in_pool.memory.unwrap_or_default().to_string(),
+                capacity.memory.unwrap_or_default().to_string(),
+            ),
+        };
+        Reason::PoolFull {
+            tenant: info.name.clone(),
+            pool: pool_name.clone(),
+            resource,
+            usage,
+            request,
+            capacity,
+        }
     }
 
     /// The tenant's guarantee in the pool (GPUs).
@@ -547,7 +593,7 @@ spec: {parent: team, guarantee: {p: 2}, limit: {p: 6}}
 apiVersion: tessera/v1alpha1
 kind: Tenant
 metadata: {name: other}
-spec: {parent: org, guarantee: {p: 4}, lendingLimit: {p: 1}}
+spec: {parent: org, guarantee: {p: 4}, limit: {p: {gpus: 8, memory: 1Ti}}, lendingLimit: {p: 1}}
 ---
 apiVersion: tessera/v1alpha1
 kind: ClusterState
@@ -655,6 +701,58 @@ spec:
                 .starts_with("quota exhausted at tenant `leaf`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn within_limits_answers_as_check_limit_does() {
+        let p = problem();
+        let mut l = Ledger::new(&p);
+        let mut refused = 0;
+        for (used_by, used) in [(None, 0), (Some("leaf"), 5), (Some("other"), 4)] {
+            if let Some(name) = used_by {
+                l.add(&p, tenant(&p, name), 0, gpus(used));
+            }
+            for t in 0..p.tenants.len() {
+                for n in 0..10 {
+                    for cpu in [None, Some(Millicores(n as u64 * 9000))] {
+                        for memory in [None, Some(Bytes((n as u64) << 38))] {
+                            let amount = Amounts {
+                                gpus: Gpus::whole(n),
+                                cpu,
+                                memory,
+                            };
+                            // The rule written out: every level's limit, each resource.
+                            let fits = p.tenants[t].lineage.iter().all(|&a| {
+                                let used = l.usage(a, 0);
+                                let Some(q) = p.tenants[a].quota.get(&0) else {
+                                    return false;
+                                };
+                                let within = |u: Option<u64>, r: Option<u64>, l: Option<u64>| {
+                                    l.is_none_or(|l| u.unwrap_or(0) + r.unwrap_or(0) <= l)
+                                };
+                                used.gpus + amount.gpus <= q.limit.gpus
+                                    && within(
+                                        used.cpu.map(|c| c.0),
+                                        cpu.map(|c| c.0),
+                                        q.limit.cpu.map(|c| c.0),
+                                    )
+                                    && within(
+                                        used.memory.map(|m| m.0),
+                                        memory.map(|m| m.0),
+                                        q.limit.memory.map(|m| m.0),
+                                    )
+                            });
+                            let checked = l.check_limit(&p, t, 0, amount);
+                            refused += usize::from(!fits);
+                            let what = format!("{} asking {amount:?}", p.tenants[t].name);
+                            assert_eq!(checked.is_ok(), fits, "{what}: {checked:?}");
+                            assert_eq!(l.within_limits(&p, t, 0, amount), fits, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(refused > 100, "{refused} refused");
     }
 
     #[test]

@@ -320,7 +320,7 @@ impl<'p> Solver<'p> {
             let amount = wl.amount(wl.replicas);
             let before = self.ledger.usage(wl.tenant, pool).gpus;
             self.within_guarantee[w] = before < Ledger::guarantee(p, wl.tenant, pool);
-            if self.ledger.check_limit(p, wl.tenant, pool, amount).is_err()
+            if !self.ledger.within_limits(p, wl.tenant, pool, amount)
                 && p.classes[wl.class].preemptible
             {
                 self.fleet.release(p, w, true);
@@ -727,7 +727,7 @@ fn quota_allows(
     ledger.check_limit(p, wl.tenant, pool, wl.amount(min))?;
     let mut want = min;
     for n in (min..=cap.clamp(min, wl.replicas)).rev() {
-        if ledger.check_limit(p, wl.tenant, pool, wl.amount(n)).is_ok() {
+        if ledger.within_limits(p, wl.tenant, pool, wl.amount(n)) {
             want = n;
             break;
         }

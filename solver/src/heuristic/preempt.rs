@@ -341,9 +341,7 @@ impl Solver<'_> {
                     let vl = &p.workloads[v];
                     released.remove(p, vl.tenant, pool, vl.amount(vl.replicas));
                 }
-                if released
-                    .check_limit(p, wl.tenant, pool, wl.amount(wl.min_member))
-                    .is_ok()
+                if released.within_limits(p, wl.tenant, pool, wl.amount(wl.min_member))
                     && let Ok(status) = self.preempt_for(w, pool, None)
                 {
                     return Ok(status);
@@ -638,7 +636,7 @@ impl Solver<'_> {
                 }
             }
             let fits = if by_witness {
-                let fits = quota_allows(p, &self.ledger, w, pool).is_ok();
+                let fits = quota_allows(p, &self.ledger, w, pool);
                 debug_assert_eq!(
                     fits,
                     attempt_on(&mut self.fleet, &mut self.ledger, &without(&kept)).is_ok(),
@@ -978,17 +976,12 @@ impl<'f, F: Fn(usize, i64) -> i64> Bound<'f, F> {
     }
 }
 
-/// The quota checks of admitting `w`'s smallest gang in `pool` on `ledger`, as [`try_pool`]
-/// makes them before placing: its tenant's limits, then what it may borrow.
-pub(super) fn quota_allows(
-    p: &Problem,
-    ledger: &Ledger,
-    w: usize,
-    pool: usize,
-) -> Result<(), Reason> {
+/// Whether the quota checks of admitting `w`'s smallest gang in `pool` on `ledger`, as
+/// [`try_pool`] makes them before placing, pass: its tenant's limits, then what it may borrow.
+pub(super) fn quota_allows(p: &Problem, ledger: &Ledger, w: usize, pool: usize) -> bool {
     let wl = &p.workloads[w];
-    ledger.check_limit(p, wl.tenant, pool, wl.amount(wl.min_member))?;
-    borrow_allows(p, ledger, w, pool, wl.min_member)
+    ledger.within_limits(p, wl.tenant, pool, wl.amount(wl.min_member))
+        && borrow_allows(p, ledger, w, pool, wl.min_member).is_ok()
 }
 
 /// Whether `w`'s tenant may borrow what `n` replicas of it would borrow in `pool`.

@@ -288,9 +288,7 @@ impl Solver<'_> {
             // search without a scope keeps the scope's victims only where the limit needs them.
             if scope.is_some() {
                 let (_, released) = self.without(pool, &eligible);
-                if released
-                    .check_limit(p, wl.tenant, pool, wl.amount(wl.min_member))
-                    .is_ok()
+                if released.within_limits(p, wl.tenant, pool, wl.amount(wl.min_member))
                     && let Ok(status) = self.preempt_for_scratch(w, pool, None)
                 {
                     return Ok(status);
