@@ -4,7 +4,7 @@
 //! each document becomes a `serde_json::Value` for schema validation plus a [`SpanIndex`] that
 //! maps every JSON pointer in it back to a line and column. Files in the plain part of YAML
 //! (most policy files, and a fleet's snapshot) are read straight from the parser's events by
-//! [`plain`], which gives any other file back to serde-saphyr.
+//! `plain`, which gives any other file back to serde-saphyr.
 
 mod plain;
 
