@@ -215,7 +215,8 @@ impl Ledger {
 
     /// The limits' rule: the first level from `tenant` up whose limit in `pool` `amount` more
     /// would pass, and on which resource (a level without quota in the pool refuses GPUs).
-    fn refusal(
+    /// [`Ledger::check_limit`] words it; [`Ledger::within_limits`] answers yes or no.
+    pub(crate) fn refusal(
         &self,
         problem: &Problem,
         tenant: usize,

@@ -636,7 +636,7 @@ impl Solver<'_> {
                 }
             }
             let fits = if by_witness {
-                let fits = quota_allows(p, &self.ledger, w, pool);
+                let fits = quota_fits(p, &self.ledger, w, pool);
                 debug_assert_eq!(
                     fits,
                     attempt_on(&mut self.fleet, &mut self.ledger, &without(&kept)).is_ok(),
@@ -978,7 +978,7 @@ impl<'f, F: Fn(usize, i64) -> i64> Bound<'f, F> {
 
 /// Whether the quota checks of admitting `w`'s smallest gang in `pool` on `ledger`, as
 /// [`try_pool`] makes them before placing, pass: its tenant's limits, then what it may borrow.
-pub(super) fn quota_allows(p: &Problem, ledger: &Ledger, w: usize, pool: usize) -> bool {
+pub(super) fn quota_fits(p: &Problem, ledger: &Ledger, w: usize, pool: usize) -> bool {
     let wl = &p.workloads[w];
     ledger.within_limits(p, wl.tenant, pool, wl.amount(wl.min_member))
         && borrow_allows(p, ledger, w, pool, wl.min_member).is_ok()

@@ -46,8 +46,9 @@ use tessera_compiler::model::{Sharing, TopologyMode};
 use tessera_compiler::units::Gpus;
 
 use super::{Admitted, Solver, Status, try_pool};
-use crate::decision::{PreemptReason, Reason, ReservationReport};
+use crate::decision::{PreemptReason, Reason, ReservationReport, Resource};
 use crate::problem::{Demand, Phase, Problem, unix};
+use crate::quota::Ledger;
 
 /// Capacity held for one waiting gang in this decision.
 #[derive(Debug, Clone)]
@@ -80,40 +81,21 @@ fn gang_gpus(p: &Problem, w: usize, pool: usize) -> Option<u32> {
     (count > 0 && count * wl.min_member >= info.gpus_per_node.max(1)).then_some(count)
 }
 
-/// GPUs of the pool's nodes in the snapshot.
-fn pool_gpus(p: &Problem, pool: usize) -> i64 {
-    p.pools[pool]
-        .nodes
-        .iter()
-        .map(|&n| p.nodes[n].gpus.len() as i64)
-        .sum()
-}
-
 /// Whether a limit other than the pool's size refuses gang `w` in `pool`. A limit of at least
 /// the pool's GPUs (a root's, typically) refuses only what the pool could not hold anyway: that
 /// is capacity, and the reservation is what frees it for the gang.
-fn limited(p: &Problem, ledger: &crate::quota::Ledger, w: usize, pool: usize) -> bool {
+fn limited(p: &Problem, ledger: &Ledger, w: usize, pool: usize) -> bool {
     let wl = &p.workloads[w];
-    match ledger.check_limit(p, wl.tenant, pool, wl.amount(wl.min_member)) {
-        Ok(()) => false,
-        Err(Reason::QuotaExceeded {
-            tenant,
-            resource: crate::decision::Resource::Gpus,
-            ..
-        }) => {
-            let limit = p
-                .tenants
-                .iter()
-                .find(|t| t.name == tenant)
-                .and_then(|t| t.quota.get(&pool))
+    match ledger.refusal(p, wl.tenant, pool, wl.amount(wl.min_member)) {
+        None => false,
+        Some((level, Resource::Gpus)) => {
+            let limit = p.tenants[level]
+                .quota
+                .get(&pool)
                 .map_or(Gpus::ZERO, |q| q.limit.gpus);
-            limit < Gpus::whole(pool_gpus(p, pool))
+            limit < ledger.capacity(pool).gpus
         }
-        Err(Reason::PoolFull {
-            resource: crate::decision::Resource::Gpus,
-            ..
-        }) => false,
-        Err(_) => true,
+        Some((_, Resource::Cpu | Resource::Memory)) => true,
     }
 }
 
@@ -305,7 +287,7 @@ impl<'p> Solver<'p> {
             let (_, borrowed) = self.ledger.split(p, wl.tenant, pool, amount.gpus);
             if borrowed > Gpus::ZERO
                 && amount.gpus + self.ledger.reserved_by_others(p, wl.tenant, pool)
-                    > Gpus::whole(pool_gpus(p, pool))
+                    > self.ledger.capacity(pool).gpus
             {
                 continue;
             }
