@@ -181,6 +181,79 @@ fn a_cpu_light_replica_goes_where_the_cpu_is_short() {
 }
 
 #[test]
+fn an_idle_pool_is_scored_against_the_fleets_mix() {
+    // `big` (one node of 256 cores) runs nothing; `train` runs a 4-GPU replica on t0 (4 GPUs
+    // free) and an 8-GPU one on t1. A 4-GPU replica that may use either pool fills t0 and
+    // leaves `big`'s node whole for the 8-GPU shape the fleet runs. Scoring nothing in an idle
+    // pool made it every placement's first choice, and the replica broke `big`'s node.
+    let fleet = FLEET
+        .replace(
+            "guarantee: {train: 16, infer: 2, share: 2}",
+            "guarantee: {train: 16, infer: 2, share: 2, big: 8}",
+        )
+        .replace(
+            "guarantee: {train: 8, infer: 1, share: 1}",
+            "guarantee: {train: 8, infer: 1, share: 1, big: 4}",
+        )
+        .replace("limit: {train: 16}", "limit: {train: 16, big: 8}")
+        + "---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: big}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {nodes: 1, gpusPerNode: 8, cpuPerNode: 256, memoryPerNode: 2Ti}
+  sharing: exclusive
+";
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8),
+        node("b0", "big", 8).replace("cpu: 192", "cpu: 256"),
+    ];
+    let run_ = [
+        running(
+            "four",
+            "{tenant: a, sloClass: critical, gpu: {count: 4}}",
+            &[&gpus("t0", 0, 4)],
+            EARLY,
+        ),
+        running(
+            "eight",
+            "{tenant: b, sloClass: critical, gpu: {count: 8}}",
+            &[&gpus("t1", 0, 8)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = pending(
+        "more",
+        "{tenant: a, sloClass: batch, gpu: {count: 4}}",
+        RECENT,
+    );
+    let d = run_with(&fleet, &state(&nodes, &run_, &pend));
+    assert_eq!(admitted(&d, "more")[0].node, "t0");
+
+    // The pools' reports still measure a pool against its own running work only: with 100
+    // cores, `big`'s node could not host the 8-GPU replica if it asked 150, so against the
+    // fleet's mix half of it would count as fragmented (4 GPUs).
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8),
+        node("b0", "big", 8).replace("cpu: 192", "cpu: 100"),
+    ];
+    let run_ = run_.replace(
+        "{tenant: b, sloClass: critical, gpu: {count: 8}}",
+        "{tenant: b, sloClass: critical, gpu: {count: 8}, cpu: 150}",
+    );
+    let d = run_with(
+        &fleet.replace("cpuPerNode: 256", "cpuPerNode: 100"),
+        &state(&nodes, &run_, ""),
+    );
+    let big = d.pools.iter().find(|p| p.pool == "big").unwrap();
+    assert_eq!(big.fragmentation.as_f64(), 0.0);
+}
+
+#[test]
 fn a_pool_reports_fgd_fragmentation_against_its_running_mix() {
     // Running: two 4-GPU replicas and one 1-GPU replica. t0 has 3 GPUs idle, which a 4-GPU
     // replica (2 of the mix's 3) cannot use and a 1-GPU replica can; t1 has 4, which both can.

@@ -477,7 +477,7 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                 if node_free {
                     free_nodes += 1;
                 }
-                if node.healthy && fleet.mix.scores(pl) {
+                if node.healthy && fleet.mix.runs_in(pl) {
                     fragmented += u128::from(fleet.measure(p, pl, n, None).fragmentation);
                 }
                 let e = free_domains.entry(node.domain.as_str()).or_insert(true);

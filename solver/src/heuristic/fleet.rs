@@ -1177,6 +1177,7 @@ impl Fleet {
             p.workloads[w].demand,
             Demand::Whole { .. } | Demand::Mig { .. }
         );
+        let share = matches!(p.workloads[w].demand, Demand::Share { .. });
         let mut taken: HashMap<HashedKey, usize, BuildHasherDefault<KeptHash>> = HashMap::default();
         for n in nodes {
             let key = by_key.then(|| self.node_key_hashed(p, pool, n));
@@ -1198,7 +1199,9 @@ impl Fleet {
             {
                 taken.insert(key, n);
             }
+            // A share's node is chosen by the unfed GPUs and best fit alone (`fragmentation.rs`).
             let (tier, loss) = match self.remembered_cost(p, w, pool, n, &plan) {
+                _ if share => (0, 0),
                 // The free instance's cost, scored when the node's instances were (the same
                 // plan on the same measure): a busy MIG pool's nodes are asked again for each
                 // replica of each gang of a shape, and each scoring builds the node's key after.
@@ -1290,7 +1293,8 @@ impl Fleet {
                 Plan::Instance { geometry, .. } => geometry.is_some(),
                 Plan::Share { .. } => false,
             };
-            let (tier, loss) = if scored {
+            let share = matches!(plan, Plan::Share { .. });
+            let (tier, loss) = if scored && !share {
                 self.plan_cost(p, w, pool, n, self.measure(p, pool, n, None), &plan)
             } else {
                 (0, 0)

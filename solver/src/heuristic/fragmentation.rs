@@ -14,7 +14,17 @@
 //! - over a fleet's life the running set is the demand that comes back: what finishes is
 //!   replaced by work of the same tenants, mostly of the same shapes.
 //!
-//! A fleet with nothing running has no mix: every placement scores alike and best fit decides.
+//! A pool where nothing runs is scored against the mix of the whole fleet (every pool's
+//! running replicas, counted once): the work that comes to an idle pool is the fleet's. A pool
+//! with no mix at all would score every placement alike, and so be the best choice for any
+//! workload that may use it until the next decision measures it again: it took everything
+//! that came first, and a pool that is the only home of a large shape (the openb traces' 8-GPU,
+//! 120-core tasks on the one node type with the cores) was broken up by small work before the
+//! large work arrived. Shapes no node of the pool can host count all of a node's idle room, as
+//! FGD counts a typical shape a node cannot take. The pools' reports keep measuring a pool
+//! against its own running work only ([`Mix::runs_in`]): an idle pool reports no
+//! fragmentation. A fleet with nothing running has no mix: every placement scores alike and
+//! best fit decides.
 //!
 //! A *shape* is (GPU demand, CPU, memory) of one replica; its count is how many replicas of the
 //! mix have it. `n_k(node)` is how many replicas of shape k the node could still host, the
@@ -45,6 +55,17 @@
 //!   fullest nodes, whose CPU goes first: on the openb traces most of the GPUs left idle at the
 //!   end sat on nodes out of CPU.
 //! - Then best fit (the least free room left), then the node's index.
+//!
+//! A *share* (an MPS or time-sliced fraction of one GPU) is the exception: its node is chosen
+//! by the unfed GPUs, then best fit, then the index, without the score or the hosting term;
+//! those still choose its pool and, on the node, its GPU. One share moves a node's `F` by a
+//! fraction of a GPU, which the whole-point score turns into ties or single points that say
+//! more about the remainder arithmetic of the mix's fractions than about what the node can
+//! still host, and the hosting term then steered shares onto the emptiest GPUs, breaking
+//! whole GPUs a pool's other nodes could have kept. Packed by best fit, the pool's partly
+//! shared GPUs fill first. Measured on the openb traces (BENCHMARKS.md, "A share's node by
+//! best fit; an idle pool scored against the fleet's mix"): the share-heavy traces' worst
+//! checkpoint against FGD gains up to four points, the whole-GPU traces' a few tenths.
 //!
 //! What a GPU can host, as it is laid out now (a layout change is a cost the placement already
 //! puts last): an exclusive GPU, or a MIG GPU laid out as one 7g instance, hosts a whole-GPU
@@ -103,6 +124,8 @@ struct PoolMix {
 #[derive(Debug, Default)]
 pub(super) struct Mix {
     pools: Vec<PoolMix>,
+    /// Per pool: whether its mix is its own running work (else the fleet's, or none).
+    own: Vec<bool>,
     /// Node measures against this mix, by what they read (see the module documentation).
     remembered: RefCell<HashMap<NodeKey, Measure, foldhash::fast::FixedState>>,
     /// The key of the node being measured, built in place (see [`node_key_into`]).
@@ -282,6 +305,19 @@ impl Mix {
                 .or_insert((wl.demand, 0));
             e.1 += slots.len() as u64;
         }
+        let own: Vec<bool> = counts.iter().map(|c| !c.is_empty()).collect();
+        // An idle pool's mix is the fleet's (see the module documentation).
+        if own.iter().any(|&o| !o) {
+            let mut fleet: BTreeMap<ShapeKey, (Demand, u64)> = BTreeMap::new();
+            for shapes in &counts {
+                for (&key, &(demand, count)) in shapes {
+                    fleet.entry(key).or_insert((demand, 0)).1 += count;
+                }
+            }
+            for shapes in counts.iter_mut().filter(|c| c.is_empty()) {
+                shapes.clone_from(&fleet);
+            }
+        }
         let pools = counts
             .into_iter()
             .enumerate()
@@ -341,14 +377,21 @@ impl Mix {
             .collect();
         Mix {
             pools,
+            own,
             remembered: RefCell::default(),
             key: RefCell::default(),
         }
     }
 
-    /// Whether the pool has a mix to score against.
+    /// Whether the pool has a mix to score against: its own running work's, or the fleet's.
     pub(super) fn scores(&self, pool: usize) -> bool {
         self.pools.get(pool).is_some_and(|m| m.total > 0)
+    }
+
+    /// Whether the pool's mix is its own running work's (not the fleet's, lent to an idle
+    /// pool): what the pool's report measures its fragmentation against.
+    pub(super) fn runs_in(&self, pool: usize) -> bool {
+        self.own.get(pool).copied().unwrap_or(false) && self.scores(pool)
     }
 
     /// `F` summed over nodes, divided by the pool's replica count: the GPUs a replica drawn

@@ -696,8 +696,8 @@ fn tier_reading(p: &Problem, fleet: &Fleet, pool: usize, nodes: &[usize]) -> Vec
 /// before and after ([`tier_reading`]): `100 −` FGD's whole-point score of each such node
 /// against the pool's mix, summed; then the GPU units it leaves unfed for CPU on them, summed
 /// ([`Fleet::unfed_at`]; negative where it feeds some). `(0, 0)` (the best) when nothing runs
-/// in the pool: there is no work there to fragment, so new work goes to an idle pool before
-/// it breaks up a busy one.
+/// in the fleet: there is no mix to score against. A pool where nothing runs is scored
+/// against the fleet's mix (`fragmentation.rs`), so it is not every placement's first choice.
 fn placement_tier(
     mix: &Mix,
     pool: usize,
