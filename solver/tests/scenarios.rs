@@ -333,6 +333,34 @@ fn a_share_goes_where_it_keeps_room_for_the_running_shapes() {
     assert_eq!(admitted(&d, "another-quarter")[0].gpus, vec![0]);
 }
 
+#[test]
+fn a_share_fills_a_shared_gpu_before_it_breaks_an_empty_one() {
+    // s0's GPU holds a half, s1's is empty, and halves are the running mix. A quarter on
+    // either costs its node one half it could host and a quarter of idle room no half fits,
+    // so the node is best fit's: s0, which keeps s1's GPU whole for what comes next, a
+    // whole-GPU replica or two halves. (Where FGD's score and best fit disagree on a share's
+    // node, best fit decides: `fragmentation.rs`; that case needs a mix the size of a trace.)
+    let fleet = FLEET.replace(
+        "capacity: {nodes: 1, gpusPerNode: 2, cpuPerNode: 192, memoryPerNode: 2Ti}\n  sharing: mps",
+        "capacity: {nodes: 2, gpusPerNode: 1, cpuPerNode: 192, memoryPerNode: 2Ti}\n  sharing: mps",
+    );
+    assert_ne!(fleet, FLEET, "the share pool's capacity line moved");
+    let nodes = [node("s0", "share", 1), node("s1", "share", 1)];
+    let run_ = running(
+        "half",
+        "{tenant: a, sloClass: notebook, gpu: {fraction: 0.5}}",
+        &["{node: s0, gpus: [0], share: 0.5}"],
+        EARLY,
+    );
+    let pend = pending(
+        "quarter",
+        "{tenant: a, sloClass: notebook, gpu: {fraction: 0.25}}",
+        RECENT,
+    );
+    let d = run_with(&fleet, &state(&nodes, &run_, &pend));
+    assert_eq!(admitted(&d, "quarter")[0].node, "s0");
+}
+
 const BALANCED: &[(&str, u8)] = &[
     ("2g.20gb", 0),
     ("1g.10gb", 2),
