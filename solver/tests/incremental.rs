@@ -764,4 +764,8 @@ fn draws_that_once_failed() {
     // `a1/p-4, a/x-0`) against the cycle's `…, a/x-1, b/p-0`.
     case(5_975_625_639_353_954_938, &mut Tally::default());
     case(16_502_662_668_316_066_310, &mut Tally::default());
+    // A running workload finished in one pool while a pick of the session had been placed in
+    // a pool where nothing runs, scored against the fleet's running mix, which the finished
+    // workload was part of: the cycle without it placed the pick elsewhere.
+    case(5_715_699_267_670_943_244, &mut Tally::default());
 }

@@ -370,6 +370,13 @@ impl Fleet {
         self.free[n].offers
     }
 
+    /// Whether nothing runs in `pool`, so that its placements are scored against the mix of
+    /// the whole fleet's running work (`fragmentation.rs`), which any running workload's end
+    /// changes.
+    pub(crate) fn scored_by_fleet_mix(&self, pool: usize) -> bool {
+        !self.mix.runs_in(pool)
+    }
+
     /// Measures the workload mix again without the running workloads for which `gone` holds
     /// (a session's finished work), as a cycle on the snapshot without them would.
     pub(crate) fn forget(&mut self, p: &Problem, gone: impl Fn(usize) -> bool) {

@@ -57,6 +57,10 @@ pub enum FullCycle {
     /// The finished workload frees capacity in `pool` that waiting, admitted or preempted work of
     /// its component could use.
     FreesCapacity { pool: String },
+    /// The finished workload ran, so it counts in the fleet's running mix, which placements
+    /// in pool `pool`, where nothing runs, are scored against; work of the standing decision
+    /// may use that pool.
+    FleetMix { pool: String },
     /// The finished workload was admitted or preempted by the standing decision.
     Decided { name: String },
     /// Pool `pool` of the event's component may hold capacity for waiting gangs: holds are
@@ -93,6 +97,10 @@ impl std::fmt::Display for FullCycle {
                     "it frees capacity in pool `{pool}` that waiting work could use"
                 )
             }
+            FullCycle::FleetMix { pool } => write!(
+                f,
+                "it counts in the running mix that pool `{pool}`, where nothing runs, is scored against"
+            ),
             FullCycle::Decided { name } => {
                 write!(
                     f,
@@ -768,6 +776,21 @@ impl Session {
         if queued || stopped {
             return Ok(Removal::NeedsFullCycle(FullCycle::FreesCapacity {
                 pool: p.pools[pool].name.clone(),
+            }));
+        }
+        // A running workload counts in the mix that every pool where nothing runs is scored
+        // against: picks that may use such a pool, in any component, would be placed again.
+        if p.workloads[w].is_running()
+            && let Some(idle) = parts.trace.iter().find_map(|s| {
+                p.workloads[s.w]
+                    .pools
+                    .iter()
+                    .copied()
+                    .find(|&q| parts.fleet.scored_by_fleet_mix(q))
+            })
+        {
+            return Ok(Removal::NeedsFullCycle(FullCycle::FleetMix {
+                pool: p.pools[idle].name.clone(),
             }));
         }
         let parts = self
