@@ -254,6 +254,59 @@ spec:
 }
 
 #[test]
+fn among_pools_that_tie_the_least_versatile_takes_the_work() {
+    // `train` (192 cores a node) and `weak` (32 cores, listed after it: pools are listed by
+    // name) each run one 1-GPU, 4-core replica on their first node; the `share` pool runs a 1-GPU replica asking 100
+    // cores, a shape `train` could host and `weak` could not. A 1-GPU, 4-core arrival ties in
+    // both pools on FGD's tier (each pool's own mix is the 4-core shape, which both nodes
+    // still host after it) and on the GPUs it feeds at the fleet's 36 cores a GPU (one less
+    // unfed GPU's worth on either). The tie went to the pool listed first; the least
+    // versatile pool now takes it, and `train`'s cores stay for the 100-core shape.
+    let fleet = FLEET
+        .replace(
+            "guarantee: {train: 16, infer: 2, share: 2}",
+            "guarantee: {train: 16, infer: 2, share: 2, weak: 8}",
+        )
+        .replacen(
+            "guarantee: {train: 8, infer: 1, share: 1}",
+            "guarantee: {train: 8, infer: 1, share: 1, weak: 8}",
+            1,
+        )
+        + "---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: weak}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {nodes: 1, gpusPerNode: 8, cpuPerNode: 32, memoryPerNode: 2Ti}
+  sharing: exclusive
+";
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8),
+        node("s0", "share", 2),
+        node("w0", "weak", 8).replace("cpu: 192", "cpu: 32"),
+    ];
+    let light = "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 4}";
+    let run_ = [
+        running("light-t", light, &[&gpus("t0", 0, 1)], EARLY),
+        running("light-w", light, &[&gpus("w0", 0, 1)], EARLY),
+        running(
+            "heavy",
+            "{tenant: b, sloClass: notebook, gpu: {count: 1}, cpu: 100}",
+            &[&gpus("s0", 0, 1)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let d = run_with(
+        &fleet,
+        &state(&nodes, &run_, &pending("one", light, RECENT)),
+    );
+    assert_eq!(admitted(&d, "one")[0].node, "w0");
+}
+
+#[test]
 fn a_pool_reports_fgd_fragmentation_against_its_running_mix() {
     // Running: two 4-GPU replicas and one 1-GPU replica. t0 has 3 GPUs idle, which a 4-GPU
     // replica (2 of the mix's 3) cannot use and a 1-GPU replica can; t1 has 4, which both can.

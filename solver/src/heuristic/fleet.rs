@@ -370,13 +370,6 @@ impl Fleet {
         self.free[n].offers
     }
 
-    /// Whether nothing runs in `pool`, so that its placements are scored against the mix of
-    /// the whole fleet's running work (`fragmentation.rs`), which any running workload's end
-    /// changes.
-    pub(crate) fn scored_by_fleet_mix(&self, pool: usize) -> bool {
-        !self.mix.runs_in(pool)
-    }
-
     /// Measures the workload mix again without the running workloads for which `gone` holds
     /// (a session's finished work), as a cycle on the snapshot without them would.
     pub(crate) fn forget(&mut self, p: &Problem, gone: impl Fn(usize) -> bool) {
@@ -476,27 +469,26 @@ impl Fleet {
         p.gpus[g].healthy
     }
 
-    /// The GPU units of node `n` that its CPU could not feed at `pool`'s mix's ratio once it
-    /// holds a replica of `w`, less those unfed now ([`Mix::unfed`]): negative where the
-    /// replica asks less CPU per GPU than the mix on a node already short of CPU. A function
-    /// of what the node's measure key holds, like the rest of `fill`'s key but the node.
-    fn unfed_by(&self, p: &Problem, w: usize, pool: usize, n: usize) -> i64 {
+    /// The GPU units of node `n` that its CPU could not feed at the fleet's running work's
+    /// ratio once it holds a replica of `w`, less those unfed now ([`Mix::unfed`]): negative
+    /// where the replica asks less CPU per GPU than that on a node already short of CPU. A
+    /// function of what the node's measure key holds, like the rest of `fill`'s key but the
+    /// node.
+    fn unfed_by(&self, p: &Problem, w: usize, n: usize) -> i64 {
         let wl = &p.workloads[w];
         let cpu = self.cpu_left(p, n);
         let free = self.node_free(p, n);
         let after = self.mix.unfed(
-            pool,
             cpu.saturating_sub(wl.cpu.0),
             free - wl.demand.gpus().units(),
         );
-        after - self.unfed_at(p, pool, n)
+        after - self.unfed_at(p, n)
     }
 
-    /// The GPU units of node `n` of `pool` that its CPU left could not feed at the mix's ratio
-    /// ([`Mix::unfed`]).
-    pub(super) fn unfed_at(&self, p: &Problem, pool: usize, n: usize) -> i64 {
-        self.mix
-            .unfed(pool, self.cpu_left(p, n), self.node_free(p, n))
+    /// The GPU units of node `n` that its CPU left could not feed at the fleet's running
+    /// work's ratio ([`Mix::unfed`]).
+    pub(super) fn unfed_at(&self, p: &Problem, n: usize) -> i64 {
+        self.mix.unfed(self.cpu_left(p, n), self.node_free(p, n))
     }
 
     /// Free GPU units on a node (healthy GPUs).
@@ -1233,11 +1225,7 @@ impl Fleet {
                 }
                 None => (0, 0),
             };
-            let unfed = if scored {
-                self.unfed_by(p, w, pool, n)
-            } else {
-                0
-            };
+            let unfed = if scored { self.unfed_by(p, w, n) } else { 0 };
             let key = (relayout, tier, loss, unfed, self.node_free(p, n), n);
             if best.as_ref().is_none_or(|b| key < b.0) {
                 best = Some((key, n, plan));
@@ -1306,11 +1294,7 @@ impl Fleet {
             } else {
                 (0, 0)
             };
-            let unfed = if scored {
-                self.unfed_by(p, w, pool, n)
-            } else {
-                0
-            };
+            let unfed = if scored { self.unfed_by(p, w, n) } else { 0 };
             let key = (relayout, tier, loss, unfed, self.node_free(p, n), n);
             if best.is_none_or(|b| key < b) {
                 best = Some(key);

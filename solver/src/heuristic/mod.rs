@@ -457,8 +457,11 @@ impl<'p> Solver<'p> {
         let mut attempts = Vec::new();
         // Of the pools that take it, the one where it fragments least (FGD's whole-point score
         // against each pool's mix, summed over the nodes it lands on), then the one where it
-        // leaves the fewest GPUs unfed for CPU, then the first listed: a pool that runs out of
-        // CPU next to idle GPUs must not be filled first only because it is listed first.
+        // leaves the fewest GPUs unfed for CPU, then the least versatile (the one that could
+        // host the fewest of the fleet's running replicas: work goes where it has the fewest
+        // alternatives, and the nodes that are the only home of a large shape stay for it),
+        // then the first listed. A pool that runs out of CPU next to idle GPUs, or the most
+        // capable pool, must not be filled first only because it is listed first.
         if let [pool] = wl.pools[..] {
             // One pool: nothing to compare, so the gang is placed on the solver's own fleet.
             match admit_on(p, &mut self.fleet, &mut self.ledger, w, pool, wl.replicas) {
@@ -474,7 +477,9 @@ impl<'p> Solver<'p> {
             // Each pool's placement is written on the solver's own fleet under a mark,
             // measured, and undone, its writes kept while it is the best; the best is written
             // again (`journal.rs`). A clone of the fleet per pool cost the fleet's size.
-            let mut best: Option<((u64, i64), usize, Redo)> = None;
+            let mix = Rc::clone(&self.fleet.mix);
+            let least = wl.pools.iter().map(|&q| mix.versatility(q)).min();
+            let mut best: Option<((u64, i64, u64), usize, Redo)> = None;
             for &pool in &wl.pools {
                 let placed =
                     quota_allows(p, &self.ledger, w, pool, wl.replicas).and_then(|(want, min)| {
@@ -493,11 +498,14 @@ impl<'p> Solver<'p> {
                         let after = tier_reading(p, &self.fleet, pool, &nodes);
                         let redo = self.fleet.rollback_keeping(mark);
                         let before = tier_reading(p, &self.fleet, pool, &nodes);
-                        let tier = placement_tier(&self.fleet.mix, pool, &before, &after);
-                        if best.as_ref().is_none_or(|b| tier < b.0) {
-                            best = Some((tier, pool, redo));
+                        let (tier, unfed) = placement_tier(&mix, pool, &before, &after);
+                        let key = (tier, unfed, mix.versatility(pool));
+                        if best.as_ref().is_none_or(|b| key < b.0) {
+                            best = Some((key, pool, redo));
                         }
-                        if tier == (0, 0) {
+                        // Fragments nothing and leaves nothing unfed, in a least versatile
+                        // pool: taken without trying the pools after it.
+                        if (tier, unfed) == (0, 0) && Some(key.2) == least {
                             break;
                         }
                     }
@@ -688,7 +696,7 @@ fn tier_reading(p: &Problem, fleet: &Fleet, pool: usize, nodes: &[usize]) -> Vec
     }
     nodes
         .iter()
-        .map(|&n| (fleet.measure(p, pool, n, None), fleet.unfed_at(p, pool, n)))
+        .map(|&n| (fleet.measure(p, pool, n, None), fleet.unfed_at(p, n)))
         .collect()
 }
 

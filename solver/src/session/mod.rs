@@ -57,9 +57,10 @@ pub enum FullCycle {
     /// The finished workload frees capacity in `pool` that waiting, admitted or preempted work of
     /// its component could use.
     FreesCapacity { pool: String },
-    /// The finished workload ran, so it counts in the fleet's running mix, which placements
-    /// in pool `pool`, where nothing runs, are scored against; work of the standing decision
-    /// may use that pool.
+    /// The finished workload ran, so it counts in the fleet's running mix, which work of the
+    /// standing decision that may use pool `pool` is placed by: every pool's nodes are weighed
+    /// by the CPU per GPU of the fleet's running work, and a pool where nothing runs is scored
+    /// against the whole mix.
     FleetMix { pool: String },
     /// The finished workload was admitted or preempted by the standing decision.
     Decided { name: String },
@@ -99,7 +100,7 @@ impl std::fmt::Display for FullCycle {
             }
             FullCycle::FleetMix { pool } => write!(
                 f,
-                "it counts in the running mix that pool `{pool}`, where nothing runs, is scored against"
+                "it counts in the fleet's running mix, which placements in pool `{pool}` are weighed by"
             ),
             FullCycle::Decided { name } => {
                 write!(
@@ -778,19 +779,17 @@ impl Session {
                 pool: p.pools[pool].name.clone(),
             }));
         }
-        // A running workload counts in the mix that every pool where nothing runs is scored
-        // against: picks that may use such a pool, in any component, would be placed again.
+        // A running workload counts in the fleet's running mix, whose CPU per GPU weighs the
+        // nodes of every pool (and which a pool where nothing runs is scored against): every
+        // pick, in any component, would be placed again.
         if p.workloads[w].is_running()
-            && let Some(idle) = parts.trace.iter().find_map(|s| {
-                p.workloads[s.w]
-                    .pools
-                    .iter()
-                    .copied()
-                    .find(|&q| parts.fleet.scored_by_fleet_mix(q))
-            })
+            && let Some(&pool) = parts
+                .trace
+                .iter()
+                .find_map(|s| p.workloads[s.w].pools.first())
         {
             return Ok(Removal::NeedsFullCycle(FullCycle::FleetMix {
-                pool: p.pools[idle].name.clone(),
+                pool: p.pools[pool].name.clone(),
             }));
         }
         let parts = self
