@@ -374,18 +374,9 @@ impl Mix {
                     if count == 0 {
                         continue;
                     }
-                    let need_gpus = match demand {
-                        Demand::Whole { count } => count as usize,
-                        _ => 1,
-                    };
                     let hosts = nodes
                         .iter()
-                        .filter(|n| {
-                            n.cpu.0 >= cpu
-                                && n.memory.0 >= memory
-                                && n.gpus.iter().filter(|&&g| p.gpus[g].healthy).count()
-                                    >= need_gpus
-                        })
+                        .filter(|n| empty_node_fits(p, n, demand, cpu, memory))
                         .count() as u64;
                     let weight = (count.saturating_mul(demand.gpus().units().max(0) as u64))
                         .saturating_mul(nodes.len() as u64)
@@ -578,17 +569,24 @@ fn can_host(p: &Problem, info: &PoolInfo, demand: Demand, cpu: u64, memory: u64)
                     .any(|l| l.iter().any(|pl| pl.profile_id == profile_id))
         }
     };
+    takes
+        && info
+            .nodes
+            .iter()
+            .map(|&n| &p.nodes[n])
+            .any(|n| n.healthy && empty_node_fits(p, n, demand, cpu, memory))
+}
+
+/// Whether node `n`, empty, has the CPU, the memory and the healthy GPUs for a replica of
+/// `demand` asking `cpu` and `memory` (one GPU for an instance or a share).
+fn empty_node_fits(p: &Problem, n: &NodeInfo, demand: Demand, cpu: u64, memory: u64) -> bool {
     let need = match demand {
         Demand::Whole { count } => count as usize,
         _ => 1,
     };
-    takes
-        && info.nodes.iter().map(|&n| &p.nodes[n]).any(|n| {
-            n.healthy
-                && n.cpu.0 >= cpu
-                && n.memory.0 >= memory
-                && n.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() >= need
-        })
+    n.cpu.0 >= cpu
+        && n.memory.0 >= memory
+        && n.gpus.iter().filter(|&&g| p.gpus[g].healthy).count() >= need
 }
 
 /// What one GPU, as it is laid out now, offers every demand: read once per GPU, since a node
