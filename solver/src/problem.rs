@@ -139,6 +139,29 @@ impl PoolInfo {
         debug_assert_eq!(resolved, self.profiles.resolve(name_or_id));
         resolved
     }
+
+    /// Whether the pool's GPUs can hold a replica of `demand`'s kind: whole GPUs anywhere but
+    /// on a MIG pool without a 7g layout (a shared GPU with no share on it is held whole, as
+    /// a Kubernetes device plugin hands it out), an instance on a MIG pool with a layout that
+    /// has its profile, a share on an MPS or time-sliced pool. The one statement of the rule:
+    /// admission (`demand_on`, which says why not) and the fragmentation scoring's pool
+    /// versatility both ask it. Node sizes are not its concern.
+    pub fn takes(&self, demand: Demand) -> bool {
+        match demand {
+            Demand::Whole { .. } => match self.sharing {
+                Sharing::Exclusive | Sharing::Mps | Sharing::Timeslice => true,
+                Sharing::Mig => self.layouts.iter().any(|l| has_whole(l)),
+            },
+            Demand::Mig { profile_id } => {
+                self.sharing == Sharing::Mig
+                    && self
+                        .layouts
+                        .iter()
+                        .any(|l| l.iter().any(|pl| pl.profile_id == profile_id))
+            }
+            Demand::Share { .. } => matches!(self.sharing, Sharing::Mps | Sharing::Timeslice),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -1187,15 +1210,9 @@ fn demand_on(pool: &PoolInfo, spec: &WorkloadSpec) -> Result<Demand, String> {
         if count == 0 {
             return Err("asks for 0 GPUs".into());
         }
-        // A shared (MPS or time-sliced) GPU with no share on it can be held whole, as a
-        // Kubernetes device plugin hands out a shared GPU: shares and whole-GPU work then
-        // compete for the same GPUs, and placement decides which GPU each takes.
-        match pool.sharing {
-            Sharing::Exclusive | Sharing::Mps | Sharing::Timeslice => {}
-            Sharing::Mig if pool.layouts.iter().any(|l| has_whole(l)) => {}
-            Sharing::Mig => {
-                return Err("whole GPUs on a MIG pool need a layout with a 7g instance".into());
-            }
+        let d = Demand::Whole { count };
+        if !pool.takes(d) {
+            return Err("whole GPUs on a MIG pool need a layout with a 7g instance".into());
         }
         if count > pool.gpus_per_node {
             return Err(format!(
@@ -1203,8 +1220,10 @@ fn demand_on(pool: &PoolInfo, spec: &WorkloadSpec) -> Result<Demand, String> {
                 pool.gpus_per_node
             ));
         }
-        Demand::Whole { count }
+        d
     } else if let Some(profile) = &g.mig_profile {
+        // Checked before the profile, so that the message names the pool's kind, not a
+        // profile its model lacks.
         if pool.sharing != Sharing::Mig {
             return Err(format!(
                 "MIG instances need a mig pool, not `{}`",
@@ -1214,29 +1233,27 @@ fn demand_on(pool: &PoolInfo, spec: &WorkloadSpec) -> Result<Demand, String> {
         let id = pool
             .resolve_profile(profile)
             .ok_or_else(|| format!("`{profile}` is not a MIG profile of {}", pool.gpu_model))?;
-        if !pool
-            .layouts
-            .iter()
-            .any(|l| l.iter().any(|p| p.profile_id == id))
-        {
+        let d = Demand::Mig { profile_id: id };
+        if !pool.takes(d) {
             return Err(format!("none of its layouts has a `{profile}` instance"));
         }
-        Demand::Mig { profile_id: id }
+        d
     } else {
         let fraction = share_of(spec).ok_or("the fraction is not a whole number of thousandths")?;
-        if !matches!(pool.sharing, Sharing::Mps | Sharing::Timeslice) {
+        let d = Demand::Share { fraction };
+        if !pool.takes(d) {
             return Err(format!(
                 "a GPU fraction needs an mps or timeslice pool, not `{}`",
                 pool.sharing.as_str()
             ));
         }
-        Demand::Share { fraction }
+        d
     };
     Ok(d)
 }
 
 /// Whether a layout is the whole GPU as one 7g instance.
-pub fn has_whole(layout: &[Placement]) -> bool {
+fn has_whole(layout: &[Placement]) -> bool {
     layout.iter().any(|p| p.profile_id == mig::PROFILE_7G)
 }
 

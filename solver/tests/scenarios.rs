@@ -307,6 +307,70 @@ spec:
 }
 
 #[test]
+fn a_share_goes_to_the_pool_whose_gpus_its_cpu_feeds() {
+    // Two MPS pools: `share` (192 cores a node) runs a half, `lean` (8 cores, listed first)
+    // a 0.3; the fleet's running work asks 50 cores a GPU (the 100-core replica on `t0` over
+    // 2 GPUs). On FGD's tier `share` wins for a half asking 4 cores: there it packs the
+    // pool's own mix exactly, in `lean` it leaves room no 0.3 can use. On `lean`'s node, whose
+    // 8 cores feed 0.16 of its 1.7 free GPUs, it leaves 0.42 fewer GPUs unfed (it takes half
+    // a GPU and the CPU of 0.08): a share's pool is chosen by the unfed GPUs first, as its
+    // node is.
+    let fleet = FLEET
+        .replace(
+            "guarantee: {train: 16, infer: 2, share: 2}",
+            "guarantee: {train: 16, infer: 2, share: 2, lean: 2}",
+        )
+        .replacen(
+            "guarantee: {train: 8, infer: 1, share: 1}",
+            "guarantee: {train: 8, infer: 1, share: 1, lean: 2}",
+            1,
+        )
+        + "---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: lean}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {nodes: 1, gpusPerNode: 2, cpuPerNode: 8, memoryPerNode: 2Ti}
+  sharing: mps
+  maxClientsPerGpu: 4
+";
+    let nodes = [
+        node("t0", "train", 8),
+        node("s0", "share", 2),
+        node("l0", "lean", 2).replace("cpu: 192", "cpu: 8"),
+    ];
+    let run_ = [
+        running(
+            "heavy",
+            "{tenant: b, sloClass: notebook, gpu: {count: 1}, cpu: 100}",
+            &[&gpus("t0", 0, 1)],
+            EARLY,
+        ),
+        running(
+            "half",
+            "{tenant: b, sloClass: notebook, gpu: {fraction: 0.5}}",
+            &["{node: s0, gpus: [0], share: 0.5}"],
+            EARLY,
+        ),
+        running(
+            "third",
+            "{tenant: b, sloClass: notebook, gpu: {fraction: 0.3}}",
+            &["{node: l0, gpus: [0], share: 0.3}"],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = pending(
+        "one",
+        "{tenant: a, sloClass: notebook, gpu: {fraction: 0.5}, cpu: 4}",
+        RECENT,
+    );
+    let d = run_with(&fleet, &state(&nodes, &run_, &pend));
+    assert_eq!(admitted(&d, "one")[0].node, "l0");
+}
+
+#[test]
 fn a_pool_reports_fgd_fragmentation_against_its_running_mix() {
     // Running: two 4-GPU replicas and one 1-GPU replica. t0 has 3 GPUs idle, which a 4-GPU
     // replica (2 of the mix's 3) cannot use and a 1-GPU replica can; t1 has 4, which both can.
@@ -355,6 +419,48 @@ fn a_replica_goes_where_it_strands_least_of_the_running_mix() {
     );
     let d = run(&state(&nodes, &run_, &pend));
     assert_eq!(admitted(&d, "one")[0].node, "t0");
+}
+
+#[test]
+fn a_replica_goes_first_where_its_cpu_leaves_no_gpu_unfed() {
+    // The setting of the test above, with `t0` short of CPU: 64 cores, where the fleet's
+    // running work asks 12.5 cores a GPU (the 100-core replica on `s0` over 8 GPUs). The score
+    // (against the train pool's mix, which asks no CPU) would still take `t0` and leave 4 GPUs
+    // with 24 cores, 2 GPUs' worth more than they can feed; `t1` has the CPU for all of its
+    // GPUs after it, so the 40-core replica goes there.
+    let nodes = [
+        node("t0", "train", 8).replace("cpu: 192", "cpu: 64"),
+        node("t1", "train", 8),
+        node("s0", "share", 2),
+    ];
+    let run_ = [
+        running(
+            "three",
+            "{tenant: b, sloClass: critical, gpu: {count: 3}}",
+            &[&gpus("t0", 0, 3)],
+            EARLY,
+        ),
+        running(
+            "four",
+            "{tenant: b, sloClass: critical, gpu: {count: 4}}",
+            &[&gpus("t1", 0, 4)],
+            EARLY,
+        ),
+        running(
+            "heavy",
+            "{tenant: b, sloClass: notebook, gpu: {count: 1}, cpu: 100}",
+            &[&gpus("s0", 0, 1)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let pend = pending(
+        "one",
+        "{tenant: a, sloClass: batch, gpu: {count: 1}, cpu: 40}",
+        RECENT,
+    );
+    let d = run(&state(&nodes, &run_, &pend));
+    assert_eq!(admitted(&d, "one")[0].node, "t1");
 }
 
 #[test]

@@ -198,10 +198,10 @@ impl NodeFree {
 
 type RelayoutKey = (Vec<Placement>, Vec<Placement>);
 
-/// `fill`'s order of places, lowest first: no re-layout first, then FGD's tier and the hosting
-/// capacity lost, then the GPU units the place leaves unfed for CPU ([`Fleet::unfed_by`]), then
-/// best fit (the node's free units), then the node.
-type FillKey = (bool, u32, u64, i64, i64, usize);
+/// `fill`'s order of places, lowest first: no re-layout first, then the GPU units the place
+/// leaves unfed for CPU ([`Fleet::unfed_by`]), then FGD's tier and the hosting capacity lost,
+/// then best fit (the node's free units), then the node.
+type FillKey = (bool, i64, u32, u64, i64, usize);
 
 /// Why one replica does not fit on one node.
 #[derive(Debug, Clone, Default)]
@@ -1226,7 +1226,7 @@ impl Fleet {
                 None => (0, 0),
             };
             let unfed = if scored { self.unfed_by(p, w, n) } else { 0 };
-            let key = (relayout, tier, loss, unfed, self.node_free(p, n), n);
+            let key = (relayout, unfed, tier, loss, self.node_free(p, n), n);
             if best.as_ref().is_none_or(|b| key < b.0) {
                 best = Some((key, n, plan));
             }
@@ -1295,7 +1295,7 @@ impl Fleet {
                 (0, 0)
             };
             let unfed = if scored { self.unfed_by(p, w, n) } else { 0 };
-            let key = (relayout, tier, loss, unfed, self.node_free(p, n), n);
+            let key = (relayout, unfed, tier, loss, self.node_free(p, n), n);
             if best.is_none_or(|b| key < b) {
                 best = Some(key);
             }

@@ -30,6 +30,28 @@
 //! mix have it. `n_k(node)` is how many replicas of shape k the node could still host, the
 //! least of what its GPUs, its CPU and its memory allow.
 //!
+//! A replica's node is chosen by these criteria, in this order:
+//!
+//! - The GPUs left *unfed*: a node's free GPU units beyond what its CPU left could feed at the
+//!   CPU per GPU unit of the fleet's running work (`Σ count × cpu / Σ count × units` over
+//!   every pool's running replicas, counted once). A placement that takes more CPU per GPU
+//!   than that, on a node whose CPU is already the short resource, leaves GPUs the work cannot
+//!   use once the CPU is gone; the replica that leaves the fewest new unfed units wins (a
+//!   CPU-light replica on a CPU-starved node leaves fewer than before, and is sent there). On
+//!   most nodes, whose CPU can still feed their free GPUs, a placement leaves none, and the
+//!   criteria below decide among them. First, before the score, because the score sees the
+//!   same loss only once a shape of the mix no longer fits, one whole point at a time, and
+//!   best fit on GPU room alone packs the fullest nodes, whose CPU goes first: on the openb
+//!   traces most of the GPUs left idle at the end sat on nodes out of CPU. After the score
+//!   and the hosting term, the unfed GPUs decided too few placements to keep them; first,
+//!   they gained on every seed measured (BENCHMARKS.md, "The unfed GPUs first"). The fleet's
+//!   ratio rather than each pool's own, because a pool's own is what was placed there: a pool
+//!   that took CPU-heavy work weighs its nodes' CPU by that work and so looks short of CPU
+//!   sooner than a pool of the same nodes that took light work, and work that may use either
+//!   is then steered by what came before it, not by what its nodes can still feed. One
+//!   yardstick for every pool ranks the pools' nodes alike. In a fleet whose pools run
+//!   different kinds of work (CPU-light inference next to CPU-heavy training) the yardstick is
+//!   their blend.
 //! - The fragmentation of a node: `F = Σ_k count_k × (idle − n_k × size_k)`, the node's idle GPU
 //!   capacity that replicas of each shape could not use, weighted by how common the shape is.
 //!   This is FGD's measure with the remainder counted: FGD counts a node that hosts one replica
@@ -45,24 +67,6 @@
 //!   replica: a shape few nodes can take weighs more per replica, so that common shapes do not
 //!   use up the only nodes it fits. Among equal scores the placement that destroys the least
 //!   `H` wins.
-//! - Then the GPUs left *unfed*: a node's free GPU units beyond what its CPU left could feed
-//!   at the CPU per GPU unit of the fleet's running work (`Σ count × cpu / Σ count × units`
-//!   over every pool's running replicas, counted once). A placement that takes more CPU per
-//!   GPU than that, on a node whose CPU is already the short resource, leaves GPUs the work
-//!   cannot use once the CPU is gone; the replica that leaves the fewest new unfed units wins
-//!   (a CPU-light replica on a CPU-starved node leaves fewer than before). `F` sees the same
-//!   loss only once a shape of the mix no longer fits, one whole point of the score at a time,
-//!   and best fit on GPU room alone packs the fullest nodes, whose CPU goes first: on the
-//!   openb traces most of the GPUs left idle at the end sat on nodes out of CPU. The fleet's
-//!   ratio rather than each pool's own, because a pool's own is what was placed there: a pool
-//!   that took CPU-heavy work weighs its nodes' CPU by that work and so looks short of CPU
-//!   sooner than a pool of the same nodes that took light work, and work that may use either
-//!   is then steered by what came before it, not by what its nodes can still feed. One
-//!   yardstick for every pool ranks the pools' nodes alike. Measured on the openb traces
-//!   (BENCHMARKS.md, "The least versatile pool"): alone it gained on the two seeds it was
-//!   tried on and not on the two held out; with the pool order below, on all four. In a fleet
-//!   whose pools run different kinds of work (CPU-light inference next to CPU-heavy training)
-//!   the yardstick is their blend; it only breaks ties the score and the hosting term leave.
 //! - Then best fit (the least free room left), then the node's index.
 //!
 //! A *share* (an MPS or time-sliced fraction of one GPU) is the exception: its node is chosen
@@ -77,16 +81,18 @@
 //! checkpoint against FGD gains up to four points, the whole-GPU traces' a few tenths.
 //!
 //! Among the pools a workload may use, the solver takes the one whose placement costs the
-//! least tier summed over the nodes it lands on, then the fewest new unfed GPUs, then the
-//! least *versatile* pool: the one whose nodes, empty, could host the fewest replicas of the
-//! fleet's running work ([`Mix::versatility`]), then the first listed (pools are listed by
-//! name). Placements in different pools often tie on the whole-point tier and the unfed GPUs,
-//! and a tie that goes by the pools' names goes to whatever nodes the name gives: work with
-//! the fewest alternatives should go where it fits, and the nodes most shapes can use should
-//! stay for the work only they can host. On the openb `gpushare80` trace (seed 44) the `G3`
-//! nodes, with the most cores and memory per GPU and the only home of the 8-GPU, 120-core
-//! tasks, refused the first such task at 7 % arrived; with this order and the fleet's CPU per
-//! GPU for the unfed GPUs (above), at 79 % (BENCHMARKS.md, "The least versatile pool").
+//! least tier summed over the nodes it lands on, then the fewest new unfed GPUs (for a share,
+//! the unfed GPUs first, as its node is chosen: shares that take more CPU per GPU than the
+//! fleet's work go to the pools whose CPU can feed them), then the least *versatile* pool: the
+//! one whose nodes, empty, could host the fewest replicas of the fleet's running work
+//! ([`Mix::versatility`]), then the first listed (pools are listed by name). Placements in
+//! different pools often tie on the whole-point tier and the unfed GPUs, and a tie that goes by the
+//! pools' names goes to whatever nodes the name gives: work with the fewest alternatives should go
+//! where it fits, and the nodes most shapes can use should stay for the work only they can host. On
+//! the openb `gpushare80` trace (seed 44) the `G3` nodes, with the most cores and memory per GPU
+//! and the only home of the 8-GPU, 120-core tasks, refused the first such task at 7 % arrived; with
+//! this order and the fleet's CPU per GPU for the unfed GPUs (above), at 79 % (BENCHMARKS.md, "The
+//! least versatile pool").
 //!
 //! What a GPU can host, as it is laid out now (a layout change is a cost the placement already
 //! puts last): an exclusive GPU, or a MIG GPU laid out as one 7g instance, hosts a whole-GPU
@@ -109,7 +115,7 @@ use std::cell::RefCell;
 use smallvec::SmallVec;
 
 use super::*;
-use crate::problem::{NodeInfo, PoolInfo, has_whole};
+use crate::problem::{NodeInfo, PoolInfo};
 
 /// Measures remembered per mix before the memo is emptied: bounds its memory on a long
 /// decision (an entry is a few hundred bytes).
@@ -552,24 +558,10 @@ impl Mix {
 }
 
 /// Whether one of `info`'s healthy nodes, empty, could host a replica of `demand` asking `cpu`
-/// and `memory`: the pool takes the demand's kind (a share needs a shared pool, an instance a
-/// MIG pool laid out with its profile, a whole GPU anything but a MIG pool without a 7g
-/// layout) and the node has the CPU, the memory and the healthy GPUs.
+/// and `memory`: the pool takes the demand's kind ([`PoolInfo::takes`]) and the node has the
+/// CPU, the memory and the healthy GPUs.
 fn can_host(p: &Problem, info: &PoolInfo, demand: Demand, cpu: u64, memory: u64) -> bool {
-    let takes = match demand {
-        Demand::Whole { .. } => {
-            info.sharing != Sharing::Mig || info.layouts.iter().any(|l| has_whole(l))
-        }
-        Demand::Share { .. } => matches!(info.sharing, Sharing::Mps | Sharing::Timeslice),
-        Demand::Mig { profile_id } => {
-            info.sharing == Sharing::Mig
-                && info
-                    .layouts
-                    .iter()
-                    .any(|l| l.iter().any(|pl| pl.profile_id == profile_id))
-        }
-    };
-    takes
+    info.takes(demand)
         && info
             .nodes
             .iter()

@@ -457,11 +457,12 @@ impl<'p> Solver<'p> {
         let mut attempts = Vec::new();
         // Of the pools that take it, the one where it fragments least (FGD's whole-point score
         // against each pool's mix, summed over the nodes it lands on), then the one where it
-        // leaves the fewest GPUs unfed for CPU, then the least versatile (the one that could
-        // host the fewest of the fleet's running replicas: work goes where it has the fewest
-        // alternatives, and the nodes that are the only home of a large shape stay for it),
-        // then the first listed. A pool that runs out of CPU next to idle GPUs, or the most
-        // capable pool, must not be filled first only because it is listed first.
+        // leaves the fewest GPUs unfed for CPU (for a share, the unfed GPUs first), then the
+        // least versatile (the one that could host the fewest of the fleet's running
+        // replicas: work goes where it has the fewest alternatives, and the nodes that are the
+        // only home of a large shape stay for it), then the first listed. A pool that runs out
+        // of CPU next to idle GPUs, or the most capable pool, must not be filled first only
+        // because it is listed first.
         if let [pool] = wl.pools[..] {
             // One pool: nothing to compare, so the gang is placed on the solver's own fleet.
             match admit_on(p, &mut self.fleet, &mut self.ledger, w, pool, wl.replicas) {
@@ -479,7 +480,7 @@ impl<'p> Solver<'p> {
             // again (`journal.rs`). A clone of the fleet per pool cost the fleet's size.
             let mix = Rc::clone(&self.fleet.mix);
             let least = wl.pools.iter().map(|&q| mix.versatility(q)).min();
-            let mut best: Option<((u64, i64, u64), usize, Redo)> = None;
+            let mut best: Option<((i64, i64, u64), usize, Redo)> = None;
             for &pool in &wl.pools {
                 let placed =
                     quota_allows(p, &self.ledger, w, pool, wl.replicas).and_then(|(want, min)| {
@@ -499,7 +500,12 @@ impl<'p> Solver<'p> {
                         let redo = self.fleet.rollback_keeping(mark);
                         let before = tier_reading(p, &self.fleet, pool, &nodes);
                         let (tier, unfed) = placement_tier(&mix, pool, &before, &after);
-                        let key = (tier, unfed, mix.versatility(pool));
+                        let tier = i64::try_from(tier).unwrap_or(i64::MAX);
+                        // A share's pool by the unfed GPUs first, as its node is chosen.
+                        let key = match wl.demand {
+                            Demand::Share { .. } => (unfed, tier, mix.versatility(pool)),
+                            _ => (tier, unfed, mix.versatility(pool)),
+                        };
                         if best.as_ref().is_none_or(|b| key < b.0) {
                             best = Some((key, pool, redo));
                         }
