@@ -307,6 +307,62 @@ spec:
 }
 
 #[test]
+fn small_work_goes_to_the_pool_a_large_running_shape_cannot_use() {
+    // `train` (192 cores a node) runs a 4-GPU, 100-core replica and a 1-GPU one on `t0`;
+    // `weak` (32 cores) runs a 1-GPU one on `w0`. Against its own work alone, `weak` scores a
+    // 1-GPU arrival at 50 (it packs the pool's one shape exactly) and `train` better, at 38
+    // (it lowers the room the 4-GPU shape cannot use on `t0`). The 4-GPU shape is the fleet's
+    // and no `weak` node has its cores: `weak` is scored with it too, where all of a node's
+    // idle room is a fragment for it, so the arrival scores 38 there as well, and the pool
+    // choice's next criterion sends it to `weak`, whose GPUs it feeds.
+    let fleet = FLEET
+        .replace(
+            "guarantee: {train: 16, infer: 2, share: 2}",
+            "guarantee: {train: 16, infer: 2, share: 2, weak: 8}",
+        )
+        .replacen(
+            "guarantee: {train: 8, infer: 1, share: 1}",
+            "guarantee: {train: 8, infer: 1, share: 1, weak: 8}",
+            1,
+        )
+        + "---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: weak}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {nodes: 1, gpusPerNode: 8, cpuPerNode: 32, memoryPerNode: 2Ti}
+  sharing: exclusive
+";
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8),
+        node("w0", "weak", 8).replace("cpu: 192", "cpu: 32"),
+    ];
+    let light = "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 4}";
+    let run_ = [
+        running(
+            "large",
+            "{tenant: b, sloClass: notebook, gpu: {count: 4}, cpu: 100}",
+            &[&gpus("t0", 0, 4)],
+            EARLY,
+        ),
+        running("light-t", light, &[&gpus("t0", 4, 5)], EARLY),
+        running("light-w", light, &[&gpus("w0", 0, 1)], EARLY),
+    ]
+    .concat();
+    let d = run_with(
+        &fleet,
+        &state(&nodes, &run_, &pending("one", light, RECENT)),
+    );
+    assert_eq!(admitted(&d, "one")[0].node, "w0");
+    // The pool's report measures its own work only: the 1-GPU shape can use all 6 idle GPUs
+    // of `w0` (24 cores left), and the 4-GPU shape is not `weak`'s.
+    let weak = d.pools.iter().find(|p| p.pool == "weak").unwrap();
+    assert_eq!(weak.fragmentation.as_f64(), 0.0);
+}
+
+#[test]
 fn a_share_goes_to_the_pool_whose_gpus_its_cpu_feeds() {
     // Two MPS pools: `share` (192 cores a node) runs a half, `lean` (8 cores, listed first)
     // a 0.3; the fleet's running work asks 50 cores a GPU (the 100-core replica on `t0` over

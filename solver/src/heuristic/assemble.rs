@@ -478,7 +478,7 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                     free_nodes += 1;
                 }
                 if node.healthy && fleet.mix.runs_in(pl) {
-                    fragmented += u128::from(fleet.measure(p, pl, n, None).fragmentation);
+                    fragmented += u128::from(fleet.measure(p, pl, n, None).own_fragmentation);
                 }
                 let e = free_domains.entry(node.domain.as_str()).or_insert(true);
                 *e &= node_free;

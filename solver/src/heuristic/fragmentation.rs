@@ -21,8 +21,22 @@
 //! that came first, and a pool that is the only home of a large shape (the openb traces' 8-GPU,
 //! 120-core tasks on the one node type with the cores) was broken up by small work before the
 //! large work arrived. Shapes no node of the pool can host count all of a node's idle room, as
-//! FGD counts a typical shape a node cannot take. The pools' reports keep measuring a pool
-//! against its own running work only ([`Mix::runs_in`]): an idle pool reports no
+//! FGD counts a typical shape a node cannot take.
+//!
+//! A pool where work runs is scored against its own running work and the fleet's running
+//! shapes that none of its nodes could host, empty (*foreign* shapes, counted as in the
+//! fleet). Their fragment on any node of the pool is all its idle room, so a placement there
+//! lowers it: FGD's global mix makes the nodes a large shape cannot use the better home for
+//! small work, and the nodes that are the only home of the large shape the worse. With its
+//! own work alone, each pool's score was relative to what it had taken, and the pool choice
+//! compared scores against different mixes: on the openb traces the `G3` nodes (the only home
+//! of the 8-GPU, 120-core tasks, and the most cores and memory per GPU) scored best for small
+//! work because small work had gone there. Within a pool the foreign shapes shift every
+//! placement of one demand alike and change little; between pools they are the yardstick the
+//! own mixes lacked. Measured on the openb traces (BENCHMARKS.md, "Foreign shapes"); the
+//! fleet's one mix for every pool instead was worse (BENCHMARKS.md, "The unfed GPUs first").
+//! The pools' reports keep measuring a pool against its own running work only, without the
+//! foreign shapes ([`Mix::runs_in`], [`Measure::own_fragmentation`]): an idle pool reports no
 //! fragmentation. A fleet with nothing running has no mix: every placement scores alike and
 //! best fit decides.
 //!
@@ -140,7 +154,14 @@ struct PoolMix {
     demands: Vec<Demand>,
     /// With the index of their demand in `demands`.
     shapes: Vec<(usize, Shape)>,
+    /// Replicas of the mix, the foreign ones included.
     total: u64,
+    /// Replicas of the fleet's running shapes that none of the pool's nodes could host,
+    /// beyond those the pool runs itself (*foreign*, see the module documentation). None of
+    /// them fits any node of the pool, so each one's fragment on a node is all its idle
+    /// room: they are counted, not listed among the shapes, and cost the measure one
+    /// multiplication.
+    foreign: u64,
 }
 
 /// The workload mix of a decision, per pool.
@@ -299,6 +320,9 @@ pub(super) fn key_after(
 pub(super) struct Measure {
     /// `F`, in GPU units × replicas.
     pub(super) fragmentation: u64,
+    /// `F` over the shapes of the pool's own mix only, without the foreign ones: what the
+    /// pool's report measures.
+    pub(super) own_fragmentation: u64,
     /// `H`.
     pub(super) hosting: u64,
 }
@@ -360,9 +384,22 @@ impl Mix {
                     .sum()
             })
             .collect();
-        // An idle pool's mix is the fleet's (see the module documentation).
-        for shapes in counts.iter_mut().filter(|c| c.is_empty()) {
-            shapes.clone_from(&fleet);
+        // An idle pool's mix is the fleet's; a busy pool's, its own and the fleet's shapes it
+        // cannot host (see the module documentation).
+        let mut foreign = vec![0u64; p.pools.len()];
+        for (pool, shapes) in counts.iter_mut().enumerate() {
+            if shapes.is_empty() {
+                shapes.clone_from(&fleet);
+                continue;
+            }
+            let info = &p.pools[pool];
+            for (key, &(demand, count)) in &fleet {
+                let &(_, cpu, memory) = key;
+                if !can_host(p, info, demand, cpu, memory) {
+                    let own = shapes.get(key).map_or(0, |&(_, own)| own);
+                    foreign[pool] += count - own;
+                }
+            }
         }
         let pools = counts
             .into_iter()
@@ -407,6 +444,8 @@ impl Mix {
                         },
                     ));
                 }
+                mix.foreign = foreign[pool];
+                mix.total += mix.foreign;
                 mix
             })
             .collect();
@@ -443,7 +482,7 @@ impl Mix {
     /// from the mix could not use, in expectation (FGD's fragmentation of the pool). Rounded
     /// down to whole GPU units, so that the figure is exact and the same on every machine.
     pub(super) fn expected(&self, pool: usize, fragmentation: u128) -> Gpus {
-        let total = self.pools.get(pool).map_or(0, |m| m.total);
+        let total = self.pools.get(pool).map_or(0, |m| m.total - m.foreign);
         match fragmentation.checked_div(u128::from(total)) {
             Some(units) => Gpus::from_units(i64::try_from(units).unwrap_or(i64::MAX)),
             None => Gpus::ZERO,
@@ -493,6 +532,7 @@ impl Mix {
         let Some(mix) = self.pools.get(pool) else {
             return Measure {
                 fragmentation: 0,
+                own_fragmentation: 0,
                 hosting: 0,
             };
         };
@@ -536,7 +576,9 @@ impl Mix {
             hosting = hosting.saturating_add(shape.weight.saturating_mul(replicas));
         }
         Measure {
-            fragmentation,
+            fragmentation: fragmentation
+                .saturating_add(mix.foreign.saturating_mul(idle.max(0) as u64)),
+            own_fragmentation: fragmentation,
             hosting,
         }
     }
