@@ -253,6 +253,37 @@ spec:
     assert_eq!(big.fragmentation.as_f64(), 0.0);
 }
 
+/// The test fleet with one more pool of one H100 node, `gpus` GPUs and `cpu` cores, that both
+/// tenants are guaranteed all of (an MPS pool takes 4 clients a GPU).
+fn fleet_with_pool(name: &str, gpus: u32, cpu: u32, sharing: &str) -> String {
+    let clients = if sharing == "mps" {
+        "  maxClientsPerGpu: 4\n"
+    } else {
+        ""
+    };
+    FLEET
+        .replace(
+            "guarantee: {train: 16, infer: 2, share: 2}",
+            &format!("guarantee: {{train: 16, infer: 2, share: 2, {name}: {gpus}}}"),
+        )
+        .replacen(
+            "guarantee: {train: 8, infer: 1, share: 1}",
+            &format!("guarantee: {{train: 8, infer: 1, share: 1, {name}: {gpus}}}"),
+            1,
+        )
+        + &format!(
+            "---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {{name: {name}}}
+spec:
+  gpuModel: H100-SXM5-80GB
+  capacity: {{nodes: 1, gpusPerNode: {gpus}, cpuPerNode: {cpu}, memoryPerNode: 2Ti}}
+  sharing: {sharing}
+{clients}"
+        )
+}
+
 #[test]
 fn among_pools_that_tie_the_least_versatile_takes_the_work() {
     // `train` (192 cores a node) and `weak` (32 cores, listed after it: pools are listed by
@@ -262,25 +293,7 @@ fn among_pools_that_tie_the_least_versatile_takes_the_work() {
     // still host after it) and on the GPUs it feeds at the fleet's 36 cores a GPU (one less
     // unfed GPU's worth on either). The tie went to the pool listed first; the least
     // versatile pool now takes it, and `train`'s cores stay for the 100-core shape.
-    let fleet = FLEET
-        .replace(
-            "guarantee: {train: 16, infer: 2, share: 2}",
-            "guarantee: {train: 16, infer: 2, share: 2, weak: 8}",
-        )
-        .replacen(
-            "guarantee: {train: 8, infer: 1, share: 1}",
-            "guarantee: {train: 8, infer: 1, share: 1, weak: 8}",
-            1,
-        )
-        + "---
-apiVersion: tessera/v1alpha1
-kind: Pool
-metadata: {name: weak}
-spec:
-  gpuModel: H100-SXM5-80GB
-  capacity: {nodes: 1, gpusPerNode: 8, cpuPerNode: 32, memoryPerNode: 2Ti}
-  sharing: exclusive
-";
+    let fleet = fleet_with_pool("weak", 8, 32, "exclusive");
     let nodes = [
         node("t0", "train", 8),
         node("t1", "train", 8),
@@ -315,25 +328,7 @@ fn small_work_goes_to_the_pool_a_large_running_shape_cannot_use() {
     // and no `weak` node has its cores: `weak` is scored with it too, where all of a node's
     // idle room is a fragment for it, so the arrival scores 38 there as well, and the pool
     // choice's next criterion sends it to `weak`, whose GPUs it feeds.
-    let fleet = FLEET
-        .replace(
-            "guarantee: {train: 16, infer: 2, share: 2}",
-            "guarantee: {train: 16, infer: 2, share: 2, weak: 8}",
-        )
-        .replacen(
-            "guarantee: {train: 8, infer: 1, share: 1}",
-            "guarantee: {train: 8, infer: 1, share: 1, weak: 8}",
-            1,
-        )
-        + "---
-apiVersion: tessera/v1alpha1
-kind: Pool
-metadata: {name: weak}
-spec:
-  gpuModel: H100-SXM5-80GB
-  capacity: {nodes: 1, gpusPerNode: 8, cpuPerNode: 32, memoryPerNode: 2Ti}
-  sharing: exclusive
-";
+    let fleet = fleet_with_pool("weak", 8, 32, "exclusive");
     let nodes = [
         node("t0", "train", 8),
         node("t1", "train", 8),
@@ -371,26 +366,7 @@ fn a_share_goes_to_the_pool_whose_gpus_its_cpu_feeds() {
     // 8 cores feed 0.16 of its 1.7 free GPUs, it leaves 0.42 fewer GPUs unfed (it takes half
     // a GPU and the CPU of 0.08): a share's pool is chosen by the unfed GPUs first, as its
     // node is.
-    let fleet = FLEET
-        .replace(
-            "guarantee: {train: 16, infer: 2, share: 2}",
-            "guarantee: {train: 16, infer: 2, share: 2, lean: 2}",
-        )
-        .replacen(
-            "guarantee: {train: 8, infer: 1, share: 1}",
-            "guarantee: {train: 8, infer: 1, share: 1, lean: 2}",
-            1,
-        )
-        + "---
-apiVersion: tessera/v1alpha1
-kind: Pool
-metadata: {name: lean}
-spec:
-  gpuModel: H100-SXM5-80GB
-  capacity: {nodes: 1, gpusPerNode: 2, cpuPerNode: 8, memoryPerNode: 2Ti}
-  sharing: mps
-  maxClientsPerGpu: 4
-";
+    let fleet = fleet_with_pool("lean", 2, 8, "mps");
     let nodes = [
         node("t0", "train", 8),
         node("s0", "share", 2),
