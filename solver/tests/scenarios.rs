@@ -423,13 +423,9 @@ fn a_pool_reports_fgd_fragmentation_against_its_running_mix() {
     assert_eq!(pool("infer").fragmentation.as_f64(), 0.0);
 }
 
-#[test]
-fn a_replica_goes_where_it_strands_least_of_the_running_mix() {
-    // 5 and 4 GPUs free, with 3- and 4-GPU work running. Best fit would put one more GPU on
-    // the node with 4 free and leave 5 and 3 (room for one 4-GPU replica); the mix-aware score
-    // leaves 4 and 4 (room for two).
-    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
-    let run_ = [
+/// A 3-GPU replica on `t0` and a 4-GPU one on `t1`, neither asking CPU: 5 and 4 GPUs free.
+fn three_and_four_running() -> String {
+    [
         running(
             "three",
             "{tenant: b, sloClass: critical, gpu: {count: 3}}",
@@ -443,7 +439,16 @@ fn a_replica_goes_where_it_strands_least_of_the_running_mix() {
             EARLY,
         ),
     ]
-    .concat();
+    .concat()
+}
+
+#[test]
+fn a_replica_goes_where_it_strands_least_of_the_running_mix() {
+    // 5 and 4 GPUs free, with 3- and 4-GPU work running. Best fit would put one more GPU on
+    // the node with 4 free and leave 5 and 3 (room for one 4-GPU replica); the mix-aware score
+    // leaves 4 and 4 (room for two).
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let run_ = three_and_four_running();
     let pend = pending(
         "one",
         "{tenant: a, sloClass: batch, gpu: {count: 1}}",
@@ -465,27 +470,13 @@ fn a_replica_goes_first_where_its_cpu_leaves_no_gpu_unfed() {
         node("t1", "train", 8),
         node("s0", "share", 2),
     ];
-    let run_ = [
-        running(
-            "three",
-            "{tenant: b, sloClass: critical, gpu: {count: 3}}",
-            &[&gpus("t0", 0, 3)],
-            EARLY,
-        ),
-        running(
-            "four",
-            "{tenant: b, sloClass: critical, gpu: {count: 4}}",
-            &[&gpus("t1", 0, 4)],
-            EARLY,
-        ),
-        running(
+    let run_ = three_and_four_running()
+        + &running(
             "heavy",
             "{tenant: b, sloClass: notebook, gpu: {count: 1}, cpu: 100}",
             &[&gpus("s0", 0, 1)],
             EARLY,
-        ),
-    ]
-    .concat();
+        );
     let pend = pending(
         "one",
         "{tenant: a, sloClass: batch, gpu: {count: 1}, cpu: 40}",

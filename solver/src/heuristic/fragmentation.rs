@@ -371,34 +371,23 @@ impl Mix {
             cpu_total += u128::from(count) * u128::from(cpu);
             units_total += u128::from(count) * demand.gpus().units().max(0) as u128;
         }
-        let versatility = p
-            .pools
-            .iter()
-            .map(|info| {
-                fleet
-                    .iter()
-                    .filter(|&(&(_, cpu, memory), &(demand, _))| {
-                        can_host(p, info, demand, cpu, memory)
-                    })
-                    .map(|(_, &(_, count))| count)
-                    .sum()
-            })
-            .collect();
-        // An idle pool's mix is the fleet's; a busy pool's, its own and the fleet's shapes it
-        // cannot host (see the module documentation).
+        // One pass asks each pool which of the fleet's shapes it could host: the hosted count
+        // toward its versatility, the rest are a busy pool's foreign shapes; an idle pool's mix
+        // is the fleet's (see the module documentation).
+        let mut versatility = vec![0u64; p.pools.len()];
         let mut foreign = vec![0u64; p.pools.len()];
-        for (pool, shapes) in counts.iter_mut().enumerate() {
-            if shapes.is_empty() {
-                shapes.clone_from(&fleet);
-                continue;
-            }
-            let info = &p.pools[pool];
+        for (pool, (info, shapes)) in p.pools.iter().zip(counts.iter_mut()).enumerate() {
+            let busy = !shapes.is_empty();
             for (key, &(demand, count)) in &fleet {
                 let &(_, cpu, memory) = key;
-                if !can_host(p, info, demand, cpu, memory) {
-                    let own = shapes.get(key).map_or(0, |&(_, own)| own);
-                    foreign[pool] += count - own;
+                if can_host(p, info, demand, cpu, memory) {
+                    versatility[pool] += count;
+                } else if busy {
+                    foreign[pool] += count - shapes.get(key).map_or(0, |&(_, own)| own);
                 }
+            }
+            if !busy {
+                shapes.clone_from(&fleet);
             }
         }
         let pools = counts
