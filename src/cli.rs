@@ -440,6 +440,9 @@ pub enum OpenbCpuOnly {
     /// FGD's score, as the FGD row places them: the two rows then differ only in how GPU
     /// tasks are placed.
     Fgd,
+    /// The Kubernetes scheduler's default scoring (least allocated and balanced CPU and
+    /// memory): what places CPU-only pods where nobody reconfigured the scheduler.
+    Kube,
 }
 
 /// A share in 0..=1.

@@ -228,6 +228,43 @@ fn bench_openb_pins_a_share_of_tasks_to_one_model_and_names_the_variant() {
 }
 
 #[test]
+fn bench_openb_cpu_only_rule_moves_the_tessera_row_alone() {
+    let run = |rule: &str| {
+        let (code, stdout, stderr) = bench_openb_slice(&[
+            "--variant",
+            "published",
+            "--seeds",
+            "1",
+            "--policies",
+            "Tessera,FGD",
+            "--cpu-only",
+            rule,
+            "--output",
+            "json",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        (v["policies"][0].clone(), v["policies"][1].clone())
+    };
+    let (best_fit, fgd) = run("best-fit");
+    let (kube, fgd_beside_kube) = run("kube");
+    assert_eq!(
+        fgd, fgd_beside_kube,
+        "the FGD row places its own CPU-only tasks"
+    );
+    assert_ne!(
+        best_fit["per_seed"], kube["per_seed"],
+        "the slice's CPU-only tasks land elsewhere when spread"
+    );
+    let (code, _, stderr) = bench_openb_slice(&["--cpu-only", "most-allocated"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("kube"),
+        "the error lists the rules: {stderr}"
+    );
+}
+
+#[test]
 fn solve_prints_each_tenants_decayed_usage_and_share() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan");

@@ -6,7 +6,7 @@
 //!     [--policies FGD,BestFit,...] [--seeds N] [--first-seed S] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
-//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd]
+//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd|kube]
 //! ```
 //!
 //! `--gpu-spec-share 0,0.1,0.33` runs each trace as given (0) and as `gpu_spec` variants with
@@ -167,7 +167,8 @@ fn parse_args() -> Result<Args, String> {
                 let v = match value("--cpu-only")?.as_str() {
                     "best-fit" => CpuOnlyRule::BestFit,
                     "fgd" => CpuOnlyRule::Fgd,
-                    v => return Err(format!("unknown CPU-only rule {v:?} (best-fit, fgd)")),
+                    "kube" => CpuOnlyRule::Kube,
+                    v => return Err(format!("unknown CPU-only rule {v:?} (best-fit, fgd, kube)")),
                 };
                 overrides.push(Box::new(move |c: &mut SimConfig| c.cpu_only = v));
             }

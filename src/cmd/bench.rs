@@ -51,6 +51,7 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
     config.cpu_only = match args.cpu_only {
         OpenbCpuOnly::BestFit => CpuOnlyRule::BestFit,
         OpenbCpuOnly::Fgd => CpuOnlyRule::Fgd,
+        OpenbCpuOnly::Kube => CpuOnlyRule::Kube,
     };
     if let Some(n) = args.seeds {
         anyhow::ensure!(n > 0, "--seeds must be at least 1");

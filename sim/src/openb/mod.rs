@@ -49,6 +49,7 @@ mod cycles;
 mod fgd;
 mod first_fit;
 mod gpu_spec;
+mod kube_default;
 mod policy;
 mod production;
 mod protocol;
@@ -66,6 +67,7 @@ pub use cycles::simulate_cycles;
 pub use fgd::{Fgd, TypicalConfig, TypicalShape, TypicalShapes, fgd_score, sigmoid};
 pub use first_fit::FirstFit;
 pub use gpu_spec::{GpuSpecError, pin_gpu_spec};
+pub use kube_default::KubeDefault;
 pub use policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak, permuted_ranks};
 pub use production::{Production, ProductionError, RENEW_EVERY};
 pub use protocol::{

@@ -16,8 +16,8 @@
 //!   names several).
 //! - A CPU-only task is not tessera's to place (it schedules GPU work; a CPU-only pod goes
 //!   through the cluster's own scheduler). The harness places it by the BestFit baseline's rule,
-//!   or another baseline's ([`Production::with_cpu_only`], the bench's `--cpu-only`), and the
-//!   next snapshot shows the node with that much less CPU (and memory).
+//!   or FGD's, or the Kubernetes scheduler's default ([`Production::with_cpu_only`], the bench's
+//!   `--cpu-only`), and the next snapshot shows the node with that much less CPU (and memory).
 //!
 //! Online, each arrival is decided by the standing [`Session`]. A task the solver leaves
 //! waiting is removed again (openb drops what does not fit). Every [`RENEW_EVERY`] arrivals, and

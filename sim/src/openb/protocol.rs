@@ -87,9 +87,9 @@ pub struct SimConfig {
     pub cpu_only: CpuOnlyRule,
 }
 
-/// Which baseline's rule places the trace's CPU-only tasks in the Tessera row: they are not the
-/// solver's to place (a cluster's own scheduler places CPU-only pods), yet they spend the CPU
-/// that GPU tasks need, so the rule weighs on the row (BENCHMARKS.md, openb).
+/// Whose rule places the trace's CPU-only tasks in the Tessera row: they are not the solver's
+/// to place (a cluster's own scheduler places CPU-only pods), yet they spend the CPU that GPU
+/// tasks need, so the rule weighs on the row (BENCHMARKS.md, openb).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CpuOnlyRule {
     /// BestFit's (the default).
@@ -98,6 +98,9 @@ pub enum CpuOnlyRule {
     /// FGD's score, as the FGD row places them: against FGD, the rows then differ only in
     /// how GPU tasks are placed.
     Fgd,
+    /// The Kubernetes scheduler's default scoring ([`super::KubeDefault`]): what places a
+    /// CPU-only pod in a cluster whose scheduler nobody reconfigured.
+    Kube,
 }
 
 impl SimConfig {
@@ -386,6 +389,9 @@ pub fn make_placer_with(
                     options,
                     seed,
                 )),
+                CpuOnlyRule::Kube => {
+                    production.with_cpu_only(Box::new(super::KubeDefault::new(options, seed)))
+                }
             })
         }
     }
