@@ -358,6 +358,44 @@ fn small_work_goes_to_the_pool_a_large_running_shape_cannot_use() {
 }
 
 #[test]
+fn work_keeps_off_the_last_node_of_a_shape_only_one_pool_can_host() {
+    // `train` (192 cores a node) runs a 4-GPU, 150-core replica and four 1-GPU ones on `t0`,
+    // which they fill; `t1` is empty. No `weak` node (64 cores) has the cores for the 150-core
+    // shape: `train` is its only home, and `t1` the last node that could host one more. A
+    // 1-GPU, 50-core arrival scores better in `train` (tier 65 on `t1`: of its mix's five
+    // replicas, the one 150-core replica loses its room) than in `weak` (96 on `w0`: against
+    // the fleet's mix, its 14 cores left would feed 3 of the 7 GPUs left for the 1-GPU shape),
+    // but on `t1` it would break the 150-core shape's last home: it goes to `weak`.
+    let fleet = fleet_with_pool("weak", 8, 64, "exclusive");
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8),
+        node("w0", "weak", 8).replace("cpu: 192", "cpu: 64"),
+    ];
+    let small = "{tenant: b, sloClass: critical, gpu: {count: 1}, cpu: 4}";
+    let mut run_ = running(
+        "large",
+        "{tenant: b, sloClass: notebook, gpu: {count: 4}, cpu: 150}",
+        &[&gpus("t0", 0, 4)],
+        EARLY,
+    );
+    for i in 4..8 {
+        run_ += &running(
+            &format!("small-{i}"),
+            small,
+            &[&gpus("t0", i, i + 1)],
+            EARLY,
+        );
+    }
+    let arrival = "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 50}";
+    let d = run_with(
+        &fleet,
+        &state(&nodes, &run_, &pending("one", arrival, RECENT)),
+    );
+    assert_eq!(admitted(&d, "one")[0].node, "w0");
+}
+
+#[test]
 fn a_share_goes_to_the_pool_whose_gpus_its_cpu_feeds() {
     // Two MPS pools: `share` (192 cores a node) runs a half, `lean` (8 cores, listed first)
     // a 0.3; the fleet's running work asks 50 cores a GPU (the 100-core replica on `t0` over

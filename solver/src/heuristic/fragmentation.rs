@@ -94,8 +94,12 @@
 //! best fit; an idle pool scored against the fleet's mix"): the share-heavy traces' worst
 //! checkpoint against FGD gains up to four points, the whole-GPU traces' a few tenths.
 //!
-//! Among the pools a workload may use, the solver takes the one whose placement costs the
-//! least tier summed over the nodes it lands on, then the fewest new unfed GPUs (for a share,
+//! Among the pools a workload may use, the solver takes first the one where the placement
+//! breaks the fewest *only-home* replicas: a running shape of the fleet that no other pool
+//! could host is its only home's to keep, and a placement's loss is how many replicas of such
+//! shapes (each weighted by how many run) its nodes could host before and no longer after
+//! ([`Measure::only_home`]). Next, the least tier summed over the nodes it lands on, then
+//! the fewest new unfed GPUs (for a share,
 //! the unfed GPUs first, as its node is chosen: shares that take more CPU per GPU than the
 //! fleet's work go to the pools whose CPU can feed them), then the least *versatile* pool: the
 //! one whose nodes, empty, could host the fewest replicas of the fleet's running work
@@ -145,6 +149,8 @@ struct Shape {
     count: u64,
     /// The weight of one hostable replica in `H`.
     weight: u64,
+    /// No other pool's nodes could host it: the pool is its only home.
+    only_home: bool,
 }
 
 /// The distinct GPU demands of a pool's shapes: what a GPU can host is computed once per demand
@@ -325,6 +331,9 @@ pub(super) struct Measure {
     pub(super) own_fragmentation: u64,
     /// `H`.
     pub(super) hosting: u64,
+    /// The replicas of the pool's only-home shapes the node could host, each weighted by how
+    /// many of its shape run (see the module documentation).
+    pub(super) only_home: u64,
 }
 
 /// A shape's sort key: its demand's, then CPU, then memory.
@@ -376,11 +385,16 @@ impl Mix {
         // is the fleet's (see the module documentation).
         let mut versatility = vec![0u64; p.pools.len()];
         let mut foreign = vec![0u64; p.pools.len()];
+        // Per shape: how many pools could host it, and the last of them (the only one when
+        // there is one).
+        let mut homes: BTreeMap<ShapeKey, (usize, usize)> = BTreeMap::new();
         for (pool, (info, shapes)) in p.pools.iter().zip(counts.iter_mut()).enumerate() {
             let busy = !shapes.is_empty();
             for (key, &(demand, count)) in &fleet {
                 let &(_, cpu, memory) = key;
                 if can_host(p, info, demand, cpu, memory) {
+                    let home = homes.entry(*key).or_insert((0, pool));
+                    *home = (home.0 + 1, pool);
                     versatility[pool] += count;
                 } else if busy {
                     foreign[pool] += count - shapes.get(key).map_or(0, |&(_, own)| own);
@@ -402,7 +416,8 @@ impl Mix {
                     .filter(|n| n.healthy)
                     .collect();
                 let mut mix = PoolMix::default();
-                for ((_, cpu, memory), (demand, count)) in shapes {
+                for (key, (demand, count)) in shapes {
+                    let (_, cpu, memory) = key;
                     if count == 0 {
                         continue;
                     }
@@ -430,6 +445,7 @@ impl Mix {
                             memory,
                             count,
                             weight,
+                            only_home: homes.get(&key) == Some(&(1, pool)),
                         },
                     ));
                 }
@@ -523,6 +539,7 @@ impl Mix {
                 fragmentation: 0,
                 own_fragmentation: 0,
                 hosting: 0,
+                only_home: 0,
             };
         };
         let key = {
@@ -554,6 +571,7 @@ impl Mix {
         let (idle, offers) = offers(&p.pools[pool], &mix.demands, gpus);
         let mut fragmentation = 0u64;
         let mut hosting = 0u64;
+        let mut only_home = 0u64;
         for (d, shape) in &mix.shapes {
             let by_gpu = offers[*d];
             let by_cpu = cpu_left.checked_div(shape.cpu).unwrap_or(u64::MAX);
@@ -563,12 +581,16 @@ impl Mix {
             let fragment = (idle - used).max(0) as u64;
             fragmentation = fragmentation.saturating_add(shape.count.saturating_mul(fragment));
             hosting = hosting.saturating_add(shape.weight.saturating_mul(replicas));
+            if shape.only_home {
+                only_home = only_home.saturating_add(shape.count.saturating_mul(replicas));
+            }
         }
         Measure {
             fragmentation: fragmentation
                 .saturating_add(mix.foreign.saturating_mul(idle.max(0) as u64)),
             own_fragmentation: fragmentation,
             hosting,
+            only_home,
         }
     }
 

@@ -480,7 +480,7 @@ impl<'p> Solver<'p> {
             // again (`journal.rs`). A clone of the fleet per pool cost the fleet's size.
             let mix = Rc::clone(&self.fleet.mix);
             let least = wl.pools.iter().map(|&q| mix.versatility(q)).min();
-            let mut best: Option<((i64, i64, u64), usize, Redo)> = None;
+            let mut best: Option<(PoolKey, usize, Redo)> = None;
             for &pool in &wl.pools {
                 let placed =
                     quota_allows(p, &self.ledger, w, pool, wl.replicas).and_then(|(want, min)| {
@@ -499,19 +499,21 @@ impl<'p> Solver<'p> {
                         let after = tier_reading(p, &self.fleet, pool, &nodes);
                         let redo = self.fleet.rollback_keeping(mark);
                         let before = tier_reading(p, &self.fleet, pool, &nodes);
-                        let (tier, unfed) = placement_tier(&mix, pool, &before, &after);
+                        let (tier, unfed, lost) = placement_tier(&mix, pool, &before, &after);
                         let tier = i64::try_from(tier).unwrap_or(i64::MAX);
-                        // A share's pool by the unfed GPUs first, as its node is chosen.
+                        // A share's pool by the unfed GPUs before the tier, as its node is
+                        // chosen.
                         let key = match wl.demand {
-                            Demand::Share { .. } => (unfed, tier, mix.versatility(pool)),
-                            _ => (tier, unfed, mix.versatility(pool)),
+                            Demand::Share { .. } => (lost, unfed, tier, mix.versatility(pool)),
+                            _ => (lost, tier, unfed, mix.versatility(pool)),
                         };
                         if best.as_ref().is_none_or(|b| key < b.0) {
                             best = Some((key, pool, redo));
                         }
-                        // Fragments nothing and leaves nothing unfed, in a least versatile
-                        // pool: taken without trying the pools after it.
-                        if (tier, unfed) == (0, 0) && Some(key.2) == least {
+                        // Breaks no only-home replica, fragments nothing and leaves nothing
+                        // unfed, in a least versatile pool: taken without trying the pools
+                        // after it.
+                        if (lost, tier, unfed) == (0, 0, 0) && Some(key.3) == least {
                             break;
                         }
                     }
@@ -706,25 +708,38 @@ fn tier_reading(p: &Problem, fleet: &Fleet, pool: usize, nodes: &[usize]) -> Vec
         .collect()
 }
 
+/// A pool's placement key in [`Solver::admit_anywhere`], lower is better: the only-home
+/// replicas broken, then the tier and the unfed GPUs (the unfed GPUs first for a share), then
+/// the pool's versatility.
+type PoolKey = (u64, i64, i64, u64);
+
 /// How much placing a workload in `pool` fragments the nodes it lands on, from their readings
 /// before and after ([`tier_reading`]): `100 −` FGD's whole-point score of each such node
 /// against the pool's mix, summed; then the GPU units it leaves unfed for CPU on them, summed
-/// ([`Fleet::unfed_at`]; negative where it feeds some). `(0, 0)` (the best) when nothing runs
-/// in the fleet: there is no mix to score against. A pool where nothing runs is scored
-/// against the fleet's mix (`fragmentation.rs`), so it is not every placement's first choice.
+/// ([`Fleet::unfed_at`]; negative where it feeds some); then the replicas of the pool's
+/// only-home shapes they could host before and no longer after, summed
+/// ([`Measure::only_home`]). `(0, 0, 0)` (the best) when nothing runs in the fleet: there is
+/// no mix to score against. A pool where nothing runs is scored against the fleet's mix
+/// (`fragmentation.rs`), so it is not every placement's first choice.
 fn placement_tier(
     mix: &Mix,
     pool: usize,
     before: &[(Measure, i64)],
     after: &[(Measure, i64)],
-) -> (u64, i64) {
+) -> (u64, i64, u64) {
     before
         .iter()
         .zip(after)
         .map(|(&(b, unfed_b), &(a, unfed_a))| {
-            (u64::from(mix.cost(pool, b, a).0), unfed_a - unfed_b)
+            (
+                u64::from(mix.cost(pool, b, a).0),
+                unfed_a - unfed_b,
+                b.only_home.saturating_sub(a.only_home),
+            )
         })
-        .fold((0, 0), |(t, u), (tier, unfed)| (t + tier, u + unfed))
+        .fold((0, 0, 0), |(t, u, l), (tier, unfed, lost)| {
+            (t + tier, u + unfed, l + lost)
+        })
 }
 
 /// The replicas of `w` the quota allows in `pool`: `(want, min)`, the most up to `cap` that
