@@ -173,6 +173,20 @@ fn bench_openb_slice(args: &[&str]) -> (i32, String, String) {
     tessera(&all)
 }
 
+/// [`bench_openb_slice`] for the Tessera and FGD rows, seed 1 of the published variant, in
+/// JSON, with `args` among the options.
+fn tessera_and_fgd_on_the_slice(args: &[&str]) -> (i32, String, String) {
+    let head = [
+        "--variant",
+        "published",
+        "--seeds",
+        "1",
+        "--policies",
+        "Tessera,FGD",
+    ];
+    bench_openb_slice(&[&head[..], args, &["--output", "json"]].concat())
+}
+
 #[test]
 fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
     let (code, stdout, stderr) = bench_openb_slice(&["--seeds", "2", "--output", "json"]);
@@ -197,20 +211,7 @@ fn bench_openb_runs_any_trace_in_the_format_and_prints_json() {
 #[test]
 fn bench_openb_pins_a_share_of_tasks_to_one_model_and_names_the_variant() {
     let run = |share: &str| {
-        bench_openb_slice(&[
-            "--variant",
-            "published",
-            "--seeds",
-            "1",
-            "--policies",
-            "Tessera,FGD",
-            "--gpu-spec-share",
-            share,
-            "--cpu-only",
-            "fgd",
-            "--output",
-            "json",
-        ])
+        tessera_and_fgd_on_the_slice(&["--gpu-spec-share", share, "--cpu-only", "fgd"])
     };
     let (code, stdout, stderr) = run("0.33");
     assert_eq!(code, 0, "{stderr}");
@@ -230,18 +231,7 @@ fn bench_openb_pins_a_share_of_tasks_to_one_model_and_names_the_variant() {
 #[test]
 fn bench_openb_cpu_only_rule_moves_the_tessera_row_alone() {
     let run = |rule: &str| {
-        let (code, stdout, stderr) = bench_openb_slice(&[
-            "--variant",
-            "published",
-            "--seeds",
-            "1",
-            "--policies",
-            "Tessera,FGD",
-            "--cpu-only",
-            rule,
-            "--output",
-            "json",
-        ]);
+        let (code, stdout, stderr) = tessera_and_fgd_on_the_slice(&["--cpu-only", rule]);
         assert_eq!(code, 0, "{stderr}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         (v["policies"][0].clone(), v["policies"][1].clone())

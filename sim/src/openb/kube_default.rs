@@ -22,6 +22,7 @@
 //! scored, ties broken as the other baselines break them.
 
 use super::cluster::{Choice, Cluster, Node, Task};
+use super::first_fit::first_gpus;
 use super::policy::{ArgMax, Placer, PolicyOptions, Ties};
 
 /// The scheduler's `MaxNodeScore`.
@@ -92,19 +93,10 @@ impl Placer for KubeDefault {
             }
         }
         let (node, ()) = best.best()?;
-        let gpus = if task.num_gpu == 0 {
-            Vec::new()
-        } else if task.is_fractional() {
-            let g = cluster
-                .node(node)
-                .gpu_left
-                .iter()
-                .position(|&g| g >= task.gpu_milli)?;
-            vec![g]
-        } else {
-            cluster.first_free_gpus(node, task.num_gpu)?
-        };
-        Some(Choice { node, gpus })
+        Some(Choice {
+            node,
+            gpus: first_gpus(cluster, node, task)?,
+        })
     }
 }
 
