@@ -284,6 +284,17 @@ spec:
         )
 }
 
+/// The test fleet with a `weak` pool of one exclusive 8-GPU node, `w0`, of `weak_cpu` cores,
+/// and its nodes: `t0` and `t1` in `train` (192 cores each), then `w0`.
+fn train_and_weak(weak_cpu: u32) -> (String, [String; 3]) {
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8),
+        node("w0", "weak", 8).replace("cpu: 192", &format!("cpu: {weak_cpu}")),
+    ];
+    (fleet_with_pool("weak", 8, weak_cpu, "exclusive"), nodes)
+}
+
 #[test]
 fn among_pools_that_tie_the_least_versatile_takes_the_work() {
     // `train` (192 cores a node) and `weak` (32 cores, listed after it: pools are listed by
@@ -328,12 +339,7 @@ fn small_work_goes_to_the_pool_a_large_running_shape_cannot_use() {
     // and no `weak` node has its cores: `weak` is scored with it too, where all of a node's
     // idle room is a fragment for it, so the arrival scores 38 there as well, and the pool
     // choice's next criterion sends it to `weak`, whose GPUs it feeds.
-    let fleet = fleet_with_pool("weak", 8, 32, "exclusive");
-    let nodes = [
-        node("t0", "train", 8),
-        node("t1", "train", 8),
-        node("w0", "weak", 8).replace("cpu: 192", "cpu: 32"),
-    ];
+    let (fleet, nodes) = train_and_weak(32);
     let light = "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 4}";
     let run_ = [
         running(
@@ -366,12 +372,7 @@ fn work_keeps_off_the_last_node_of_a_shape_only_one_pool_can_host() {
     // replicas, the one 150-core replica loses its room) than in `weak` (96 on `w0`: against
     // the fleet's mix, its 14 cores left would feed 3 of the 7 GPUs left for the 1-GPU shape),
     // but on `t1` it would break the 150-core shape's last home: it goes to `weak`.
-    let fleet = fleet_with_pool("weak", 8, 64, "exclusive");
-    let nodes = [
-        node("t0", "train", 8),
-        node("t1", "train", 8),
-        node("w0", "weak", 8).replace("cpu: 192", "cpu: 64"),
-    ];
+    let (fleet, nodes) = train_and_weak(64);
     let small = "{tenant: b, sloClass: critical, gpu: {count: 1}, cpu: 4}";
     let mut run_ = running(
         "large",
