@@ -53,11 +53,18 @@ fn least_requested(requested: u64, capacity: u64) -> u64 {
 /// the cluster tracks memory.
 pub fn score(node: &Node, task: &Task, memory: bool) -> u64 {
     let cpu_requested = node.cpu_capacity - node.cpu_left + task.cpu_milli;
-    let mut resources = vec![(cpu_requested, node.cpu_capacity)];
-    if memory {
-        let memory_requested = node.memory_capacity - node.memory_left + task.memory_mib;
-        resources.push((memory_requested, node.memory_capacity));
-    }
+    let memory_requested = if memory {
+        node.memory_capacity - node.memory_left + task.memory_mib
+    } else {
+        0
+    };
+    // (requested, capacity) per resource scored: CPU, and memory where the cluster checks it.
+    // An array, not a list: every node is scored for every CPU-only task.
+    let both = [
+        (cpu_requested, node.cpu_capacity),
+        (memory_requested, node.memory_capacity),
+    ];
+    let resources = &both[..if memory { 2 } else { 1 }];
     let least = resources
         .iter()
         .map(|&(r, c)| least_requested(r, c))
@@ -65,13 +72,12 @@ pub fn score(node: &Node, task: &Task, memory: bool) -> u64 {
         / resources.len() as u64;
     // `balancedResourceScorer`: resources of no capacity are skipped, a fraction is capped at 1,
     // and two fractions' standard deviation is half their difference (one has none).
-    let fractions: Vec<f64> = resources
+    let mut fractions = resources
         .iter()
         .filter(|&&(_, c)| c > 0)
-        .map(|&(r, c)| (r as f64 / c as f64).min(1.0))
-        .collect();
-    let std = match fractions[..] {
-        [a, b] => ((a - b) / 2.0).abs(),
+        .map(|&(r, c)| (r as f64 / c as f64).min(1.0));
+    let std = match (fractions.next(), fractions.next()) {
+        (Some(a), Some(b)) => ((a - b) / 2.0).abs(),
         _ => 0.0,
     };
     let balanced = ((1.0 - std) * MAX_NODE_SCORE as f64) as u64;
