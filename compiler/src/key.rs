@@ -61,7 +61,11 @@ pub fn resolve_reference<'a>(
 
 impl fmt::Display for WorkloadKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.tenant, self.name)
+        // Written piece by piece rather than through `write!`: a decision writes thousands of
+        // keys per cycle (its queue, its protected lists).
+        f.write_str(&self.tenant)?;
+        f.write_str("/")?;
+        f.write_str(&self.name)
     }
 }
 

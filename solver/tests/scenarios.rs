@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use tessera_compiler::units::Gpus;
 use tessera_solver::decision::{Outcome, PreemptReason, Reason};
 
 const EARLY: &str = "2026-11-20T06:00:00Z";
@@ -716,6 +717,66 @@ fn a_mig_request_reconfigures_an_idle_part_and_keeps_busy_instances() {
             .collect();
         assert_eq!(tessera_compiler::mig::validate(&target), Ok(()));
     }
+}
+
+#[test]
+fn a_mig_gpu_is_stranded_where_no_layout_could_host_what_waits() {
+    // Both GPUs hold a busy 3g@4, GPU 0 a busy 2g@0 too: 2/7 and 4/7 of a GPU free. A waiting
+    // 7g could use neither, laid out as they are or re-laid out around the busy instances: the
+    // free room is stranded. A waiting gang of eight 1g instances does not fit either, but
+    // each GPU has a free 1g: with it waiting too, nothing is stranded.
+    let nodes = [mig_node("m0", "infer", &[BALANCED, BALANCED])];
+    let serving = |tenant: &str, profile: &str| {
+        format!(
+            "{{tenant: {tenant}, sloClass: serving, replicas: 1, gpu: {{migProfile: {profile}}}}}"
+        )
+    };
+    let run_ = [
+        running(
+            "api-0",
+            &serving("b", "3g.40gb"),
+            &["{node: m0, gpus: [0], migStart: 4}"],
+            EARLY,
+        ),
+        running(
+            "api-1",
+            &serving("b", "3g.40gb"),
+            &["{node: m0, gpus: [1], migStart: 4}"],
+            EARLY,
+        ),
+        running(
+            "small",
+            &serving("b", "2g.20gb"),
+            &["{node: m0, gpus: [0], migStart: 0}"],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let whole = pending("whole", &serving("a", "7g.80gb"), RECENT);
+    let gang = pending(
+        "gang",
+        &serving("a", "1g.10gb").replace("replicas: 1", "replicas: 8"),
+        RECENT,
+    );
+    let infer = |pend: &str| {
+        let d = run(&state(&nodes, &run_, pend));
+        assert!(
+            d.workloads
+                .iter()
+                .all(|w| w.tenant == "b" || matches!(w.outcome, Outcome::Pending { .. }))
+        );
+        d.pools.into_iter().find(|p| p.pool == "infer").unwrap()
+    };
+    let alone = infer(&whole);
+    assert_eq!(
+        (alone.free, alone.stranded),
+        (Gpus::sevenths(6), Gpus::sevenths(6))
+    );
+    let beside = infer(&(whole + &gang));
+    assert_eq!(
+        (beside.free, beside.stranded),
+        (Gpus::sevenths(6), Gpus::ZERO)
+    );
 }
 
 #[test]

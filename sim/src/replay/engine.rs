@@ -207,6 +207,17 @@ pub fn replay(
         }
         rank
     };
+    // Each workload's class's minRuntime where the class is preemptible, looked up once (the
+    // next cycle is sought over every job at every cycle).
+    let min_runtime: Vec<Option<i64>> = trace
+        .iter()
+        .map(|w| {
+            policy
+                .slo_class(&w.spec.slo_class)
+                .filter(|c| c.preemptible && c.min_runtime_seconds > 0)
+                .map(|c| i64::try_from(c.min_runtime_seconds).unwrap_or(i64::MAX))
+        })
+        .collect();
     // The last snapshot's running work, taken back for the next (see `running_list`).
     let mut lent = Lent::default();
     let mut next_arrival = 0usize;
@@ -223,7 +234,7 @@ pub fn replay(
             &order,
             next_arrival,
             &queue,
-            policy,
+            &min_runtime,
             now,
             dirty,
             config.cycle,
@@ -461,7 +472,7 @@ fn next_event(
     order: &[usize],
     next_arrival: usize,
     queue: &[usize],
-    policy: &CompiledPolicy,
+    min_runtime: &[Option<i64>],
     now: i64,
     dirty: bool,
     cycle: i64,
@@ -484,13 +495,10 @@ fn next_event(
         }
         // A running workload becomes a possible victim once it has run its class's minRuntime.
         for j in jobs {
-            if let JobState::Running { since, .. } = j.state {
-                let class = policy.slo_class(&trace[j.trace].spec.slo_class);
-                if let Some(c) = class.filter(|c| c.preemptible && c.min_runtime_seconds > 0) {
-                    let t = since + c.min_runtime_seconds as i64;
-                    if t > now {
-                        take(t);
-                    }
+            if let (JobState::Running { since, .. }, Some(min)) = (&j.state, min_runtime[j.trace]) {
+                let t = since.saturating_add(min);
+                if t > now {
+                    take(t);
                 }
             }
         }
@@ -557,11 +565,12 @@ fn running_list(
         let w = &trace[j.trace];
         let started_at = unix(epoch + since);
         while old.next_if(|&(o, _)| o < r).is_some() {}
+        // A job's bindings are set when it starts, so an entry of the same job started at the
+        // same instant has them (comparing them was 2.5 % of a day's replay).
         let kept = old
-            .next_if(|(o, entry)| {
-                *o == r && entry.started_at == started_at && entry.bindings == *bindings
-            })
+            .next_if(|(o, entry)| *o == r && entry.started_at == started_at)
             .map(|(_, entry)| entry);
+        debug_assert!(kept.as_ref().is_none_or(|e| e.bindings == *bindings));
         let mut entry = kept.unwrap_or_else(|| RunningWorkload {
             name: w.name.clone(),
             spec: w.spec.running_as(bindings.len() as u32),

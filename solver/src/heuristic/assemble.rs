@@ -463,12 +463,7 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
             let shapes = pending.get(&pl).cloned().unwrap_or_default();
             for &n in &info.nodes {
                 let node = &p.nodes[n];
-                let healthy: Vec<usize> = node
-                    .gpus
-                    .iter()
-                    .copied()
-                    .filter(|&g| p.gpus[g].healthy)
-                    .collect();
+                let healthy = || node.gpus.iter().copied().filter(|&g| p.gpus[g].healthy);
                 let node_free = node.healthy
                     && node
                         .gpus
@@ -482,8 +477,8 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                 }
                 let e = free_domains.entry(node.domain.as_str()).or_insert(true);
                 *e &= node_free;
-                let free_whole = healthy.iter().filter(|&&g| fleet.gpu[g].is_free()).count() as u32;
-                for &g in &healthy {
+                let free_whole = healthy().filter(|&g| fleet.gpu[g].is_free()).count() as u32;
+                for g in healthy() {
                     let st = &fleet.gpu[g];
                     capacity += Gpus::whole(1);
                     let a = st.allocated();
@@ -492,20 +487,10 @@ pub(super) fn pool_reports(p: &Problem, s: &Solver) -> Vec<PoolReport> {
                     if free > Gpus::ZERO && !shapes.is_empty() {
                         let usable = shapes.iter().any(|d| match *d {
                             Demand::Whole { count } => st.is_free() && free_whole >= count,
-                            Demand::Mig { profile_id } => {
-                                st.whole.is_none()
-                                    && (st.geometry.iter().any(|x| {
-                                        x.profile_id == profile_id
-                                            && !st.held.contains_key(&x.start)
-                                    }) || info.layouts.iter().any(|l| {
-                                        relayout_into(&st.busy(), l).is_some_and(|geo| {
-                                            geo.iter().any(|x| {
-                                                x.profile_id == profile_id
-                                                    && !st.held.contains_key(&x.start)
-                                            })
-                                        })
-                                    }))
-                            }
+                            // A free instance of the profile, laid out or laid out by a
+                            // re-layout into one of the pool's layouts: what the fleet keeps
+                            // for the GPU (`offers.rs`), as the placement search reads it.
+                            Demand::Mig { .. } => st.whole.is_none() && st.offers.may_offer(*d),
                             Demand::Share { fraction } => {
                                 st.whole.is_none()
                                     && st.held.is_empty()

@@ -175,6 +175,8 @@ pub(crate) struct Solver<'p> {
     tenant_index: std::cell::OnceCell<HashMap<&'p str, usize>>,
     /// Each tenant's rank by name, built on the first preemption search ([`Solver::tenant_ranks`]).
     tenant_ranks: std::cell::OnceCell<Rc<[u32]>>,
+    /// The protected lists written so far, by the candidates they list ([`Solver::listed`]).
+    listed: protected::Listed,
 }
 
 /// What a borrower's refusal depends on besides the statuses and its tenant: (pool, scope,
@@ -250,6 +252,7 @@ impl<'p> Solver<'p> {
             holds: Vec::new(),
             tenant_index: std::cell::OnceCell::new(),
             tenant_ranks: std::cell::OnceCell::new(),
+            listed: protected::Listed::default(),
         }
     }
 
@@ -271,6 +274,7 @@ impl<'p> Solver<'p> {
             holds: parts.holds,
             tenant_index: std::cell::OnceCell::new(),
             tenant_ranks: std::cell::OnceCell::new(),
+            listed: protected::Listed::default(),
         }
     }
 

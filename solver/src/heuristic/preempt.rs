@@ -130,7 +130,7 @@ impl Solver<'_> {
         // No victim allowed: nothing below could succeed, and the pool's free room (a scan of
         // its GPUs) is not needed.
         if chosen.is_none() && eligible.is_empty() {
-            let refusal = listed(p, protected);
+            let refusal = self.listed(protected);
             if let Some(key) = refusal_key {
                 self.refused = Some((key, owners, refusal.clone()));
             }
@@ -329,7 +329,7 @@ impl Solver<'_> {
         }
         // The what-if of the victims chosen is the fleet that admits `w`.
         let Some((victims, (fleet, ledger, guaranteed, borrowed))) = chosen else {
-            let refusal = listed(p, protected);
+            let refusal = self.listed(protected);
             // The scope's own work, released, gives back the quota but not the room: work
             // outside the scope may be allowed to make the room, as for any gang short of
             // capacity (Kueue weighs a queue's own and its cohort's candidates together). The

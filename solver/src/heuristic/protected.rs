@@ -4,7 +4,7 @@
 use super::*;
 
 /// Why a candidate victim is protected, before its name is needed.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Blocked {
     NonPreemptible,
     MinRuntime(u64),
@@ -95,30 +95,41 @@ impl Blocking {
     }
 }
 
-/// The protected candidates a reason lists, by key (`tenant/name`), and how many there were
-/// in all. Keys are shown for the listed ones only.
-pub(super) fn listed(p: &Problem, blocked: Blocking) -> (Arc<[Protected]>, usize) {
-    let Blocking { first, total, .. } = blocked;
-    debug_assert!(
-        first
-            .windows(2)
-            .all(|x| p.workloads[x[0].0].key < p.workloads[x[1].0].key)
-    );
-    let list = first
-        .into_iter()
-        .map(|(v, why)| {
-            let workload = p.workloads[v].key.to_string();
-            match why {
-                Blocked::NonPreemptible => Protected::NonPreemptible { workload },
-                Blocked::MinRuntime(remaining_seconds) => Protected::MinRuntime {
-                    workload,
-                    remaining_seconds,
-                },
-                Blocked::WithinGuarantee => Protected::WithinGuarantee { workload },
-                Blocked::NotLowerPriority => Protected::NotLowerPriority { workload },
-                Blocked::FairShare => Protected::FairShare { workload },
-            }
-        })
-        .collect();
-    (list, total)
+/// The protected lists a decision has written, by the candidates they list: the waiting
+/// workloads refused behind the same protected work list the same names, and writing each
+/// one's keys again was 2.5 % of a simulated day on the acme fleet.
+pub(super) type Listed =
+    HashMap<Vec<(usize, Blocked)>, Arc<[Protected]>, foldhash::fast::FixedState>;
+
+impl Solver<'_> {
+    /// The protected candidates a reason lists, by key (`tenant/name`), and how many there
+    /// were in all. Keys are shown for the listed ones only.
+    pub(super) fn listed(&mut self, blocked: Blocking) -> (Arc<[Protected]>, usize) {
+        let p = self.p;
+        let Blocking { first, total, .. } = blocked;
+        debug_assert!(
+            first
+                .windows(2)
+                .all(|x| p.workloads[x[0].0].key < p.workloads[x[1].0].key)
+        );
+        let list = self.listed.entry(first).or_insert_with_key(|first| {
+            first
+                .iter()
+                .map(|&(v, why)| {
+                    let workload = p.workloads[v].key.to_string();
+                    match why {
+                        Blocked::NonPreemptible => Protected::NonPreemptible { workload },
+                        Blocked::MinRuntime(remaining_seconds) => Protected::MinRuntime {
+                            workload,
+                            remaining_seconds,
+                        },
+                        Blocked::WithinGuarantee => Protected::WithinGuarantee { workload },
+                        Blocked::NotLowerPriority => Protected::NotLowerPriority { workload },
+                        Blocked::FairShare => Protected::FairShare { workload },
+                    }
+                })
+                .collect()
+        });
+        (Arc::clone(list), total)
+    }
 }
