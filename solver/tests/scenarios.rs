@@ -398,6 +398,42 @@ fn work_keeps_off_the_last_node_of_a_shape_only_one_pool_can_host() {
 }
 
 #[test]
+fn a_fraction_of_a_gpu_left_unfed_does_not_outweigh_the_tier() {
+    // `weak`: three 8-GPU nodes of 192 cores. `w0` runs an 8-GPU, 150-core replica, `w1` a
+    // 1-GPU, 48-core one, `w2` nothing: the running work asks 22 cores a GPU, at which `w1`'s
+    // 144 cores feed 6.5 of its 7 free GPUs. A 1-GPU, 40-core arrival would leave 0.82 more
+    // GPUs unfed on `w1` and 0.09 on `w2`, whose 192 cores feed all 8 before: both are part
+    // of a GPU, so the tier decides. On `w2` it would take the last node that could host the
+    // 8-GPU shape (tier 98); on `w1` it fragments less (38). Compared in GPU units, the 0.09
+    // won and the empty node was broken.
+    let fleet = fleet_with_pool("weak", 8, 192, "exclusive")
+        .replace("weak: 8}", "weak: 24}")
+        .replace("{nodes: 1, gpusPerNode: 8", "{nodes: 3, gpusPerNode: 8");
+    let nodes = ["w0", "w1", "w2"].map(|n| node(n, "weak", 8));
+    let run_ = [
+        running(
+            "large",
+            "{tenant: a, sloClass: critical, gpu: {count: 8}, cpu: 150}",
+            &[&gpus("w0", 0, 8)],
+            EARLY,
+        ),
+        running(
+            "small",
+            "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 48}",
+            &[&gpus("w1", 0, 1)],
+            EARLY,
+        ),
+    ]
+    .concat();
+    let arrival = "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 40}";
+    let d = run_with(
+        &fleet,
+        &state(&nodes, &run_, &pending("one", arrival, RECENT)),
+    );
+    assert_eq!(admitted(&d, "one")[0].node, "w1");
+}
+
+#[test]
 fn a_share_goes_to_the_pool_whose_gpus_its_cpu_feeds() {
     // Two MPS pools: `share` (192 cores a node) runs a half, `lean` (8 cores, listed first)
     // a 0.3; the fleet's running work asks 50 cores a GPU (the 100-core replica on `t0` over

@@ -469,11 +469,11 @@ impl Fleet {
         p.gpus[g].healthy
     }
 
-    /// The GPU units of node `n` that its CPU could not feed at the fleet's running work's
-    /// ratio once it holds a replica of `w`, less those unfed now ([`Mix::unfed`]): negative
-    /// where the replica asks less CPU per GPU than that on a node already short of CPU. A
-    /// function of what the node's measure key holds, like the rest of `fill`'s key but the
-    /// node.
+    /// The GPUs of node `n` that its CPU could not feed at the fleet's running work's ratio
+    /// once it holds a replica of `w`, less those unfed now ([`Mix::unfed`]), in whole GPUs
+    /// ([`whole_gpus`]): negative where the replica asks less CPU per GPU than that on a node
+    /// already short of CPU. A function of what the node's measure key holds, like the rest
+    /// of `fill`'s key but the node.
     fn unfed_by(&self, p: &Problem, w: usize, n: usize) -> i64 {
         let wl = &p.workloads[w];
         let cpu = self.cpu_left(p, n);
@@ -482,7 +482,7 @@ impl Fleet {
             cpu.saturating_sub(wl.cpu.0),
             free - wl.demand.gpus().units(),
         );
-        after - self.unfed_at(p, n)
+        whole_gpus(after - self.unfed_at(p, n))
     }
 
     /// The GPU units of node `n` that its CPU left could not feed at the fleet's running

@@ -65,7 +65,13 @@
 //!   is then steered by what came before it, not by what its nodes can still feed. One
 //!   yardstick for every pool ranks the pools' nodes alike. In a fleet whose pools run
 //!   different kinds of work (CPU-light inference next to CPU-heavy training) the yardstick is
-//!   their blend.
+//!   their blend. Compared in whole GPUs, a part of one counting as one, away from zero
+//!   ([`whole_gpus`]): the yardstick is an average, and a part of a GPU's worth of CPU under
+//!   it is not a reason to take a placement that fragments more. In GPU units, on the openb
+//!   `default` trace, every `G2` node was short of CPU at the early work's ratio; a 1-GPU,
+//!   15-core task left 0.19 GPUs unfed on an empty one against 0.20 on a busy one, and took
+//!   the empty node with a tier nine points worse, which also lost `G2` the pool choice
+//!   (BENCHMARKS.md, "Unfed GPUs in whole GPUs").
 //! - The fragmentation of a node: `F = Σ_k count_k × (idle − n_k × size_k)`, the node's idle GPU
 //!   capacity that replicas of each shape could not use, weighted by how common the shape is.
 //!   This is FGD's measure with the remainder counted: FGD counts a node that hosts one replica
@@ -714,4 +720,13 @@ fn offers<'a>(
         }
     }
     (idle, sums)
+}
+
+/// A number of GPU units as whole GPUs, a part of one counting as one, away from zero: how the
+/// unfed GPUs are compared (see the module documentation).
+pub(super) fn whole_gpus(units: i64) -> i64 {
+    let whole = units
+        .unsigned_abs()
+        .div_ceil(Gpus::UNITS_PER_GPU.unsigned_abs());
+    i64::try_from(whole).unwrap_or(i64::MAX) * units.signum()
 }

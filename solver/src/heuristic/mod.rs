@@ -720,7 +720,8 @@ type PoolKey = (u64, i64, i64, u64);
 /// How much placing a workload in `pool` fragments the nodes it lands on, from their readings
 /// before and after ([`tier_reading`]): `100 −` FGD's whole-point score of each such node
 /// against the pool's mix, summed; then the GPU units it leaves unfed for CPU on them, summed
-/// ([`Fleet::unfed_at`]; negative where it feeds some); then the replicas of the pool's
+/// and in whole GPUs ([`Fleet::unfed_at`], [`whole_gpus`]; negative where it feeds some); then
+/// the replicas of the pool's
 /// only-home shapes they could host before and no longer after, summed
 /// ([`Measure::only_home`]). `(0, 0, 0)` (the best) when nothing runs in the fleet: there is
 /// no mix to score against. A pool where nothing runs is scored against the fleet's mix
@@ -731,7 +732,7 @@ fn placement_tier(
     before: &[(Measure, i64)],
     after: &[(Measure, i64)],
 ) -> (u64, i64, u64) {
-    before
+    let (tier, unfed, lost) = before
         .iter()
         .zip(after)
         .map(|(&(b, unfed_b), &(a, unfed_a))| {
@@ -743,7 +744,8 @@ fn placement_tier(
         })
         .fold((0, 0, 0), |(t, u, l), (tier, unfed, lost)| {
             (t + tier, u + unfed, l + lost)
-        })
+        });
+    (tier, whole_gpus(unfed), lost)
 }
 
 /// The replicas of `w` the quota allows in `pool`: `(want, min)`, the most up to `cap` that
