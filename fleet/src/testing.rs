@@ -93,9 +93,26 @@ impl TestEtcd {
     }
 
     /// Pauses etcd (SIGSTOP): its connections stay open and nothing answers, as with a hung
-    /// or cut-off member. [`TestEtcd::resume`] lets it go on where it stopped.
+    /// or cut-off member. [`TestEtcd::resume`] lets it go on where it stopped. Returns once
+    /// every thread of etcd is stopped: `kill` only queues the signal, and on a loaded machine
+    /// a thread that was running answered a read sent after it returned.
     pub fn pause(&self) -> Result<(), HarnessError> {
-        self.signal(nix::sys::signal::Signal::SIGSTOP)
+        self.signal(nix::sys::signal::Signal::SIGSTOP)?;
+        let pid = self
+            .child
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("etcd is not running"))?
+            .id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !all_threads_stopped(pid)? {
+            if Instant::now() > deadline {
+                return Err(
+                    std::io::Error::other("etcd's threads did not stop within 10 s").into(),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Resumes a paused etcd (SIGCONT). etcd then answers what waited on its connections and
@@ -220,4 +237,24 @@ fn healthy(port: u16) -> bool {
     let mut answer = String::new();
     let _ = stream.read_to_string(&mut answer);
     answer.contains("\"health\":\"true\"")
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` or `t` in
+/// `/proc/PID/task/TID/stat`). A thread that exits while it is read is not running.
+fn all_threads_stopped(pid: u32) -> std::io::Result<bool> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = match std::fs::read_to_string(task?.path().join("stat")) {
+            Ok(stat) => stat,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        // The state follows the command, which is in parentheses and may hold any character.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if !matches!(state, Some('T' | 't')) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
