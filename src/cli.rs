@@ -533,6 +533,11 @@ pub struct SimulateArgs {
     /// Baselines to replay beside the solver: FGD, BestFit, FirstFit, Random.
     #[arg(long, value_delimiter = ',')]
     pub compare: Vec<String>,
+    /// Runs replayed at once, each on a thread (default: the cores the process may use). The
+    /// report is the same for any number; each run's wall time is its own only with `-j 1`,
+    /// and a run's cycles that reach `--time-limit` depend on the machine's speed.
+    #[arg(short, long)]
+    pub jobs: Option<std::num::NonZeroUsize>,
     #[arg(long, value_enum, default_value_t = SimulateOutput::Human)]
     pub output: SimulateOutput,
     /// Where `--output html` writes `index.html`.

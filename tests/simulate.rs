@@ -68,6 +68,26 @@ fn simulate_reports_every_run_as_json() {
     assert!(stderr.contains("unknown baseline `Tetris`"), "{stderr}");
 }
 
+/// Runs replayed at once write the report runs replayed one by one write, in `--compare`'s
+/// order, whichever run ends first.
+#[test]
+fn runs_on_several_threads_report_what_one_thread_reports() {
+    let all = ["--compare", "Random,FirstFit,BestFit,FGD"];
+    let one = json_on_tiny_trace(&[&all[..], &["-j", "1"]].concat());
+    let several = json_on_tiny_trace(&[&all[..], &["--jobs", "5"]].concat());
+    assert_eq!(one, several);
+    let runs: Vec<&str> = several["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["placement"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs, ["Tessera", "Random", "FirstFit", "BestFit", "FGD"]);
+
+    let (code, _, stderr) = on_tiny_trace(&["-j", "0"]);
+    assert_eq!(code, 2, "{stderr}");
+}
+
 #[test]
 fn a_bad_trace_line_is_an_input_error_at_its_place() {
     let dir = tempfile::tempdir().unwrap();

@@ -97,12 +97,7 @@ impl TestEtcd {
     /// every thread of etcd is stopped: `kill` only queues the signal, and on a loaded machine
     /// a thread that was running answered a read sent after it returned.
     pub fn pause(&self) -> Result<(), HarnessError> {
-        self.signal(nix::sys::signal::Signal::SIGSTOP)?;
-        let pid = self
-            .child
-            .as_ref()
-            .ok_or_else(|| std::io::Error::other("etcd is not running"))?
-            .id();
+        let pid = self.signal(nix::sys::signal::Signal::SIGSTOP)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while !all_threads_stopped(pid)? {
             if Instant::now() > deadline {
@@ -118,18 +113,19 @@ impl TestEtcd {
     /// Resumes a paused etcd (SIGCONT). etcd then answers what waited on its connections and
     /// expires the leases whose TTL ran out meanwhile.
     pub fn resume(&self) -> Result<(), HarnessError> {
-        self.signal(nix::sys::signal::Signal::SIGCONT)
+        self.signal(nix::sys::signal::Signal::SIGCONT).map(drop)
     }
 
-    fn signal(&self, signal: nix::sys::signal::Signal) -> Result<(), HarnessError> {
+    /// Sends `signal` to etcd and returns the pid it went to.
+    fn signal(&self, signal: nix::sys::signal::Signal) -> Result<u32, HarnessError> {
         let child = self
             .child
             .as_ref()
             .ok_or_else(|| std::io::Error::other("etcd is not running"))?;
-        let pid =
-            nix::unistd::Pid::from_raw(i32::try_from(child.id()).map_err(std::io::Error::other)?);
+        let id = child.id();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(id).map_err(std::io::Error::other)?);
         nix::sys::signal::kill(pid, signal).map_err(std::io::Error::from)?;
-        Ok(())
+        Ok(id)
     }
 
     /// Starts etcd again on its data directory and ports after [`TestEtcd::kill`].

@@ -85,10 +85,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let end_hint = config
         .horizon
         .unwrap_or_else(|| trace.iter().map(|w| w.arrival).max().unwrap_or(0));
-    let mut runs: Vec<(RunReport, f64)> = Vec::new();
-    for kind in std::iter::once(None).chain(baselines.into_iter().map(Some)) {
+    let kinds: Vec<Option<PolicyKind>> = std::iter::once(None)
+        .chain(baselines.into_iter().map(Some))
+        .collect();
+    let bars = std::io::stderr()
+        .is_terminal()
+        .then(indicatif::MultiProgress::new);
+    let one_run = |kind: &Option<PolicyKind>| -> anyhow::Result<(RunReport, f64)> {
         let label = kind.map_or("Tessera", PolicyKind::name);
-        let bar = progress_bar(label, end_hint);
+        let bar = bars.as_ref().map(|m| m.add(progress_bar(label, end_hint)));
         let mut tick = |t: i64| {
             if let Some(b) = &bar {
                 b.set_position(u64::try_from(t.min(end_hint)).unwrap_or(0));
@@ -105,7 +110,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
                 &mut tick,
             )?,
             Some(k) => {
-                let mut b = OpenbBaseline::new(k, args.seed, &trace)
+                let mut b = OpenbBaseline::new(*k, args.seed, &trace)
                     .context("the Tessera row is the solver's own run")?;
                 replay(
                     policy,
@@ -121,8 +126,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
             b.finish_and_clear();
         }
         report.placement = label.to_owned();
-        runs.push((report, started.elapsed().as_secs_f64()));
-    }
+        Ok((report, started.elapsed().as_secs_f64()))
+    };
+    let jobs = args.jobs.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |j| j.get(),
+    );
+    let runs = each_on_threads(&kinds, jobs, one_run)
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
     for (r, wall) in &runs {
         eprintln!(
             "{}: {} cycles solved in {wall:.1}s wall time",
@@ -183,11 +195,50 @@ fn fleet(
     }
 }
 
-/// A bar on stderr over simulated time, when stderr is a terminal.
-fn progress_bar(label: &str, end: i64) -> Option<indicatif::ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
+/// `items.iter().map(f).collect()`, at most `jobs` items at a time, each on a thread of its
+/// own: the replays share nothing, so several cores finish a `--compare` in the time of its
+/// longest run. The results are in `items`' order, whatever order the runs end in.
+fn each_on_threads<T, R, F>(items: &[T], jobs: usize, f: F) -> Vec<R>
+where
+    T: Sync,
+    R: Send,
+    F: Fn(&T) -> R + Sync,
+{
+    let jobs = jobs.clamp(1, items.len().max(1));
+    if jobs == 1 {
+        return items.iter().map(f).collect();
     }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..jobs)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else {
+                            return mine;
+                        };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| match w.join() {
+                Ok(mine) => mine,
+                // A run that panicked is a bug: its panic goes on, not a report short a run.
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    done.sort_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+/// A bar over simulated time, for stderr's [`indicatif::MultiProgress`].
+fn progress_bar(label: &str, end: i64) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(u64::try_from(end.max(1)).unwrap_or(1));
     if let Ok(style) = indicatif::ProgressStyle::with_template(
         "{prefix:>8} [{bar:40}] {percent:>3}% of simulated time, {elapsed} elapsed",
@@ -195,5 +246,5 @@ fn progress_bar(label: &str, end: i64) -> Option<indicatif::ProgressBar> {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_prefix(label.to_owned());
-    Some(bar)
+    bar
 }

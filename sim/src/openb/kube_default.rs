@@ -52,19 +52,25 @@ fn least_requested(requested: u64, capacity: u64) -> u64 {
 /// The two plugins' scores summed for `task` on `node`, which it must fit; `memory`: whether
 /// the cluster tracks memory.
 pub fn score(node: &Node, task: &Task, memory: bool) -> u64 {
-    let cpu_requested = node.cpu_capacity - node.cpu_left + task.cpu_milli;
-    let memory_requested = if memory {
-        node.memory_capacity - node.memory_left + task.memory_mib
-    } else {
-        0
-    };
     // (requested, capacity) per resource scored: CPU, and memory where the cluster checks it.
-    // An array, not a list: every node is scored for every CPU-only task.
-    let both = [
-        (cpu_requested, node.cpu_capacity),
-        (memory_requested, node.memory_capacity),
-    ];
-    let resources = &both[..if memory { 2 } else { 1 }];
+    // A slice of a local, not a list: every node is scored for every CPU-only task.
+    let cpu = (
+        node.cpu_capacity - node.cpu_left + task.cpu_milli,
+        node.cpu_capacity,
+    );
+    let both;
+    let resources: &[(u64, u64)] = if memory {
+        both = [
+            cpu,
+            (
+                node.memory_capacity - node.memory_left + task.memory_mib,
+                node.memory_capacity,
+            ),
+        ];
+        &both
+    } else {
+        std::slice::from_ref(&cpu)
+    };
     let least = resources
         .iter()
         .map(|&(r, c)| least_requested(r, c))
