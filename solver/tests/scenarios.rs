@@ -332,6 +332,28 @@ fn among_pools_that_tie_the_least_versatile_takes_the_work() {
 }
 
 #[test]
+fn the_pool_that_outclasses_the_other_is_kept_for_last() {
+    // `train` (192 cores a node) and `weak` (96) each run one 1-GPU, 4-core replica. Every
+    // `weak` node is matched by a `train` node and more, and only `train` has nodes of 192
+    // cores: work either pool can take goes to `weak`, and `train` stays for work only it can
+    // host. A 1-GPU, 60-core arrival ties in both on the unfed GPUs (none), the tier and the
+    // versatility; the tie went to the pool listed first, `train`.
+    let (fleet, nodes) = train_and_weak(96);
+    let light = "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 4}";
+    let run_ = [
+        running("light-t", light, &[&gpus("t0", 0, 1)], EARLY),
+        running("light-w", light, &[&gpus("w0", 0, 1)], EARLY),
+    ]
+    .concat();
+    let arrival = "{tenant: a, sloClass: critical, gpu: {count: 1}, cpu: 60}";
+    let d = run_with(
+        &fleet,
+        &state(&nodes, &run_, &pending("one", arrival, RECENT)),
+    );
+    assert_eq!(admitted(&d, "one")[0].node, "w0");
+}
+
+#[test]
 fn small_work_goes_to_the_pool_a_large_running_shape_cannot_use() {
     // `train` (192 cores a node) runs a 4-GPU, 100-core replica and a 1-GPU one on `t0`;
     // `weak` (32 cores) runs a 1-GPU one on `w0`. Against its own work alone, `weak` scores a

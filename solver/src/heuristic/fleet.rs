@@ -165,6 +165,8 @@ pub(crate) struct Fleet {
     pub(super) barred: Option<Rc<BTreeSet<usize>>>,
     /// The decision's workload mix, which placements are scored against; shared by every clone.
     pub(super) mix: Rc<Mix>,
+    /// Which pools outclass which (`outclass.rs`), for the pool choice; shared by every clone.
+    pub(super) outclass: Rc<Outclass>,
     /// Per pool, the nodes of each of its NVLink domains (as `PoolInfo::domains` lists
     /// them), in pool order; shared by every clone.
     domains: Rc<Vec<Vec<Vec<usize>>>>,
@@ -259,6 +261,7 @@ impl Fleet {
             kept: vec![Kept::default(); p.nodes.len()].into(),
             barred: None,
             mix: Rc::new(Mix::new(p, |_| true)),
+            outclass: Rc::new(Outclass::new(p)),
             domains: Rc::new(p.pools.iter().map(|info| domain_members(p, info)).collect()),
             relayouts: Rc::default(),
             relayout_offers: Rc::default(),

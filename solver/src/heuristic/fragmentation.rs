@@ -104,19 +104,25 @@
 //! breaks the fewest *only-home* replicas: a running shape of the fleet that no other pool
 //! could host is its only home's to keep, and a placement's loss is how many replicas of such
 //! shapes (each weighted by how many run) its nodes could host before and no longer after
-//! ([`Measure::only_home`]). Next, the least tier summed over the nodes it lands on, then
-//! the fewest new unfed GPUs (for a share,
-//! the unfed GPUs first, as its node is chosen: shares that take more CPU per GPU than the
-//! fleet's work go to the pools whose CPU can feed them), then the least *versatile* pool: the
-//! one whose nodes, empty, could host the fewest replicas of the fleet's running work
-//! ([`Mix::versatility`]), then the first listed (pools are listed by name). Placements in
-//! different pools often tie on the whole-point tier and the unfed GPUs, and a tie that goes by the
-//! pools' names goes to whatever nodes the name gives: work with the fewest alternatives should go
-//! where it fits, and the nodes most shapes can use should stay for the work only they can host. On
-//! the openb `gpushare80` trace (seed 44) the `G3` nodes, with the most cores and memory per GPU
-//! and the only home of the 8-GPU, 120-core tasks, refused the first such task at 7 % arrived; with
-//! this order and the fleet's CPU per GPU for the unfed GPUs (above), at 79 % (BENCHMARKS.md, "The
-//! least versatile pool").
+//! ([`Measure::only_home`]). Next, the fewest new unfed GPUs (shares and whole GPUs alike, as
+//! a share's node is chosen: work that takes more CPU per GPU than the fleet's goes to the
+//! pools whose CPU can feed it). Next, a pool with nodes none of the other candidates matches
+//! is kept for last, by how many of them it outclasses (`outclass.rs`). Then the least tier
+//! summed over the nodes it lands on, then the least *versatile* pool: the one whose nodes,
+//! empty, could host the fewest replicas of the fleet's running work ([`Mix::versatility`]),
+//! then the first listed (pools are listed by name).
+//!
+//! The kept-for-last pool comes before the tier because the tier is a bad judge between pools
+//! for small work. Small work scores a point better in a pool of large nodes. On the openb
+//! traces, small work took the `G3` nodes (the only home of the 8-GPU, 120-core tasks) on
+//! such points, one node at a time, and the first such task was refused at 19.5 % allocated.
+//! No 120-core task had run by then for the only-home criterion to protect. The unfed GPUs
+//! come before it: CPU-heavy work that would leave a less capable pool's GPUs without CPU
+//! still goes where the cores are. Measured on the openb traces (BENCHMARKS.md, "The most
+//! capable pool kept for last"). A tie that goes by the pools' names goes to whatever nodes the name
+//! gives: work with the fewest alternatives should go where it fits, and the nodes most
+//! shapes can use should stay for the work only they can host (BENCHMARKS.md, "The least
+//! versatile pool").
 //!
 //! What a GPU can host, as it is laid out now (a layout change is a cost the placement already
 //! puts last): an exclusive GPU, or a MIG GPU laid out as one 7g instance, hosts a whole-GPU

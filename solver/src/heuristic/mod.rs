@@ -68,6 +68,7 @@ mod fragmentation;
 mod journal;
 mod offers;
 mod open;
+mod outclass;
 mod pick;
 mod preempt;
 mod protected;
@@ -83,6 +84,7 @@ use fragmentation::*;
 use journal::*;
 use offers::*;
 use open::*;
+use outclass::Outclass;
 use pick::*;
 use preempt::*;
 use protected::*;
@@ -459,14 +461,14 @@ impl<'p> Solver<'p> {
             return Status::Pending(no_pool_reason(p, w));
         }
         let mut attempts = Vec::new();
-        // Of the pools that take it, the one where it fragments least (FGD's whole-point score
-        // against each pool's mix, summed over the nodes it lands on), then the one where it
-        // leaves the fewest GPUs unfed for CPU (for a share, the unfed GPUs first), then the
-        // least versatile (the one that could host the fewest of the fleet's running
-        // replicas: work goes where it has the fewest alternatives, and the nodes that are the
-        // only home of a large shape stay for it), then the first listed. A pool that runs out
-        // of CPU next to idle GPUs, or the most capable pool, must not be filled first only
-        // because it is listed first.
+        // Of the pools that take it, the one where it breaks the fewest only-home replicas,
+        // then leaves the fewest GPUs unfed for CPU, then is not kept for last (a pool with a
+        // node none of the others matches, by how many of them it outclasses: `outclass.rs`),
+        // then fragments least (FGD's whole-point score against each pool's mix, summed over
+        // the nodes it lands on), then the least versatile (the one that could host the
+        // fewest of the fleet's running replicas), then the first listed. A pool that runs
+        // out of CPU next to idle GPUs, or the most capable pool, must not be filled first
+        // only because it is listed first, or because small work scored a point better there.
         if let [pool] = wl.pools[..] {
             // One pool: nothing to compare, so the gang is placed on the solver's own fleet.
             match admit_on(p, &mut self.fleet, &mut self.ledger, w, pool, wl.replicas) {
@@ -484,8 +486,15 @@ impl<'p> Solver<'p> {
             // again (`journal.rs`). A clone of the fleet per pool cost the fleet's size.
             let mix = Rc::clone(&self.fleet.mix);
             let least = wl.pools.iter().map(|&q| mix.versatility(q)).min();
+            let outclass = Rc::clone(&self.fleet.outclass);
+            let outclassing: Vec<u64> = wl
+                .pools
+                .iter()
+                .map(|&q| outclass.rank(q, &wl.pools))
+                .collect();
+            let least_outclassing = outclassing.iter().copied().min();
             let mut best: Option<(PoolKey, usize, Redo)> = None;
-            for &pool in &wl.pools {
+            for (&pool, &outclassing) in wl.pools.iter().zip(&outclassing) {
                 let placed =
                     quota_allows(p, &self.ledger, w, pool, wl.replicas).and_then(|(want, min)| {
                         let mark = self.fleet.mark();
@@ -504,20 +513,18 @@ impl<'p> Solver<'p> {
                         let redo = self.fleet.rollback_keeping(mark);
                         let before = tier_reading(p, &self.fleet, pool, &nodes);
                         let (tier, unfed, lost) = placement_tier(&mix, pool, &before, &after);
-                        let tier = i64::try_from(tier).unwrap_or(i64::MAX);
-                        // A share's pool by the unfed GPUs before the tier, as its node is
-                        // chosen.
-                        let key = match wl.demand {
-                            Demand::Share { .. } => (lost, unfed, tier, mix.versatility(pool)),
-                            _ => (lost, tier, unfed, mix.versatility(pool)),
-                        };
+                        let versatility = mix.versatility(pool);
+                        let key = (lost, unfed, outclassing, tier, versatility);
                         if best.as_ref().is_none_or(|b| key < b.0) {
                             best = Some((key, pool, redo));
                         }
-                        // Breaks no only-home replica, fragments nothing and leaves nothing
-                        // unfed, in a least versatile pool: taken without trying the pools
-                        // after it.
-                        if (lost, tier, unfed) == (0, 0, 0) && Some(key.3) == least {
+                        // Breaks no only-home replica, leaves nothing unfed and fragments
+                        // nothing, in a pool kept for last the least and least versatile:
+                        // taken without trying the pools after it.
+                        if (lost, unfed, tier) == (0, 0, 0)
+                            && Some(outclassing) == least_outclassing
+                            && Some(versatility) == least
+                        {
                             break;
                         }
                     }
@@ -713,9 +720,9 @@ fn tier_reading(p: &Problem, fleet: &Fleet, pool: usize, nodes: &[usize]) -> Vec
 }
 
 /// A pool's placement key in [`Solver::admit_anywhere`], lower is better: the only-home
-/// replicas broken, then the tier and the unfed GPUs (the unfed GPUs first for a share), then
-/// the pool's versatility.
-type PoolKey = (u64, i64, i64, u64);
+/// replicas broken, the unfed GPUs, the pool's rank among the workload's pools
+/// ([`Outclass::rank`]), the tier, the pool's versatility.
+type PoolKey = (u64, i64, u64, u64, u64);
 
 /// How much placing a workload in `pool` fragments the nodes it lands on, from their readings
 /// before and after ([`tier_reading`]): `100 −` FGD's whole-point score of each such node
