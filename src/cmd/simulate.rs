@@ -5,6 +5,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -132,7 +133,9 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         || std::thread::available_parallelism().map_or(1, |n| n.get()),
         |j| j.get(),
     );
-    let runs = each_on_threads(&kinds, jobs, one_run)
+    // A failed run stops the rest, as a loop with `?` would: the runs not yet started are not
+    // replayed, and the first error in `--compare`'s order is the one reported.
+    let runs = each_on_threads(&kinds, jobs, one_run, Result::is_err)
         .into_iter()
         .collect::<anyhow::Result<Vec<_>>>()?;
     for (r, wall) in &runs {
@@ -197,30 +200,48 @@ fn fleet(
 
 /// `items.iter().map(f).collect()`, at most `jobs` items at a time, each on a thread of its
 /// own: the replays share nothing, so several cores finish a `--compare` in the time of its
-/// longest run. The results are in `items`' order, whatever order the runs end in.
-fn each_on_threads<T, R, F>(items: &[T], jobs: usize, f: F) -> Vec<R>
+/// longest run. The results are in `items`' order, whatever order the runs end in. Once a
+/// result meets `stop`, no item is started: the results then end with the items that were
+/// already started (on one thread, with that result).
+fn each_on_threads<T, R, F, S>(items: &[T], jobs: usize, f: F, stop: S) -> Vec<R>
 where
     T: Sync,
     R: Send,
     F: Fn(&T) -> R + Sync,
+    S: Fn(&R) -> bool + Sync,
 {
     let jobs = jobs.clamp(1, items.len().max(1));
     if jobs == 1 {
-        return items.iter().map(f).collect();
+        let mut done = Vec::with_capacity(items.len());
+        for item in items {
+            let r = f(item);
+            let stopping = stop(&r);
+            done.push(r);
+            if stopping {
+                break;
+            }
+        }
+        return done;
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
+    let next = AtomicUsize::new(0);
+    let stopped = AtomicBool::new(false);
     let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..jobs)
             .map(|_| {
                 scope.spawn(|| {
                     let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    while !stopped.load(Ordering::Acquire) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(item) = items.get(i) else {
-                            return mine;
+                            break;
                         };
-                        mine.push((i, f(item)));
+                        let r = f(item);
+                        if stop(&r) {
+                            stopped.store(true, Ordering::Release);
+                        }
+                        mine.push((i, r));
                     }
+                    mine
                 })
             })
             .collect();
@@ -247,4 +268,35 @@ fn progress_bar(label: &str, end: i64) -> indicatif::ProgressBar {
     }
     bar.set_prefix(label.to_owned());
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::each_on_threads;
+
+    #[test]
+    fn results_come_in_order_and_a_stop_starts_nothing_more() {
+        let items: Vec<u32> = (0..40).collect();
+        for jobs in [1, 3, 64] {
+            let all = each_on_threads(&items, jobs, |&i| i * 2, |_| false);
+            assert_eq!(all, items.iter().map(|i| i * 2).collect::<Vec<_>>());
+        }
+        // On one thread, nothing after the stopping result runs.
+        let calls = std::sync::Mutex::new(Vec::new());
+        let first = each_on_threads(
+            &items,
+            1,
+            |&i| {
+                calls.lock().unwrap().push(i);
+                i
+            },
+            |&r| r == 5,
+        );
+        assert_eq!(first, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(*calls.lock().unwrap(), [0, 1, 2, 3, 4, 5]);
+        // On several, the items started before the stop are kept, in order, up to it.
+        let some = each_on_threads(&items, 3, |&i| i, |&r| r == 5);
+        assert_eq!(some[..6], [0, 1, 2, 3, 4, 5]);
+        assert!(some.windows(2).all(|w| w[0] < w[1]));
+    }
 }
