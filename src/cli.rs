@@ -384,6 +384,11 @@ pub enum BenchCommand {
         /// tessera's to place, but they spend the CPU that GPU tasks need).
         #[arg(long, value_enum, default_value_t = OpenbCpuOnly::BestFit)]
         cpu_only: OpenbCpuOnly,
+        /// Also print, per policy and GPU model, the cluster when the run first refused a GPU
+        /// task: idle GPUs, those on nodes out of CPU, and the cores taken by GPU tasks and by
+        /// CPU-only tasks (in the JSON output either way).
+        #[arg(long)]
+        first_refusal: bool,
         /// Policies to run (Tessera, FGD, BestFit, FirstFit, Random); all by default.
         #[arg(long, value_delimiter = ',')]
         policies: Vec<String>,

@@ -470,3 +470,41 @@ fn reconcile_on_etcd_delegates_to_tessera_fleet() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
+
+#[test]
+fn bench_openb_prints_the_first_refusal_only_when_asked() {
+    let human = [
+        "--variant",
+        "published",
+        "--seeds",
+        "1",
+        "--policies",
+        "Tessera,FGD",
+    ];
+    let (code, stdout, stderr) = bench_openb_slice(&[&human[..], &["--first-refusal"]].concat());
+    assert_eq!(code, 0, "{stderr}");
+    let table: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("first refusal"))
+        .collect();
+    assert!(table.len() > 2, "{stdout}");
+    for policy in ["Tessera", "FGD"] {
+        assert!(
+            table.iter().any(|l| l.starts_with(policy)),
+            "a row for {policy}: {stdout}"
+        );
+    }
+    let (code, stdout, _) = bench_openb_slice(&human);
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("first refusal"), "{stdout}");
+    // The JSON holds it either way.
+    let (code, stdout, _) = tessera_and_fgd_on_the_slice(&[]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        v["policies"][0]["per_seed"][0]
+            .as_object()
+            .unwrap()
+            .contains_key("first_refusal")
+    );
+}

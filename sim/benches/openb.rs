@@ -6,7 +6,7 @@
 //!     [--policies FGD,BestFit,...] [--seeds N] [--first-seed S] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
-//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd|kube]
+//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd|kube] [--first-refusal]
 //! ```
 //!
 //! `--gpu-spec-share 0,0.1,0.33` runs each trace as given (0) and as `gpu_spec` variants with
@@ -15,7 +15,10 @@
 //!
 //! The single-knob options override that one setting of the chosen variant(s), to see what it
 //! changes. `--cpu-only` says whose rule places the trace's CPU-only tasks in the Tessera row
-//! (`openb::CpuOnlyRule`; BestFit's by default).
+//! (`openb::CpuOnlyRule`; BestFit's by default). `--first-refusal` also prints, per policy and
+//! GPU model, the cluster when the run first refused a GPU task: idle GPUs, those on nodes out
+//! of CPU, and the cores taken by GPU tasks and by CPU-only tasks (`openb::FirstRefusal`, in
+//! the JSON whether or not it is printed).
 //!
 //! Defaults: trace `default`, both variants, all policies, seeds 42..=51 (`--first-seed S`: N seeds
 //! from S instead), data from
@@ -47,6 +50,7 @@ struct Args {
     data: PathBuf,
     json: Option<PathBuf>,
     bound: bool,
+    first_refusal: bool,
     gpu_spec_shares: Vec<f64>,
     spec_seed: u64,
 }
@@ -77,6 +81,7 @@ fn parse_args() -> Result<Args, String> {
             }),
         json: None,
         bound: false,
+        first_refusal: false,
         gpu_spec_shares: vec![0.0],
         spec_seed: 1,
     };
@@ -204,6 +209,7 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| "--seed needs a number")?
             }
             "--bound" => args.bound = true,
+            "--first-refusal" => args.first_refusal = true,
             "--json" => args.json = Some(PathBuf::from(value("--json")?)),
             // passed by `cargo bench` to every bench target
             "--bench" => {}
@@ -323,6 +329,9 @@ fn main() -> ExitCode {
             println!();
             print!("{}", openb::comparison_table(&result, &paper));
             print!("{}", openb::idle_table(&result));
+            if args.first_refusal {
+                print!("{}", openb::first_refusal_table(&result));
+            }
             results.push(result);
         }
     }

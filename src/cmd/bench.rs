@@ -25,6 +25,8 @@ pub struct OpenbArgs<'a> {
     /// Pin this share of the GPU tasks to one model each, with this seed.
     pub gpu_spec: Option<(f64, u64)>,
     pub cpu_only: OpenbCpuOnly,
+    /// Also print the cluster at each policy's first refused GPU task.
+    pub first_refusal: bool,
     pub output: TextOrJson,
 }
 
@@ -123,6 +125,9 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
             }
             text.push_str(&openb::comparison_table(&result, &paper));
             text.push_str(&openb::idle_table(&result));
+            if args.first_refusal {
+                text.push_str(&openb::first_refusal_table(&result));
+            }
             emit(&text)?;
         }
     }

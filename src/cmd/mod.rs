@@ -92,6 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             gpu_spec_share,
             spec_seed,
             cpu_only,
+            first_refusal,
             policies,
             paper,
             output,
@@ -106,6 +107,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             bound,
             gpu_spec: (gpu_spec_share > 0.0).then_some((gpu_spec_share, spec_seed)),
             cpu_only,
+            first_refusal,
             output,
         }),
         Command::Bench(BenchCommand::Service {

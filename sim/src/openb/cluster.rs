@@ -82,6 +82,8 @@ pub struct Node {
     /// Milli-GPU left on each GPU, by device index.
     pub gpu_left: Vec<u32>,
     gpu_left_total: u64,
+    /// CPU (milli) taken by CPU-only tasks.
+    cpu_of_cpu_only: u64,
     version: u64,
 }
 
@@ -94,6 +96,12 @@ impl Node {
     /// Number of completely free GPUs.
     pub fn free_gpus(&self) -> usize {
         self.gpu_left.iter().filter(|&&g| g == MILLI).count()
+    }
+
+    /// CPU (milli) that CPU-only tasks took on this node: the rest of what is taken went to
+    /// GPU tasks.
+    pub fn cpu_of_cpu_only(&self) -> u64 {
+        self.cpu_of_cpu_only
     }
 
     /// Bumped on every placement on this node: a cache keyed by `(node, version)` is valid as
@@ -174,6 +182,7 @@ impl Cluster {
                 memory_left: spec.memory_mib,
                 gpu_left: vec![MILLI; spec.num_gpu as usize],
                 gpu_left_total: u64::from(spec.num_gpu) * u64::from(MILLI),
+                cpu_of_cpu_only: 0,
                 version: 0,
             });
         }
@@ -337,6 +346,9 @@ impl Cluster {
             }
         }
         n.cpu_left -= task.cpu_milli;
+        if task.is_cpu_only() {
+            n.cpu_of_cpu_only += task.cpu_milli;
+        }
         if check_memory {
             n.memory_left -= task.memory_mib;
         }

@@ -10,7 +10,7 @@
 
 use super::cluster::{Cluster, Task};
 use super::policy::Placer;
-use super::protocol::{Sample, SimOutcome, Workload};
+use super::protocol::{Sample, SimOutcome, Workload, first_refusal_at};
 
 /// Runs `order` in cycles of `cycle` arrivals. One sample is recorded per cycle, at its end:
 /// everything that arrived by then against the allocation once the cycle is decided (a sample
@@ -26,29 +26,38 @@ pub fn simulate_cycles(
     let mut arrived = 0u64;
     let mut samples = Vec::with_capacity(order.len());
     let (mut placed, mut skipped) = (0usize, 0usize);
+    let mut first_refusal = None;
     for batch in order.chunks(cycle.max(1)) {
         let tasks: Vec<&Task> = batch.iter().map(|&i| &workload.tasks()[i]).collect();
-        match placer.place_cycle(&mut cluster, &tasks) {
+        let refused_gpu_task = match placer.place_cycle(&mut cluster, &tasks) {
             Ok(done) => {
                 let n = done.iter().filter(|&&p| p).count();
                 placed += n;
                 skipped += done.len() - n;
+                done.iter()
+                    .zip(&tasks)
+                    .any(|(&p, t)| !p && !t.is_cpu_only())
             }
             Err(e) => panic!("policy {} made an invalid choice: {e}", placer.name()),
-        }
+        };
         arrived += batch
             .iter()
             .map(|&i| workload.tasks()[i].gpu_request())
             .sum::<u64>();
-        samples.push(Sample {
+        let sample = Sample {
             arrived_pct: 100.0 * arrived as f64 / capacity,
             alloc_pct: cluster.allocation_percent(),
-        });
+        };
+        samples.push(sample);
+        if refused_gpu_task && first_refusal.is_none() {
+            first_refusal = Some(first_refusal_at(&cluster, workload.tasks(), sample));
+        }
     }
     SimOutcome {
         samples,
         placed,
         skipped,
         cluster,
+        first_refusal,
     }
 }

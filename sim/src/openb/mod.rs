@@ -72,13 +72,13 @@ pub use policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak, per
 pub use production::{Production, ProductionError, RENEW_EVERY};
 pub use protocol::{
     ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, CpuOnlyRule, DEFAULT_SEEDS, Sample,
-    SimConfig, SimOutcome, Workload, idle_at_end, make_placer, make_placer_with, read_checkpoints,
-    run_policy, run_seed, run_trace, scale, simulate,
+    SimConfig, SimOutcome, Workload, first_refusal_at, idle_at_end, make_placer, make_placer_with,
+    read_checkpoints, run_policy, run_seed, run_trace, scale, simulate,
 };
 pub use random::Random;
 pub use report::{
-    IdleAtEnd, PaperResults, PaperRow, PolicyResult, SeedResult, TraceResult, comparison_table,
-    idle_table, worst_vs,
+    FirstRefusal, IdleAtEnd, ModelState, PaperResults, PaperRow, PolicyResult, SeedResult,
+    TraceResult, comparison_table, first_refusal_table, idle_table, worst_vs,
 };
 pub use trace::{
     MILLI, NodeSpec, TaskSpec, TraceError, load_nodes, load_tasks, parse_nodes, parse_tasks,

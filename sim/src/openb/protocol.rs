@@ -24,13 +24,13 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::best_fit::BestFit;
-use super::cluster::{Cluster, ClusterError, ModelId, Task};
+use super::cluster::{Cluster, ClusterError, ModelId, Node, Task};
 use super::fgd::{Fgd, TypicalConfig, TypicalShapes};
 use super::first_fit::FirstFit;
 use super::policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak};
 use super::production::Production;
 use super::random::Random;
-use super::report::{IdleAtEnd, PolicyResult, SeedResult, TraceResult};
+use super::report::{FirstRefusal, IdleAtEnd, ModelState, PolicyResult, SeedResult, TraceResult};
 use super::trace::{MILLI, NodeSpec, TaskSpec};
 
 /// The paper's seeds.
@@ -278,28 +278,38 @@ pub fn simulate(workload: &Workload, placer: &mut dyn Placer, order: &[usize]) -
     let mut arrived = 0u64;
     let mut samples = Vec::with_capacity(order.len());
     let (mut placed, mut skipped) = (0usize, 0usize);
+    let mut first_refusal = None;
     for &i in order {
         let task = &workload.tasks()[i];
         arrived += task.gpu_request();
-        match placer.choose(&cluster, task) {
+        let refused = match placer.choose(&cluster, task) {
             Some(choice) => {
                 if let Err(e) = cluster.place(task, &choice) {
                     panic!("policy {} made an invalid choice: {e}", placer.name());
                 }
                 placed += 1;
+                false
             }
-            None => skipped += 1,
-        }
-        samples.push(Sample {
+            None => {
+                skipped += 1;
+                true
+            }
+        };
+        let sample = Sample {
             arrived_pct: 100.0 * arrived as f64 / capacity,
             alloc_pct: cluster.allocation_percent(),
-        });
+        };
+        samples.push(sample);
+        if refused && !task.is_cpu_only() && first_refusal.is_none() {
+            first_refusal = Some(first_refusal_at(&cluster, workload.tasks(), sample));
+        }
     }
     SimOutcome {
         samples,
         placed,
         skipped,
         cluster,
+        first_refusal,
     }
 }
 
@@ -311,6 +321,9 @@ pub struct SimOutcome {
     pub skipped: usize,
     /// The cluster at the end.
     pub cluster: Cluster,
+    /// The cluster when the first GPU task was refused (after the cycle that refused it, in
+    /// cycles).
+    pub first_refusal: Option<FirstRefusal>,
 }
 
 /// Step 4 for one run: the allocation ratio at each checkpoint (NaN where no sample qualifies).
@@ -427,13 +440,13 @@ pub fn run_seed(
         placed: out.placed,
         skipped: out.skipped,
         idle_at_end: idle_at_end(&out.cluster, workload.tasks()),
+        first_refusal: out.first_refusal,
     }
 }
 
-/// Where `cluster`'s idle GPU capacity is, against the GPU tasks of `tasks` (see
-/// [`IdleAtEnd`]).
-pub fn idle_at_end(cluster: &Cluster, tasks: &[Task]) -> IdleAtEnd {
-    // The least CPU a GPU task of the trace asks, per GPU model it may use.
+/// The least CPU (milli) a GPU task of `tasks` asks, per GPU model it may use; `u64::MAX` for
+/// a model no GPU task may use.
+fn least_cpu_per_model(cluster: &Cluster, tasks: &[Task]) -> Vec<u64> {
     let mut least_cpu = vec![u64::MAX; cluster.models().len()];
     for t in tasks.iter().filter(|t| !t.is_cpu_only()) {
         for (m, least) in least_cpu.iter_mut().enumerate() {
@@ -442,20 +455,70 @@ pub fn idle_at_end(cluster: &Cluster, tasks: &[Task]) -> IdleAtEnd {
             }
         }
     }
-    let gpus = |milli: u64| milli as f64 / f64::from(MILLI);
+    least_cpu
+}
+
+/// Whether `node`'s idle GPU capacity is stranded for want of CPU: it has less CPU left than
+/// any GPU task that may use its model asks. (A model no GPU task may use is idle for want of
+/// tasks, not of CPU.)
+fn cpu_stranded(node: &Node, least_cpu: &[u64]) -> bool {
+    let least = least_cpu[usize::from(node.model)];
+    least != u64::MAX && node.cpu_left < least
+}
+
+fn gpus(milli: u64) -> f64 {
+    milli as f64 / f64::from(MILLI)
+}
+
+/// Where `cluster`'s idle GPU capacity is, against the GPU tasks of `tasks` (see
+/// [`IdleAtEnd`]).
+pub fn idle_at_end(cluster: &Cluster, tasks: &[Task]) -> IdleAtEnd {
+    let least_cpu = least_cpu_per_model(cluster, tasks);
     let mut idle = IdleAtEnd::default();
     for node in cluster.nodes() {
         let left = node.gpu_left_total();
         let free = node.gpu_left.iter().filter(|&&g| g == MILLI).count() as u64;
         idle.idle += gpus(left);
         idle.on_free_gpus += gpus(free * u64::from(MILLI));
-        // (A model no GPU task may use is idle for want of tasks, not of CPU.)
-        let least = least_cpu[usize::from(node.model)];
-        if least != u64::MAX && node.cpu_left < least {
+        if cpu_stranded(node, &least_cpu) {
             idle.cpu_stranded += gpus(left);
         }
     }
     idle
+}
+
+/// `cluster` per GPU model, as a [`FirstRefusal`] at `sample`.
+pub fn first_refusal_at(cluster: &Cluster, tasks: &[Task], sample: Sample) -> FirstRefusal {
+    let least_cpu = least_cpu_per_model(cluster, tasks);
+    let cores = |milli: u64| milli as f64 / 1000.0;
+    let mut models: Vec<ModelState> = cluster
+        .models()
+        .iter()
+        .map(|m| ModelState {
+            model: m.clone(),
+            idle_gpus: 0.0,
+            cpu_stranded_gpus: 0.0,
+            cores_left: 0.0,
+            cores_of_gpu_tasks: 0.0,
+            cores_of_cpu_only_tasks: 0.0,
+        })
+        .collect();
+    for node in cluster.nodes() {
+        let m = &mut models[usize::from(node.model)];
+        let idle = gpus(node.gpu_left_total());
+        m.idle_gpus += idle;
+        if cpu_stranded(node, &least_cpu) {
+            m.cpu_stranded_gpus += idle;
+        }
+        m.cores_left += cores(node.cpu_left);
+        m.cores_of_cpu_only_tasks += cores(node.cpu_of_cpu_only());
+        m.cores_of_gpu_tasks += cores(node.cpu_capacity - node.cpu_left - node.cpu_of_cpu_only());
+    }
+    FirstRefusal {
+        arrived_pct: sample.arrived_pct,
+        alloc_pct: sample.alloc_pct,
+        models,
+    }
 }
 
 /// One policy over all the configured seeds, with the mean at each checkpoint.
@@ -699,5 +762,45 @@ mod tests {
         assert_eq!(idle.on_free_gpus, 3.0 + 3.0);
         assert_eq!(idle.cpu_stranded, 3.0);
         assert_eq!(idle_at_end(w.cluster(), w.tasks()).cpu_stranded, 0.0);
+    }
+
+    #[test]
+    fn the_first_refused_gpu_task_records_where_the_cpu_had_gone() {
+        // One 4-GPU node of 64 cores. A CPU-only task takes 60 cores, a 1-GPU task 2, then a
+        // 1-GPU task asking 8 is refused; a CPU-only task of 1 core comes after the refusal.
+        let cpu = |c: u64, t: TaskSpec| TaskSpec {
+            cpu_milli: c * 1000,
+            ..t
+        };
+        let specs = vec![
+            cpu(60, task(0, 0, 0, None)),
+            cpu(2, task(1, 1, 1000, None)),
+            cpu(8, task(2, 1, 1000, None)),
+            cpu(1, task(3, 0, 0, None)),
+        ];
+        let w = Workload::new(&nodes(1, 4), specs, false).unwrap();
+        let order = [0, 1, 2, 3];
+        let out = simulate(&w, &mut FirstFit::new(), &order);
+        let refusal = out.first_refusal.expect("the 8-core task does not fit");
+        // Arrived: two GPUs of four; allocated: one.
+        assert_eq!((refusal.arrived_pct, refusal.alloc_pct), (50.0, 25.0));
+        let g2 = &refusal.models[0];
+        assert_eq!(g2.model, "G2");
+        assert_eq!((g2.idle_gpus, g2.cores_left), (3.0, 2.0));
+        assert_eq!(
+            (g2.cores_of_gpu_tasks, g2.cores_of_cpu_only_tasks),
+            (2.0, 60.0)
+        );
+        // 2 cores left, what the least of the GPU tasks asks: not stranded yet.
+        assert_eq!(g2.cpu_stranded_gpus, 0.0);
+        // The end differs: the last CPU-only task took a core and stranded the 3 GPUs.
+        assert_eq!(out.cluster.nodes()[0].cpu_of_cpu_only(), 61_000);
+        assert_eq!(idle_at_end(&out.cluster, w.tasks()).cpu_stranded, 3.0);
+        // In cycles of one arrival, the same record.
+        let cycled = crate::openb::simulate_cycles(&w, &mut FirstFit::new(), &order, 1);
+        assert_eq!(cycled.first_refusal, Some(refusal));
+        // Nothing refused: nothing recorded.
+        let placed = simulate(&w, &mut FirstFit::new(), &[0, 1, 3]);
+        assert_eq!(placed.first_refusal, None);
     }
 }

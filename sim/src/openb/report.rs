@@ -25,6 +25,40 @@ pub struct SeedResult {
     /// Where the idle GPU capacity is at the end of the run.
     #[serde(default)]
     pub idle_at_end: IdleAtEnd,
+    /// The cluster when the first GPU task was refused; `None` if every one was placed.
+    #[serde(default)]
+    pub first_refusal: Option<FirstRefusal>,
+}
+
+/// The cluster when a run first refused a GPU task, per GPU model: where the CPU had gone by
+/// then, to GPU tasks or to CPU-only tasks, and how much idle GPU capacity sat on nodes out of
+/// CPU. Two policies whose GPU tasks took about the same cores per model, but whose CPU-only
+/// tasks did not, differ in where the CPU-only tasks were placed, not the GPU tasks
+/// (BENCHMARKS.md, openb: "Where the CPU went by the first refusal").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FirstRefusal {
+    /// Arrived GPU request at the refusal, % of capacity.
+    pub arrived_pct: f64,
+    /// Allocated GPU at the refusal, % of capacity.
+    pub alloc_pct: f64,
+    /// One per GPU model, in the cluster's order.
+    pub models: Vec<ModelState>,
+}
+
+/// One GPU model's nodes (see [`FirstRefusal`]). GPUs and cores, not milli.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelState {
+    pub model: String,
+    /// Idle GPU capacity.
+    pub idle_gpus: f64,
+    /// Of it, on nodes with less CPU left than any GPU task of the trace that may use the
+    /// model asks ([`IdleAtEnd::cpu_stranded`]'s rule).
+    pub cpu_stranded_gpus: f64,
+    pub cores_left: f64,
+    /// Cores taken by GPU tasks.
+    pub cores_of_gpu_tasks: f64,
+    /// Cores taken by CPU-only tasks.
+    pub cores_of_cpu_only_tasks: f64,
 }
 
 /// Where a run's idle GPU capacity is at its end, in GPUs: what the arrivals that did not fit
@@ -334,6 +368,53 @@ pub fn idle_table(result: &TraceResult) -> String {
     out
 }
 
+/// Each policy's [`SeedResult::first_refusal`], per GPU model, the mean over the seeds that
+/// refused a GPU task.
+pub fn first_refusal_table(result: &TraceResult) -> String {
+    let mut out = format!(
+        "{:<11} {:>8} {:<9} {:>10} {:>16} {:>11} {:>16} {:>15}\n",
+        "first refusal",
+        "arrived",
+        "model",
+        "GPUs idle",
+        "on nodes no CPU",
+        "cores left",
+        "cores GPU tasks",
+        "cores CPU-only"
+    );
+    for p in &result.policies {
+        let refusals: Vec<&FirstRefusal> = p
+            .per_seed
+            .iter()
+            .filter_map(|s| s.first_refusal.as_ref())
+            .collect();
+        let Some(first) = refusals.first() else {
+            let _ = writeln!(out, "{:<11} no GPU task refused", p.policy);
+            continue;
+        };
+        let n = refusals.len() as f64;
+        let mean =
+            |f: &dyn Fn(&FirstRefusal) -> f64| refusals.iter().map(|r| f(r)).sum::<f64>() / n;
+        let arrived = mean(&|r| r.arrived_pct);
+        for (m, model) in first.models.iter().enumerate() {
+            let of = |f: fn(&ModelState) -> f64| mean(&|r| r.models.get(m).map_or(0.0, f));
+            let _ = writeln!(
+                out,
+                "{:<11} {:>8.2} {:<9} {:>10.1} {:>16.1} {:>11.0} {:>16.0} {:>15.0}",
+                p.policy,
+                arrived,
+                model.model,
+                of(|s| s.idle_gpus),
+                of(|s| s.cpu_stranded_gpus),
+                of(|s| s.cores_left),
+                of(|s| s.cores_of_gpu_tasks),
+                of(|s| s.cores_of_cpu_only_tasks)
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,6 +441,7 @@ mod tests {
                 placed: 9,
                 skipped: 1,
                 idle_at_end: IdleAtEnd::default(),
+                first_refusal: None,
             },
             SeedResult {
                 seed: 43,
@@ -370,6 +452,7 @@ mod tests {
                 placed: 9,
                 skipped: 1,
                 idle_at_end: IdleAtEnd::default(),
+                first_refusal: None,
             },
         ];
         let fgd = PolicyResult::from_seeds("FGD", &CHECKPOINTS, seeds.clone());
@@ -400,6 +483,40 @@ mod tests {
         let json = serde_json::to_string(&result).unwrap();
         let back: TraceResult = serde_json::from_str(&json).unwrap();
         assert_eq!(back, result);
+
+        // The first refusals: the mean over the seeds that refused, per model; a policy that
+        // refused nothing says so.
+        let mut result = result;
+        let at = |arrived_pct: f64, cores: f64| FirstRefusal {
+            arrived_pct,
+            alloc_pct: arrived_pct,
+            models: vec![ModelState {
+                model: "G2".into(),
+                idle_gpus: 2.0,
+                cpu_stranded_gpus: 1.0,
+                cores_left: 4.0,
+                cores_of_gpu_tasks: cores,
+                cores_of_cpu_only_tasks: 100.0 - cores,
+            }],
+        };
+        result.policies[0].per_seed[0].first_refusal = Some(at(90.0, 60.0));
+        result.policies[0].per_seed[1].first_refusal = Some(at(92.0, 80.0));
+        let table = first_refusal_table(&result);
+        let lines: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert_eq!(
+            lines[1],
+            ["FGD", "91.00", "G2", "2.0", "1.0", "4", "70", "30"],
+            "{table}"
+        );
+        assert_eq!(lines[2].join(" "), "FirstFit no GPU task refused");
+        // A report written before the record existed still reads.
+        let old = json.replace(",\"first_refusal\":null", "");
+        assert!(!old.contains("first_refusal"));
+        assert!(serde_json::from_str::<TraceResult>(&old).is_ok());
     }
 
     #[test]

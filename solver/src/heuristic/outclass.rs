@@ -29,15 +29,21 @@ use crate::problem::Problem;
 /// A node's healthy GPUs, millicores and bytes of memory.
 type Capacity = (usize, u64, u64);
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The relations the pool choice asks about, worked out once per decision from the pools'
+/// fronts: a multi-pool admission asks them of each of its pools, and the fronts do not change
+/// within a decision.
+#[derive(Debug)]
 pub(super) struct Outclass {
-    /// Per pool, its front: empty for a pool without a healthy node.
-    front: Vec<Vec<Capacity>>,
+    /// `beats[a][b]`: whether pool `a` outclasses pool `b`.
+    beats: Vec<Vec<bool>>,
+    /// Per pool, per capacity of its front: the other pools with a node that matches or
+    /// exceeds it.
+    matched_by: Vec<Vec<Vec<usize>>>,
 }
 
 impl Outclass {
     pub(super) fn new(p: &Problem) -> Outclass {
-        let front = p
+        let fronts = p
             .pools
             .iter()
             .map(|pool| {
@@ -50,40 +56,63 @@ impl Outclass {
                 }))
             })
             .collect();
-        Outclass { front }
+        Outclass::of_fronts(fronts)
+    }
+
+    /// From each pool's front (empty for a pool without a healthy node).
+    fn of_fronts(fronts: Vec<Vec<Capacity>>) -> Outclass {
+        let pools = 0..fronts.len();
+        // Whether each node of `b` is matched or exceeded by one of `a`.
+        let covers = |a: usize, b: usize| {
+            fronts[b]
+                .iter()
+                .all(|&c| fronts[a].iter().any(|&d| at_least(d, c)))
+        };
+        // A pool without a healthy node is outclassed by none: it takes no work, so it is no
+        // alternative to keep a capable pool for.
+        let beats = pools
+            .clone()
+            .map(|a| {
+                pools
+                    .clone()
+                    .map(|b| !fronts[b].is_empty() && covers(a, b) && !covers(b, a))
+                    .collect()
+            })
+            .collect();
+        let matched_by = pools
+            .clone()
+            .map(|a| {
+                fronts[a]
+                    .iter()
+                    .map(|&c| {
+                        pools
+                            .clone()
+                            .filter(|&q| q != a && fronts[q].iter().any(|&d| at_least(d, c)))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        Outclass { beats, matched_by }
     }
 
     /// The pool choice's criterion for `pool` among `pools` (which hold it): how many of them
     /// it outclasses, where it has a node that none of the others matches or exceeds (the
     /// only home, among them, of work the size of that node); 0 elsewhere.
     pub(super) fn rank(&self, pool: usize, pools: &[usize]) -> u64 {
-        if !self.alone(pool, pools) {
+        let alone = self.matched_by[pool]
+            .iter()
+            .any(|by| !by.iter().any(|q| pools.contains(q)));
+        if !alone {
             return 0;
         }
-        pools.iter().filter(|&&q| self.outclasses(pool, q)).count() as u64
+        pools.iter().filter(|&&q| self.beats[pool][q]).count() as u64
     }
 
-    /// Whether one of `pool`'s nodes is matched or exceeded by no node of the other `pools`.
-    fn alone(&self, pool: usize, pools: &[usize]) -> bool {
-        self.front[pool].iter().any(|&c| {
-            pools
-                .iter()
-                .all(|&q| q == pool || !self.front[q].iter().any(|&d| at_least(d, c)))
-        })
-    }
-
-    /// Whether `a` outclasses `b`. A pool without a healthy node is outclassed by none: it
-    /// takes no work, so it is no alternative to keep a capable pool for.
-    pub(super) fn outclasses(&self, a: usize, b: usize) -> bool {
-        !self.front[b].is_empty() && self.covers(a, b) && !self.covers(b, a)
-    }
-
-    /// Whether each node of `b` is matched or exceeded by one of `a`.
-    fn covers(&self, a: usize, b: usize) -> bool {
-        let a = &self.front[a];
-        self.front[b]
-            .iter()
-            .all(|&c| a.iter().any(|&d| at_least(d, c)))
+    /// Whether `a` outclasses `b`.
+    #[cfg(test)]
+    fn outclasses(&self, a: usize, b: usize) -> bool {
+        self.beats[a][b]
     }
 }
 
@@ -113,9 +142,7 @@ mod tests {
     use super::*;
 
     fn of(fronts: &[&[Capacity]]) -> Outclass {
-        Outclass {
-            front: fronts.iter().map(|f| front(f.iter().copied())).collect(),
-        }
+        Outclass::of_fronts(fronts.iter().map(|f| front(f.iter().copied())).collect())
     }
 
     #[test]
