@@ -173,18 +173,19 @@ fn bench_openb_slice(args: &[&str]) -> (i32, String, String) {
     tessera(&all)
 }
 
-/// [`bench_openb_slice`] for the Tessera and FGD rows, seed 1 of the published variant, in
-/// JSON, with `args` among the options.
+/// The Tessera and FGD rows, seed 1 of the published variant.
+const TESSERA_AND_FGD: [&str; 6] = [
+    "--variant",
+    "published",
+    "--seeds",
+    "1",
+    "--policies",
+    "Tessera,FGD",
+];
+
+/// [`bench_openb_slice`] for [`TESSERA_AND_FGD`], in JSON, with `args` among the options.
 fn tessera_and_fgd_on_the_slice(args: &[&str]) -> (i32, String, String) {
-    let head = [
-        "--variant",
-        "published",
-        "--seeds",
-        "1",
-        "--policies",
-        "Tessera,FGD",
-    ];
-    bench_openb_slice(&[&head[..], args, &["--output", "json"]].concat())
+    bench_openb_slice(&[&TESSERA_AND_FGD[..], args, &["--output", "json"]].concat())
 }
 
 #[test]
@@ -473,15 +474,8 @@ fn reconcile_on_etcd_delegates_to_tessera_fleet() {
 
 #[test]
 fn bench_openb_prints_the_first_refusal_only_when_asked() {
-    let human = [
-        "--variant",
-        "published",
-        "--seeds",
-        "1",
-        "--policies",
-        "Tessera,FGD",
-    ];
-    let (code, stdout, stderr) = bench_openb_slice(&[&human[..], &["--first-refusal"]].concat());
+    let (code, stdout, stderr) =
+        bench_openb_slice(&[&TESSERA_AND_FGD[..], &["--first-refusal"]].concat());
     assert_eq!(code, 0, "{stderr}");
     let table: Vec<&str> = stdout
         .lines()
@@ -494,7 +488,7 @@ fn bench_openb_prints_the_first_refusal_only_when_asked() {
             "a row for {policy}: {stdout}"
         );
     }
-    let (code, stdout, _) = bench_openb_slice(&human);
+    let (code, stdout, _) = bench_openb_slice(&TESSERA_AND_FGD);
     assert_eq!(code, 0);
     assert!(!stdout.contains("first refusal"), "{stdout}");
     // The JSON holds it either way.
