@@ -372,7 +372,7 @@ pub fn idle_table(result: &TraceResult) -> String {
 /// refused a GPU task.
 pub fn first_refusal_table(result: &TraceResult) -> String {
     let mut out = format!(
-        "{:<11} {:>8} {:<9} {:>10} {:>16} {:>11} {:>16} {:>15}\n",
+        "{:<13} {:>8} {:<9} {:>10} {:>16} {:>11} {:>16} {:>15}\n",
         "first refusal",
         "arrived",
         "model",
@@ -389,7 +389,7 @@ pub fn first_refusal_table(result: &TraceResult) -> String {
             .filter_map(|s| s.first_refusal.as_ref())
             .collect();
         let Some(first) = refusals.first() else {
-            let _ = writeln!(out, "{:<11} no GPU task refused", p.policy);
+            let _ = writeln!(out, "{:<13} no GPU task refused", p.policy);
             continue;
         };
         let n = refusals.len() as f64;
@@ -400,7 +400,7 @@ pub fn first_refusal_table(result: &TraceResult) -> String {
             let of = |f: fn(&ModelState) -> f64| mean(&|r| r.models.get(m).map_or(0.0, f));
             let _ = writeln!(
                 out,
-                "{:<11} {:>8.2} {:<9} {:>10.1} {:>16.1} {:>11.0} {:>16.0} {:>15.0}",
+                "{:<13} {:>8.2} {:<9} {:>10.1} {:>16.1} {:>11.0} {:>16.0} {:>15.0}",
                 p.policy,
                 arrived,
                 model.model,
