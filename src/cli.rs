@@ -384,6 +384,10 @@ pub enum BenchCommand {
         /// tessera's to place, but they spend the CPU that GPU tasks need).
         #[arg(long, value_enum, default_value_t = OpenbCpuOnly::BestFit)]
         cpu_only: OpenbCpuOnly,
+        /// Which rows `--cpu-only`'s rule places the CPU-only tasks of: `all` makes the
+        /// baselines follow it too, so that the rows differ only in how GPU tasks are placed.
+        #[arg(long, value_enum, default_value_t = OpenbCpuOnlyRows::Tessera)]
+        cpu_only_rows: OpenbCpuOnlyRows,
         /// Also print, per policy and GPU model, the cluster when the run first refused a GPU
         /// task: idle GPUs, those on nodes out of CPU, and the cores taken by GPU tasks and by
         /// CPU-only tasks (in the JSON output either way).
@@ -437,7 +441,8 @@ pub enum OpenbMode {
     Cycles,
 }
 
-/// Whose rule places an openb trace's CPU-only tasks in the Tessera row.
+/// Whose rule places an openb trace's CPU-only tasks in the Tessera row (in every row with
+/// `--cpu-only-rows all`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OpenbCpuOnly {
     /// BestFit's, the baseline's rule.
@@ -448,6 +453,15 @@ pub enum OpenbCpuOnly {
     /// The Kubernetes scheduler's default scoring (least allocated and balanced CPU and
     /// memory): what places CPU-only pods where nobody reconfigured the scheduler.
     Kube,
+}
+
+/// Which rows of `tessera bench openb` follow `--cpu-only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OpenbCpuOnlyRows {
+    /// The Tessera row only; each baseline places its CPU-only tasks by its own score.
+    Tessera,
+    /// Every row.
+    All,
 }
 
 /// A share in 0..=1.

@@ -230,7 +230,7 @@ fn bench_openb_pins_a_share_of_tasks_to_one_model_and_names_the_variant() {
 }
 
 #[test]
-fn bench_openb_cpu_only_rule_moves_the_tessera_row_alone() {
+fn bench_openb_cpu_only_rule_moves_the_tessera_row_alone_unless_every_row_follows_it() {
     let run = |rule: &str| {
         let (code, stdout, stderr) = tessera_and_fgd_on_the_slice(&["--cpu-only", rule]);
         assert_eq!(code, 0, "{stderr}");
@@ -253,6 +253,20 @@ fn bench_openb_cpu_only_rule_moves_the_tessera_row_alone() {
         stderr.contains("kube"),
         "the error lists the rules: {stderr}"
     );
+    // With `--cpu-only-rows all` the FGD row follows the rule too; under its own rule it is
+    // itself.
+    let rows = |rule: &str| {
+        let (code, stdout, stderr) =
+            tessera_and_fgd_on_the_slice(&["--cpu-only", rule, "--cpu-only-rows", "all"]);
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["config"]["cpu_only_rows"], "All");
+        (v["policies"][0].clone(), v["policies"][1].clone())
+    };
+    let (kube_again, fgd_by_kube) = rows("kube");
+    assert_eq!(kube_again["per_seed"], kube["per_seed"]);
+    assert_ne!(fgd_by_kube["per_seed"], fgd["per_seed"]);
+    assert_eq!(rows("fgd").1["per_seed"], fgd["per_seed"]);
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //!     [--policies FGD,BestFit,...] [--seeds N] [--first-seed S] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
-//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd|kube] [--first-refusal]
+//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd|kube]
+//!     [--cpu-only-rows tessera|all] [--first-refusal]
 //! ```
 //!
 //! `--gpu-spec-share 0,0.1,0.33` runs each trace as given (0) and as `gpu_spec` variants with
@@ -15,7 +16,9 @@
 //!
 //! The single-knob options override that one setting of the chosen variant(s), to see what it
 //! changes. `--cpu-only` says whose rule places the trace's CPU-only tasks in the Tessera row
-//! (`openb::CpuOnlyRule`; BestFit's by default). `--first-refusal` also prints, per policy and
+//! (`openb::CpuOnlyRule`; BestFit's by default); with `--cpu-only-rows all` the baselines'
+//! CPU-only tasks follow that rule too, so that the rows differ only in how GPU tasks are
+//! placed (`openb::CpuOnlyRows`). `--first-refusal` also prints, per policy and
 //! GPU model, the cluster when the run first refused a GPU task: idle GPUs, those on nodes out
 //! of CPU, and the cores taken by GPU tasks and by CPU-only tasks (`openb::FirstRefusal`, in
 //! the JSON whether or not it is printed).
@@ -37,8 +40,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use tessera_sim::openb::{
-    self, ArrivalOrder, Checkpointing, CpuOnlyRule, PaperResults, PolicyKind, ScoreRounding,
-    SimConfig, TieBreak, TraceResult, TypicalConfig, Workload,
+    self, ArrivalOrder, Checkpointing, CpuOnlyRows, CpuOnlyRule, PaperResults, PolicyKind,
+    ScoreRounding, SimConfig, TieBreak, TraceResult, TypicalConfig, Workload,
 };
 
 struct Args {
@@ -176,6 +179,14 @@ fn parse_args() -> Result<Args, String> {
                     v => return Err(format!("unknown CPU-only rule {v:?} (best-fit, fgd, kube)")),
                 };
                 overrides.push(Box::new(move |c: &mut SimConfig| c.cpu_only = v));
+            }
+            "--cpu-only-rows" => {
+                let v = match value("--cpu-only-rows")?.as_str() {
+                    "tessera" => CpuOnlyRows::Tessera,
+                    "all" => CpuOnlyRows::All,
+                    v => return Err(format!("unknown rows {v:?} (tessera, all)")),
+                };
+                overrides.push(Box::new(move |c: &mut SimConfig| c.cpu_only_rows = v));
             }
             "--checkpoints" => {
                 let v = match value("--checkpoints")?.as_str() {

@@ -6,9 +6,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use tessera_sim::openb::{self, CpuOnlyRule, PaperResults, PolicyKind, SimConfig, Workload};
+use tessera_sim::openb::{
+    self, CpuOnlyRows, CpuOnlyRule, PaperResults, PolicyKind, SimConfig, Workload,
+};
 
-use crate::cli::{OpenbCpuOnly, OpenbVariant, TextOrJson};
+use crate::cli::{OpenbCpuOnly, OpenbCpuOnlyRows, OpenbVariant, TextOrJson};
 use crate::output::emit;
 
 pub struct OpenbArgs<'a> {
@@ -25,6 +27,7 @@ pub struct OpenbArgs<'a> {
     /// Pin this share of the GPU tasks to one model each, with this seed.
     pub gpu_spec: Option<(f64, u64)>,
     pub cpu_only: OpenbCpuOnly,
+    pub cpu_only_rows: OpenbCpuOnlyRows,
     /// Also print the cluster at each policy's first refused GPU task.
     pub first_refusal: bool,
     pub output: TextOrJson,
@@ -54,6 +57,10 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
         OpenbCpuOnly::BestFit => CpuOnlyRule::BestFit,
         OpenbCpuOnly::Fgd => CpuOnlyRule::Fgd,
         OpenbCpuOnly::Kube => CpuOnlyRule::Kube,
+    };
+    config.cpu_only_rows = match args.cpu_only_rows {
+        OpenbCpuOnlyRows::Tessera => CpuOnlyRows::Tessera,
+        OpenbCpuOnlyRows::All => CpuOnlyRows::All,
     };
     if let Some(n) = args.seeds {
         anyhow::ensure!(n > 0, "--seeds must be at least 1");

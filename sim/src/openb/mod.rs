@@ -71,9 +71,9 @@ pub use kube_default::KubeDefault;
 pub use policy::{Placer, PolicyKind, PolicyOptions, ScoreRounding, TieBreak, permuted_ranks};
 pub use production::{Production, ProductionError, RENEW_EVERY};
 pub use protocol::{
-    ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, CpuOnlyRule, DEFAULT_SEEDS, Sample,
-    SimConfig, SimOutcome, Workload, first_refusal_at, idle_at_end, make_placer, make_placer_with,
-    read_checkpoints, run_policy, run_seed, run_trace, scale, simulate,
+    ArrivalOrder, Arrivals, CHECKPOINTS, Checkpointing, CpuOnlyRows, CpuOnlyRule, DEFAULT_SEEDS,
+    Sample, SimConfig, SimOutcome, Workload, first_refusal_at, idle_at_end, make_placer,
+    make_placer_with, read_checkpoints, run_policy, run_seed, run_trace, scale, simulate,
 };
 pub use random::Random;
 pub use report::{

@@ -85,6 +85,21 @@ pub struct SimConfig {
     /// How the Tessera row places the trace's CPU-only tasks.
     #[serde(default)]
     pub cpu_only: CpuOnlyRule,
+    /// Which rows [`SimConfig::cpu_only`] places the CPU-only tasks of.
+    #[serde(default)]
+    pub cpu_only_rows: CpuOnlyRows,
+}
+
+/// Which rows follow [`SimConfig::cpu_only`]'s rule for the trace's CPU-only tasks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CpuOnlyRows {
+    /// The Tessera row only; each baseline places its CPU-only tasks by its own score, as the
+    /// published runs did (the default).
+    #[default]
+    Tessera,
+    /// Every row: the rows then differ only in how GPU tasks are placed, whatever the rule
+    /// (BENCHMARKS.md, openb: "Where the CPU went by the first refusal").
+    All,
 }
 
 /// Whose rule places the trace's CPU-only tasks in the Tessera row: they are not the solver's
@@ -118,6 +133,7 @@ impl SimConfig {
             check_memory: false,
             cycle: None,
             cpu_only: CpuOnlyRule::BestFit,
+            cpu_only_rows: CpuOnlyRows::Tessera,
         }
     }
 
@@ -394,18 +410,79 @@ pub fn make_placer_with(
             let production = Production::new(workload.cluster(), options, seed)
                 .expect("the policy generated for a loaded node list compiles");
             Box::new(match cpu_only {
+                // Production's own default.
                 CpuOnlyRule::BestFit => production,
-                CpuOnlyRule::Fgd => production.with_cpu_only(make_placer(
-                    PolicyKind::Fgd,
-                    workload,
-                    typical,
-                    options,
-                    seed,
-                )),
-                CpuOnlyRule::Kube => {
-                    production.with_cpu_only(Box::new(super::KubeDefault::new(options, seed)))
-                }
+                rule => production
+                    .with_cpu_only(cpu_only_placer(rule, workload, typical, options, seed)),
             })
+        }
+    }
+}
+
+/// A placer for the CPU-only tasks by `rule`, seeded as the row's baseline of that rule is.
+fn cpu_only_placer(
+    rule: CpuOnlyRule,
+    workload: &Workload,
+    typical: &TypicalShapes,
+    options: PolicyOptions,
+    seed: u64,
+) -> Box<dyn Placer> {
+    match rule {
+        CpuOnlyRule::BestFit => make_placer(PolicyKind::BestFit, workload, typical, options, seed),
+        CpuOnlyRule::Fgd => make_placer(PolicyKind::Fgd, workload, typical, options, seed),
+        CpuOnlyRule::Kube => Box::new(super::KubeDefault::new(options, seed)),
+    }
+}
+
+/// The placer of one row under `config`: [`make_placer_with`], and with
+/// [`CpuOnlyRows::All`] a baseline's CPU-only tasks placed by the configured rule too (where it
+/// is not the baseline's own).
+fn make_row(
+    kind: PolicyKind,
+    workload: &Workload,
+    typical: &TypicalShapes,
+    config: &SimConfig,
+    seed: u64,
+) -> Box<dyn Placer> {
+    let row = make_placer_with(
+        kind,
+        workload,
+        typical,
+        config.policy,
+        config.cpu_only,
+        seed,
+    );
+    let own = match kind {
+        PolicyKind::BestFit => Some(CpuOnlyRule::BestFit),
+        PolicyKind::Fgd => Some(CpuOnlyRule::Fgd),
+        PolicyKind::Tessera => Some(config.cpu_only),
+        PolicyKind::FirstFit | PolicyKind::Random => None,
+    };
+    if config.cpu_only_rows == CpuOnlyRows::Tessera || own == Some(config.cpu_only) {
+        return row;
+    }
+    Box::new(CpuOnlyBy {
+        row,
+        cpu_only: cpu_only_placer(config.cpu_only, workload, typical, config.policy, seed),
+    })
+}
+
+/// A row whose CPU-only tasks another placer places.
+struct CpuOnlyBy {
+    row: Box<dyn Placer>,
+    cpu_only: Box<dyn Placer>,
+}
+
+impl Placer for CpuOnlyBy {
+    fn name(&self) -> &str {
+        self.row.name()
+    }
+
+    fn choose(&mut self, cluster: &Cluster, task: &Task) -> Option<super::cluster::Choice> {
+        if task.is_cpu_only() {
+            self.cpu_only.choose(cluster, task)
+        } else {
+            self.row.choose(cluster, task)
         }
     }
 }
@@ -419,14 +496,7 @@ pub fn run_seed(
     config: &SimConfig,
 ) -> SeedResult {
     let arrivals = scale(workload, seed, config.target_ratio, config.arrival);
-    let mut placer = make_placer_with(
-        kind,
-        workload,
-        typical,
-        config.policy,
-        config.cpu_only,
-        seed,
-    );
+    let mut placer = make_row(kind, workload, typical, config, seed);
     let out = match config.cycle {
         None => simulate(workload, placer.as_mut(), &arrivals.order),
         Some(n) => super::simulate_cycles(workload, placer.as_mut(), &arrivals.order, n),
@@ -802,5 +872,66 @@ mod tests {
         // Nothing refused: nothing recorded.
         let placed = simulate(&w, &mut FirstFit::new(), &[0, 1, 3]);
         assert_eq!(placed.first_refusal, None);
+    }
+
+    #[test]
+    fn every_row_can_place_its_cpu_only_tasks_by_one_rule() {
+        // CPU-only tasks of 8 cores among GPU tasks of 1: where the rule puts them shows in
+        // each node's CPU-only cores.
+        let specs: Vec<TaskSpec> = mixed(40)
+            .into_iter()
+            .map(|t| {
+                let cpu_milli = if t.num_gpu == 0 { 8000 } else { 1000 };
+                TaskSpec { cpu_milli, ..t }
+            })
+            .collect();
+        let w = small(specs);
+        let typical = w.typical_shapes(&TypicalConfig::fgd_md());
+        let order: Vec<usize> = (0..w.tasks().len()).collect();
+        let run = |kind, rule, rows| {
+            let config = SimConfig {
+                cpu_only: rule,
+                cpu_only_rows: rows,
+                ..SimConfig::fgd_md()
+            };
+            let out = simulate(
+                &w,
+                make_row(kind, &w, &typical, &config, 42).as_mut(),
+                &order,
+            );
+            let by_node: Vec<u64> = out
+                .cluster
+                .nodes()
+                .iter()
+                .map(Node::cpu_of_cpu_only)
+                .collect();
+            (by_node, out.samples)
+        };
+        let fgd_own = run(PolicyKind::Fgd, CpuOnlyRule::BestFit, CpuOnlyRows::Tessera);
+        // A baseline under its own rule is itself.
+        assert_eq!(
+            run(PolicyKind::Fgd, CpuOnlyRule::Fgd, CpuOnlyRows::All),
+            fgd_own
+        );
+        // Under another rule its CPU-only tasks go where that rule says: BestFit's packs
+        // them, as the BestFit row does.
+        let fgd_packed = run(PolicyKind::Fgd, CpuOnlyRule::BestFit, CpuOnlyRows::All);
+        let best_fit = run(
+            PolicyKind::BestFit,
+            CpuOnlyRule::BestFit,
+            CpuOnlyRows::Tessera,
+        );
+        assert_ne!(fgd_packed.0, fgd_own.0);
+        let nodes_used = |v: &[u64]| v.iter().filter(|&&c| c > 0).count();
+        assert!(nodes_used(&fgd_packed.0) <= nodes_used(&fgd_own.0));
+        // Under `Tessera` the rule is the Tessera row's alone.
+        assert_eq!(
+            run(PolicyKind::BestFit, CpuOnlyRule::Kube, CpuOnlyRows::Tessera),
+            best_fit
+        );
+        assert_ne!(
+            run(PolicyKind::BestFit, CpuOnlyRule::Kube, CpuOnlyRows::All).0,
+            best_fit.0
+        );
     }
 }
