@@ -82,7 +82,8 @@ pub struct SimConfig {
     /// decided together ([`super::simulate_cycles`]), as tessera runs.
     #[serde(default)]
     pub cycle: Option<usize>,
-    /// How the Tessera row places the trace's CPU-only tasks.
+    /// How the Tessera row places the trace's CPU-only tasks (and the baselines, with
+    /// [`CpuOnlyRows::All`]).
     #[serde(default)]
     pub cpu_only: CpuOnlyRule,
     /// Which rows [`SimConfig::cpu_only`] places the CPU-only tasks of.
@@ -102,9 +103,10 @@ pub enum CpuOnlyRows {
     All,
 }
 
-/// Whose rule places the trace's CPU-only tasks in the Tessera row: they are not the solver's
-/// to place (a cluster's own scheduler places CPU-only pods), yet they spend the CPU that GPU
-/// tasks need, so the rule weighs on the row (BENCHMARKS.md, openb).
+/// Whose rule places the trace's CPU-only tasks in the Tessera row (in every row with
+/// [`CpuOnlyRows::All`]): they are not the solver's to place (a cluster's own scheduler places
+/// CPU-only pods), yet they spend the CPU that GPU tasks need, so the rule weighs on the row
+/// (BENCHMARKS.md, openb).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CpuOnlyRule {
     /// BestFit's (the default).
