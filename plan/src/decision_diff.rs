@@ -477,6 +477,7 @@ mod tests {
                     outcome,
                 })
                 .collect(),
+            listing: Default::default(),
             geometry: Vec::new(),
             usage: Vec::new(),
             pools: Vec::new(),

@@ -34,8 +34,12 @@ pub struct Decision {
     /// `(bound − objective) / |bound|` when a bound exists; `None` otherwise.
     pub gap: Option<f64>,
     /// Every workload of the snapshot and every committed workload of the policy, by tenant and
-    /// name (a workload is identified by both: names are per tenant).
+    /// name (a workload is identified by both: names are per tenant); with [`Listing::Changes`],
+    /// only those admitted or preempted.
     pub workloads: Vec<WorkloadDecision>,
+    /// Which workloads `workloads` lists. Absent from the JSON when every one is.
+    #[serde(default, skip_serializing_if = "Listing::is_all")]
+    pub listing: Listing,
     /// Every GPU of a MIG pool, by node and index: its geometry now and after the decision.
     pub geometry: Vec<GeometryPlan>,
     /// Per tenant (pre-order) and pool (by name) the tenant may use: usage after the decision.
@@ -60,6 +64,29 @@ pub struct Decision {
     /// GPU and instant.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reconfigurations: Vec<ReconfigurationRecord>,
+}
+
+/// Which workloads a decision lists. The decision itself is the same either way: the same
+/// admissions, preemptions, geometry, usage, pool reports, queue and objective.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Listing {
+    /// Every workload, kept and pending ones too: what `plan`, the service's status and its
+    /// API show.
+    #[default]
+    All,
+    /// Only the workloads the decision changes, admitted or preempted (orphans preempted
+    /// included). A running workload it does not list is kept; a waiting one stays waiting.
+    /// For a caller that only carries decisions out, such as `tessera simulate`'s replay,
+    /// where building, then dropping, a decision for each of thousands of kept workloads
+    /// every cycle was a sixth of a simulated day.
+    Changes,
+}
+
+impl Listing {
+    pub fn is_all(&self) -> bool {
+        *self == Listing::All
+    }
 }
 
 /// Fair share over time, as this decision weighed it.

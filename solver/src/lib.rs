@@ -38,7 +38,7 @@ use std::time::Duration;
 use tessera_compiler::CompiledPolicy;
 use tessera_compiler::model::ClusterStateSpec;
 
-pub use decision::{Decision, Outcome, PreemptReason, Reason};
+pub use decision::{Decision, Listing, Outcome, PreemptReason, Reason};
 pub use problem::{Problem, ProblemError};
 pub use split::splitting_every_list;
 
@@ -50,6 +50,8 @@ pub struct SolveOptions {
     pub time_limit: Duration,
     /// The instant of the decision, as Unix seconds; defaults to the snapshot's `observedAt`.
     pub now: Option<i64>,
+    /// Which workloads the decision lists ([`Listing::All`] by default).
+    pub listing: Listing,
 }
 
 impl Default for SolveOptions {
@@ -57,6 +59,7 @@ impl Default for SolveOptions {
         SolveOptions {
             time_limit: Duration::from_secs(10),
             now: None,
+            listing: Listing::All,
         }
     }
 }
@@ -104,6 +107,7 @@ pub fn solve(
     state: &ClusterStateSpec,
     options: &SolveOptions,
 ) -> Result<Decision, SolveError> {
-    let problem = Problem::new(policy, state, options.now)?;
+    let mut problem = Problem::new(policy, state, options.now)?;
+    problem.listing = options.listing;
     Ok(Refined.solve(&problem, options.time_limit))
 }

@@ -23,6 +23,8 @@ use tessera_compiler::model::{
 use tessera_compiler::units::{Bytes, Gpus, Millicores};
 use tessera_compiler::{CompiledPolicy, WorkloadKey};
 
+use crate::decision::Listing;
+
 /// Why a snapshot cannot be solved: it contradicts itself or the policy in a way no decision can
 /// repair.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -355,6 +357,9 @@ pub struct Problem {
     /// The snapshot's reconfiguration records still counting at `now` (made in the hour
     /// before it, of a GPU it lists), sorted; each is also counted in its GPU's `spent`.
     pub reconfigurations: Vec<ReconfigurationRecord>,
+    /// Which workloads the decision lists; [`Listing::All`] unless the caller says
+    /// ([`crate::SolveOptions::listing`]).
+    pub listing: Listing,
 }
 
 /// How long a geometry change counts against its GPU's budget (`maxPerGpuPerHour`).
@@ -593,6 +598,7 @@ impl Problem {
             reservations: Vec::new(),
             reconfigurations: Vec::new(),
             usage: None,
+            listing: Listing::All,
         };
         // Workloads are identified by (tenant, name): two tenants may each run a `train`.
         // The running list is sorted by that key below, so a running duplicate is its

@@ -813,7 +813,7 @@ fn a_spent_time_limit_keeps_the_heuristic_decision() {
     let (policy, state) = (c.policy.expect("policy"), &c.states[0].1);
     let options = SolveOptions {
         time_limit: std::time::Duration::ZERO,
-        now: None,
+        ..SolveOptions::default()
     };
     let d = solve(&policy, state, &options).expect("solves");
     let h = heuristic::solve(&Problem::new(&policy, state, None).expect("problem"));

@@ -39,19 +39,11 @@ use tessera_solver::problem::{ProblemError, parse_rfc3339, unix};
 use tessera_solver::session::{Admission, ArrivalOrder, FullCycle, Removal, Session, SessionError};
 
 use common::random::*;
+use common::stopped_by_clock;
 use tessera_solver::Solver as _;
 
 /// The full heuristic cycle: what a session stands for (the integer program's refinement
 /// runs on top of a full cycle, not of a session).
-/// Whether a pool's refinement in `d` stopped at the cycle's time limit.
-fn stopped_by_clock(d: &Decision) -> bool {
-    d.pools.iter().any(|p| {
-        p.refinement
-            .as_ref()
-            .is_some_and(|r| r.status == tessera_solver::decision::RefineStatus::TimeLimit)
-    })
-}
-
 fn full(policy: &CompiledPolicy, state: &ClusterStateSpec) -> Decision {
     let problem = tessera_solver::Problem::new(policy, state, None).expect("the snapshot solves");
     tessera_solver::Heuristic.solve(&problem, std::time::Duration::ZERO)
@@ -194,6 +186,22 @@ fn case(seed: u64, tally: &mut Tally) {
             refined, solved,
             "seed {seed}: a refined session's decision is solve's"
         );
+    }
+    // Listing only the changes, the session's cycle is `solve`'s the same way.
+    let changes = SolveOptions {
+        listing: tessera_solver::Listing::Changes,
+        ..SolveOptions::default()
+    };
+    let refined_changes = Session::refined(&policy, &state, &changes).unwrap().0;
+    let solved_changes = tessera_solver::solve(&policy, &state, &changes).unwrap();
+    if !stopped_by_clock(&refined_changes) && !stopped_by_clock(&solved_changes) {
+        assert_eq!(
+            refined_changes, solved_changes,
+            "seed {seed}: a refined session's decision listing its changes is solve's"
+        );
+    }
+    if !stopped_by_clock(&solved) {
+        common::check_changes_listing(&policy, &state, &solved);
     }
     // The same session opened with every list split across threads (the bound beside the
     // heuristic, the snapshot's workloads resolved and the decisions built in pieces).

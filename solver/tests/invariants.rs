@@ -626,6 +626,7 @@ fn case(seed: u64) -> usize {
     }
     let (policy, state0) = checked(&f.policy_yaml, &state0, "initial snapshot");
     let d1 = solve(&policy, &state0, &SolveOptions::default()).unwrap();
+    common::check_changes_listing(&policy, &state0, &d1);
     let mut state1 = apply(&state0, &d1, &mut rng, now);
     let second_queue = rng.range(2, 8);
     state1.pending = pending(&mut rng, "p", second_queue, now);
@@ -706,6 +707,7 @@ fn case(seed: u64) -> usize {
     let (policy, state1) = checked(&f.policy_yaml, &state1, "state after the first decision");
 
     let d2 = solve(&policy, &state1, &SolveOptions::default()).unwrap();
+    common::check_changes_listing(&policy, &state1, &d2);
     check_invariants(&policy, &state1, &d2);
     check_reservations(&policy, &state1, &d2);
     let fair_preempted = check_fair_preemptions(&policy, &state1, &d2);

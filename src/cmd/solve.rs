@@ -47,7 +47,7 @@ pub fn run(
     }
     let options = SolveOptions {
         time_limit,
-        now: None,
+        ..SolveOptions::default()
     };
     let decision = tessera_solver::solve(compiled, snapshot, &options)?;
     match output {

@@ -556,6 +556,7 @@ impl Reconciler {
                     &SolveOptions {
                         time_limit: self.config.solve_time_limit,
                         now: Some(now),
+                        ..SolveOptions::default()
                     },
                 )?;
                 report.decided = Decided::Full {

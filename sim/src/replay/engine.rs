@@ -48,7 +48,7 @@ use tessera_compiler::model::{
 };
 use tessera_compiler::units::{Gpus, unix};
 use tessera_solver::decision::{Outcome, RefineStatus, ReplicaBinding};
-use tessera_solver::{SolveError, SolveOptions};
+use tessera_solver::{Listing, SolveError, SolveOptions};
 
 use super::baseline::BaselinePlacer;
 use super::metrics::{Metrics, RunReport};
@@ -271,6 +271,8 @@ pub fn replay(
             &SolveOptions {
                 time_limit: config.time_limit,
                 now: Some(config.epoch + now),
+                // The replay carries out admissions and preemptions only.
+                listing: Listing::Changes,
             },
         );
         nodes = state.nodes;

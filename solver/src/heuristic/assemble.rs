@@ -2,6 +2,7 @@
 //! usage per tenant and pool, and the pools' figures.
 
 use super::*;
+use crate::decision::Listing;
 
 pub(super) fn placed_of(p: &Problem, w: usize, s: &Slot) -> Placed {
     let mig = match p.workloads[w].demand {
@@ -136,12 +137,8 @@ fn workload_decision_on(
 ) -> (WorkloadDecision, f64) {
     let wl = &p.workloads[w];
     let class = &p.classes[wl.class];
+    let objective = value_of(p, slots, w, status);
     let status = status.cloned().unwrap_or(Status::Keep);
-    let placed_gpus = wl.demand.gpus() * slots.len() as i64;
-    let mut objective = 0.0;
-    if matches!(status, Status::Keep | Status::Admit { .. }) {
-        objective = class.priority as f64 * placed_gpus.as_f64();
-    }
     let pool = match (&status, slots.first()) {
         (Status::Admit { .. }, Some(sl)) => p.nodes[sl.node].pool.map(|x| p.pools[x].name.clone()),
         (Status::Keep | Status::Admit { .. }, _) => Some(p.pools[pool_of(p, w)].name.clone()),
@@ -161,8 +158,6 @@ fn workload_decision_on(
         },
         Status::Preempt(reason) => {
             let lost = lost_units_seconds(p, w) as f64 / Gpus::UNITS_PER_GPU as f64;
-            // Subtracting is adding the negation, bit for bit: the total is unchanged.
-            objective = -(class.priority as f64 * lost / 3600.0);
             Outcome::Preempt {
                 grace_seconds: class.grace_period_seconds,
                 lost_gpu_seconds: round(lost, 1e3),
@@ -180,6 +175,31 @@ fn workload_decision_on(
         outcome,
     };
     (decision, objective)
+}
+
+/// What `w` adds to the decision's objective given its status and what it holds.
+fn value_of(p: &Problem, slots: &[Placed], w: usize, status: Option<&Status>) -> f64 {
+    let wl = &p.workloads[w];
+    let class = &p.classes[wl.class];
+    match status.unwrap_or(&Status::Keep) {
+        Status::Keep | Status::Admit { .. } => {
+            class.priority as f64 * (wl.demand.gpus() * slots.len() as i64).as_f64()
+        }
+        Status::Preempt(_) => {
+            let lost = lost_units_seconds(p, w) as f64 / Gpus::UNITS_PER_GPU as f64;
+            // Subtracting is adding the negation, bit for bit: the total is unchanged.
+            -(class.priority as f64 * lost / 3600.0)
+        }
+        Status::Pending(_) => 0.0,
+    }
+}
+
+/// Whether a decision listing `listing` lists a workload of status `status`.
+fn listed(listing: Listing, status: Option<&Status>) -> bool {
+    match listing {
+        Listing::All => true,
+        Listing::Changes => matches!(status, Some(Status::Admit { .. } | Status::Preempt(_))),
+    }
 }
 
 /// The decision for a workload whose tenant, class or pool left the policy.
@@ -230,22 +250,27 @@ pub(crate) fn decision_of(
     // one name comparison.
     let ranks = s.tenant_ranks();
     let ranks = &ranks[..];
-    let mut held: Vec<(usize, &[Placed])> = (0..p.workloads.len())
-        .filter(|&w| live(w))
-        .map(|w| (w, placed_on(&s.fleet, w)))
-        .collect();
+    let status = &s.status;
+    // The objective is summed in workload order, so that its bits are the sequential loop's
+    // whatever the decision's order; a workload not listed is valued here.
+    let mut values = vec![0.0; p.workloads.len()];
+    let mut held: Vec<(usize, &[Placed])> = Vec::new();
+    for w in (0..p.workloads.len()).filter(|&w| live(w)) {
+        let slots = placed_on(&s.fleet, w);
+        if listed(p.listing, status[w].as_ref()) {
+            held.push((w, slots));
+        } else {
+            values[w] = value_of(p, slots, w, status[w].as_ref());
+        }
+    }
     crate::split::sort_by(&mut held, |&(a, _), &(b, _)| {
         let (a, b) = (&p.workloads[a], &p.workloads[b]);
         (ranks[a.tenant], &a.key.name).cmp(&(ranks[b.tenant], &b.key.name))
     });
-    let status = &s.status;
     let decided = crate::split::map(&held, |&(w, slots)| {
         workload_decision_on(p, slots, w, status[w].as_ref())
     });
     let mut workloads = Vec::with_capacity(decided.len() + p.orphans.len());
-    // The objective is summed in workload order, so that its bits are the sequential loop's
-    // whatever the decision's order.
-    let mut values = vec![0.0; p.workloads.len()];
     for (&(w, _), (d, value)) in held.iter().zip(decided) {
         values[w] = value;
         workloads.push(d);
@@ -256,7 +281,11 @@ pub(crate) fn decision_of(
         .fold(0.0, |sum, v| sum + v);
     if !p.orphans.is_empty() {
         // An orphan's tenant may have left the policy, and has no rank: sorted by names.
-        workloads.extend(p.orphans.iter().map(|o| orphan_decision(p, o)));
+        workloads.extend(
+            p.orphans.iter().map(|o| orphan_decision(p, o)).filter(|d| {
+                p.listing == Listing::All || matches!(d.outcome, Outcome::Preempt { .. })
+            }),
+        );
         crate::split::sort_by(&mut workloads, |a, b| {
             (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name))
         });
@@ -301,6 +330,7 @@ pub(crate) fn decision_of(
         usage: usage(p, &s.ledger),
         pools,
         workloads,
+        listing: p.listing,
         fair_share: crate::fairshare::report(p),
         reservations,
         queue,

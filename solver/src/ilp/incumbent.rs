@@ -139,7 +139,13 @@ pub fn read(p: &Problem, d: &Decision) -> Vec<State> {
                 }
             }
             Some(Outcome::Preempt { .. }) => State::Preempted,
-            _ => State::Pending,
+            // Not listed ([`crate::decision::Listing::Changes`]): kept if running, else
+            // still waiting.
+            None => match Placement::running(p, &p.workloads[w]) {
+                Some(pl) => State::Kept(pl),
+                None => State::Pending,
+            },
+            Some(Outcome::Pending { .. }) => State::Pending,
         }
     })
 }

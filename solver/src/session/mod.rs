@@ -235,7 +235,8 @@ impl Session {
         state: &ClusterStateSpec,
         options: &SolveOptions,
     ) -> Result<(Session, Decision, heuristic::KeepPhase), SolveError> {
-        let problem = Problem::new(policy, state, options.now)?;
+        let mut problem = Problem::new(policy, state, options.now)?;
+        problem.listing = options.listing;
         let (bound, s, keep) = heuristic::run_with_bound(&problem);
         let (parts, decision, keep) = {
             let d = heuristic::decision(&problem, &s, Method::Heuristic, bound);

@@ -7,7 +7,7 @@ pub mod random;
 use tessera_compiler::model::ClusterStateSpec;
 use tessera_compiler::{CompiledPolicy, SourceFile, compile};
 use tessera_solver::decision::{Decision, WorkloadDecision};
-use tessera_solver::{SolveOptions, solve};
+use tessera_solver::{Listing, Outcome, SolveOptions, solve};
 
 /// The property tests' configuration: `cases` draws, or `PROPTEST_CASES` where it is set (a
 /// config that names its cases ignores the variable, so a wider local search needs this), the
@@ -219,9 +219,36 @@ pub fn run(state_yaml: &str) -> Decision {
     run_with(FLEET, state_yaml)
 }
 
+/// Solves, and checks on the way that the decision listing only its changes agrees.
 pub fn run_with(fleet: &str, state_yaml: &str) -> Decision {
     let (policy, state) = compile_with(fleet, state_yaml);
-    solve(&policy, &state, &SolveOptions::default()).expect("solve")
+    let d = solve(&policy, &state, &SolveOptions::default()).expect("solve");
+    check_changes_listing(&policy, &state, &d);
+    d
+}
+
+/// The decision [`Listing::Changes`] gives is `full` with only its admissions and
+/// preemptions listed, and the same in everything else, to the byte.
+pub fn check_changes_listing(policy: &CompiledPolicy, state: &ClusterStateSpec, full: &Decision) {
+    let options = SolveOptions {
+        listing: Listing::Changes,
+        ..SolveOptions::default()
+    };
+    let changes = solve(policy, state, &options).expect("solve, listing the changes");
+    // A refinement stopped by the clock is the one outcome two runs may differ by.
+    if stopped_by_clock(full) || stopped_by_clock(&changes) {
+        return;
+    }
+    let mut expected = full.clone();
+    expected
+        .workloads
+        .retain(|w| matches!(w.outcome, Outcome::Admit { .. } | Outcome::Preempt { .. }));
+    expected.listing = Listing::Changes;
+    assert_eq!(
+        serde_json::to_string_pretty(&changes).unwrap(),
+        serde_json::to_string_pretty(&expected).unwrap(),
+        "the decision listing its changes is not the full one's admissions and preemptions"
+    );
 }
 
 pub fn get<'a>(d: &'a Decision, name: &str) -> &'a WorkloadDecision {
@@ -256,4 +283,13 @@ pub fn pending(name: &str, spec: &str, submitted: &str) -> String {
 pub fn gpus(node: &str, from: u32, to: u32) -> String {
     let list: Vec<String> = (from..to).map(|i| i.to_string()).collect();
     format!("{{node: {node}, gpus: [{}]}}", list.join(", "))
+}
+
+/// Whether a pool's refinement in `d` stopped at the cycle's time limit.
+pub fn stopped_by_clock(d: &Decision) -> bool {
+    d.pools.iter().any(|p| {
+        p.refinement
+            .as_ref()
+            .is_some_and(|r| r.status == tessera_solver::decision::RefineStatus::TimeLimit)
+    })
 }
