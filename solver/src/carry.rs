@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 
 use tessera_compiler::model::{ClusterStateSpec, MigInstance, PendingWorkload, RunningWorkload};
 
-use crate::decision::{Decision, Outcome, ReplicaBinding};
+use crate::decision::{Decision, Listing, Outcome, ReplicaBinding};
 
 /// The snapshot after `d`: admitted work runs on its bindings (started at `d.now`), preempted
-/// work waits again (submitted at `d.now`), GPUs have their target geometry, waiting work
-/// still waits, and the decision's usage record, reservations and reconfiguration records are
+/// work waits again (submitted at `d.now`), kept work runs on (with [`Listing::Changes`], all
+/// the running work `d` does not list), GPUs have their target geometry, waiting work still
+/// waits, and the decision's usage record, reservations and reconfiguration records are
 /// carried forward.
 pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
     let mut nodes = before.nodes.clone();
@@ -39,11 +40,14 @@ pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
         .iter()
         .map(|w| ((w.tenant.as_str(), w.name.as_str()), &w.outcome))
         .collect();
+    // A decision listing only its changes keeps every running workload it does not list.
+    let unlisted_runs_on = d.listing == Listing::Changes;
     let mut running = Vec::new();
     let mut pending = Vec::new();
     for r in &before.running {
         match outcome.get(&(r.spec.tenant.as_str(), r.name.as_str())) {
             Some(Outcome::Keep { .. }) => running.push(r.clone()),
+            None if unlisted_runs_on => running.push(r.clone()),
             Some(Outcome::Preempt { .. }) => pending.push(PendingWorkload {
                 name: r.name.clone(),
                 spec: r.spec.clone(),

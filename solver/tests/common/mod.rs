@@ -249,6 +249,11 @@ pub fn check_changes_listing(policy: &CompiledPolicy, state: &ClusterStateSpec, 
         serde_json::to_string_pretty(&expected).unwrap(),
         "the decision listing its changes is not the full one's admissions and preemptions"
     );
+    assert_eq!(
+        tessera_solver::carry::carry_out(state, &changes),
+        tessera_solver::carry::carry_out(state, full),
+        "carried out, the decision listing its changes leaves another snapshot"
+    );
 }
 
 pub fn get<'a>(d: &'a Decision, name: &str) -> &'a WorkloadDecision {
