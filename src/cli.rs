@@ -380,9 +380,9 @@ pub enum BenchCommand {
         /// Seeds which tasks `--gpu-spec-share` pins, and to which model.
         #[arg(long, default_value_t = 1)]
         spec_seed: u64,
-        /// Whose rule places the trace's CPU-only tasks in the Tessera row (they are not
-        /// tessera's to place, but they spend the CPU that GPU tasks need).
-        #[arg(long, value_enum, default_value_t = OpenbCpuOnly::BestFit)]
+        /// Who places the trace's CPU-only tasks in the Tessera row: the solver, as
+        /// workloads asking no GPU (`gpu: {count: 0}`), or a baseline's rule, for comparison.
+        #[arg(long, value_enum, default_value_t = OpenbCpuOnly::Solver)]
         cpu_only: OpenbCpuOnly,
         /// Which rows `--cpu-only`'s rule places the CPU-only tasks of: `all` makes the
         /// baselines follow it too, so that the rows differ only in how GPU tasks are placed.
@@ -441,10 +441,13 @@ pub enum OpenbMode {
     Cycles,
 }
 
-/// Whose rule places an openb trace's CPU-only tasks in the Tessera row (in every row with
-/// `--cpu-only-rows all`).
+/// Who places an openb trace's CPU-only tasks in the Tessera row (and a baseline's rule, in
+/// every row with `--cpu-only-rows all`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OpenbCpuOnly {
+    /// The solver, as workloads asking no GPU (the Tessera row only: the baselines keep their
+    /// own rule).
+    Solver,
     /// BestFit's, the baseline's rule.
     BestFit,
     /// FGD's score, as the FGD row places them: the two rows then differ only in how GPU

@@ -247,6 +247,17 @@ fn bench_openb_cpu_only_rule_moves_the_tessera_row_alone_unless_every_row_follow
         best_fit["per_seed"], kube["per_seed"],
         "the slice's CPU-only tasks land elsewhere when spread"
     );
+    // By default the solver places them, as workloads asking no GPU; the FGD row is the same.
+    let (solver, fgd_beside_solver) = run("solver");
+    assert_eq!(fgd, fgd_beside_solver);
+    assert_ne!(
+        solver["per_seed"], best_fit["per_seed"],
+        "the solver places the slice's CPU-only tasks elsewhere than best fit"
+    );
+    let (code, stdout, stderr) = tessera_and_fgd_on_the_slice(&[]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["policies"][0], solver, "the solver is the default");
     let (code, _, stderr) = bench_openb_slice(&["--cpu-only", "most-allocated"]);
     assert_eq!(code, 2);
     assert!(
@@ -267,6 +278,8 @@ fn bench_openb_cpu_only_rule_moves_the_tessera_row_alone_unless_every_row_follow
     assert_eq!(kube_again["per_seed"], kube["per_seed"]);
     assert_ne!(fgd_by_kube["per_seed"], fgd["per_seed"]);
     assert_eq!(rows("fgd").1["per_seed"], fgd["per_seed"]);
+    // The solver's rule is the Tessera row's alone.
+    assert_eq!(rows("solver").1["per_seed"], fgd["per_seed"]);
 }
 
 #[test]

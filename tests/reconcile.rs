@@ -1841,3 +1841,29 @@ fn usage_is_metered_and_reported_per_tenant_subtree() {
     assert_eq!(code, 1, "{out}");
     service.stop();
 }
+
+/// A workload asking no GPU (`gpu: {count: 0}`) is placed on a node for its CPU and runs there
+/// with no GPU visible: no device in its replica, `CUDA_VISIBLE_DEVICES` empty.
+#[test]
+fn a_cpu_only_workload_runs_with_no_gpu_visible() {
+    let mut repo = PolicyRepo::new();
+    repo.commit("two pools");
+    let work = tempfile::tempdir().unwrap();
+    let service = Service::ready(repo.path(), work.path(), &[]);
+    let mut job = small_inference();
+    job["pool"] = json!("train");
+    job["gpu"] = json!({"count": 0});
+    job["cpu"] = json!(4);
+    assert_eq!(service.submit(PRODUCT, "loader", job).0, 201);
+    let running = eventually("running", || {
+        let w = service.workload(PRODUCT, "loader");
+        (phase(&w) == "running").then_some(w)
+    });
+    assert_eq!(running["replicas"][0]["devices"], json!([]), "{running}");
+    let checkpoints = work.path().join("state/checkpoints/product/loader");
+    let seen = eventually("the server wrote its devices", || {
+        std::fs::read_to_string(checkpoints.join("devices-0")).ok()
+    });
+    assert_eq!(seen.trim(), "", "no GPU is visible to it");
+    service.stop();
+}

@@ -6,7 +6,7 @@
 //!     [--policies FGD,BestFit,...] [--seeds N] [--first-seed S] [--data DIR] [--json FILE] [--cycle N] [--bound]
 //!     [--arrival creation|shuffled] [--rounding exact|integer] [--ties node-order|random|permuted]
 //!     [--typical fgd-md|published] [--memory on|off] [--checkpoints window|crossing]
-//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only best-fit|fgd|kube]
+//!     [--gpu-spec-share S,...] [--seed N] [--cpu-only solver|best-fit|fgd|kube]
 //!     [--cpu-only-rows tessera|all] [--first-refusal]
 //! ```
 //!
@@ -15,10 +15,10 @@
 //! 1 by default); a variant's trace is named `TRACE+specPCT`.
 //!
 //! The single-knob options override that one setting of the chosen variant(s), to see what it
-//! changes. `--cpu-only` says whose rule places the trace's CPU-only tasks in the Tessera row
-//! (`openb::CpuOnlyRule`; BestFit's by default); with `--cpu-only-rows all` the baselines'
-//! CPU-only tasks follow that rule too, so that the rows differ only in how GPU tasks are
-//! placed (`openb::CpuOnlyRows`). `--first-refusal` also prints, per policy and
+//! changes. `--cpu-only` says who places the trace's CPU-only tasks in the Tessera row
+//! (`openb::CpuOnlyRule`): the solver by default, as workloads asking no GPU, or a baseline's
+//! rule; with `--cpu-only-rows all` the baselines' CPU-only tasks follow a baseline's rule
+//! too, so that the rows differ only in how GPU tasks are placed (`openb::CpuOnlyRows`). `--first-refusal` also prints, per policy and
 //! GPU model, the cluster when the run first refused a GPU task: idle GPUs, those on nodes out
 //! of CPU, and the cores taken by GPU tasks and by CPU-only tasks (`openb::FirstRefusal`, in
 //! the JSON whether or not it is printed).
@@ -173,10 +173,15 @@ fn parse_args() -> Result<Args, String> {
             }
             "--cpu-only" => {
                 let v = match value("--cpu-only")?.as_str() {
+                    "solver" => CpuOnlyRule::Solver,
                     "best-fit" => CpuOnlyRule::BestFit,
                     "fgd" => CpuOnlyRule::Fgd,
                     "kube" => CpuOnlyRule::Kube,
-                    v => return Err(format!("unknown CPU-only rule {v:?} (best-fit, fgd, kube)")),
+                    v => {
+                        return Err(format!(
+                            "unknown CPU-only rule {v:?} (solver, best-fit, fgd, kube)"
+                        ));
+                    }
                 };
                 overrides.push(Box::new(move |c: &mut SimConfig| c.cpu_only = v));
             }

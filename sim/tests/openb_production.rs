@@ -1,13 +1,13 @@
 //! The production solver as the openb "Tessera" policy: its choices by hand on tiny clusters
 //! (whole GPUs and shares on one pool, model pins, CPU taken by CPU-only tasks since the session
-//! opened), its invariants online and in cycles on random small workloads (never a task that
-//! does not fit, every arrival placed or skipped once, skipped only when nothing fits), and
-//! determinism for a seed.
+//! opened), its invariants online and in cycles on random small workloads, CPU-only tasks among
+//! them, which the solver places too (never a task that does not fit, every arrival placed or
+//! skipped once, skipped only when nothing fits), and determinism for a seed.
 
 use proptest::prelude::*;
 use tessera_sim::openb::{
-    self, Cluster, NodeSpec, Placer, PolicyKind, PolicyOptions, SimConfig, Task, TaskSpec,
-    TieBreak, TypicalConfig, Workload,
+    self, Cluster, CpuOnlyRule, NodeSpec, Placer, PolicyKind, PolicyOptions, SimConfig, Task,
+    TaskSpec, TieBreak, TypicalConfig, Workload,
 };
 
 fn node(i: usize, cpu_cores: u64, gpus: u32, model: &str) -> NodeSpec {
@@ -32,13 +32,14 @@ fn spec(cpu_cores: u64, num_gpu: u32, gpu_milli: u32, models: &[&str]) -> TaskSp
     }
 }
 
-fn production(w: &Workload) -> Box<dyn Placer> {
+fn production(w: &Workload, cpu_only: CpuOnlyRule) -> Box<dyn Placer> {
     let typical = w.typical_shapes(&TypicalConfig::fgd_md());
-    openb::make_placer(
+    openb::make_placer_with(
         PolicyKind::Tessera,
         w,
         &typical,
         PolicyOptions::default(),
+        cpu_only,
         42,
     )
 }
@@ -48,7 +49,12 @@ type Placed = Option<(usize, Vec<usize>)>;
 
 /// Places the workload's tasks in order online; returns where each went.
 fn run_online(w: &Workload, order: &[usize]) -> (Cluster, Vec<Placed>) {
-    let mut p = production(w);
+    run_online_with(w, order, CpuOnlyRule::Solver)
+}
+
+/// [`run_online`], the CPU-only tasks placed by `cpu_only`.
+fn run_online_with(w: &Workload, order: &[usize], cpu_only: CpuOnlyRule) -> (Cluster, Vec<Placed>) {
+    let mut p = production(w, cpu_only);
     let mut cluster = w.cluster().clone();
     let mut out = Vec::new();
     for &i in order {
@@ -101,7 +107,8 @@ fn a_pinned_task_goes_to_its_model_only() {
 #[test]
 fn cpu_taken_by_cpu_only_tasks_since_the_session_opened_is_respected() {
     // Two nodes of 8 cores. A GPU task opens the session; CPU-only tasks then take most of the
-    // CPU behind its back; every later GPU choice must still fit the cluster as it is.
+    // CPU behind its back (placed by BestFit's rule, not the solver); every later GPU choice
+    // must still fit the cluster as it is. With the solver placing them too, the same.
     let nodes = vec![node(0, 8, 2, "G"), node(1, 8, 2, "G")];
     let tasks = vec![
         spec(1, 1, 500, &[]),
@@ -109,13 +116,16 @@ fn cpu_taken_by_cpu_only_tasks_since_the_session_opened_is_respected() {
         spec(2, 1, 500, &[]),
     ];
     let w = Workload::new(&nodes, tasks, false).unwrap();
-    let (cluster, out) = run_online(&w, &[0, 1, 1, 2, 2, 2]);
-    assert!(out[1].is_some() && out[2].is_some());
-    // 16 cores: 1 + 12 taken, 3 left over two nodes of which at most one takes a 2-core task.
-    let placed_late = out[3..].iter().filter(|o| o.is_some()).count();
-    assert_eq!(placed_late, 1);
-    let cpu_left: u64 = cluster.nodes().iter().map(|n| n.cpu_left).sum();
-    assert_eq!(cpu_left, 1000);
+    for rule in [CpuOnlyRule::BestFit, CpuOnlyRule::Solver] {
+        let (cluster, out) = run_online_with(&w, &[0, 1, 1, 2, 2, 2], rule);
+        assert!(out[1].is_some() && out[2].is_some(), "{rule:?}");
+        // 16 cores: 1 + 12 taken, 3 left over two nodes of which at most one takes a 2-core
+        // task.
+        let placed_late = out[3..].iter().filter(|o| o.is_some()).count();
+        assert_eq!(placed_late, 1, "{rule:?}");
+        let cpu_left: u64 = cluster.nodes().iter().map(|n| n.cpu_left).sum();
+        assert_eq!(cpu_left, 1000, "{rule:?}");
+    }
 }
 
 #[test]
@@ -131,7 +141,7 @@ fn a_task_goes_to_the_pool_where_it_fragments_least_not_the_first() {
         spec(3, 1, 1000, &[]),
     ];
     let w = Workload::new(&nodes, tasks, false).unwrap();
-    let mut p = production(&w);
+    let mut p = production(&w, CpuOnlyRule::Solver);
     let mut cluster = w.cluster().clone();
     let t = w.tasks();
     assert_eq!(

@@ -145,11 +145,13 @@ impl PoolInfo {
     /// Whether the pool's GPUs can hold a replica of `demand`'s kind: whole GPUs anywhere but
     /// on a MIG pool without a 7g layout (a shared GPU with no share on it is held whole, as
     /// a Kubernetes device plugin hands it out), an instance on a MIG pool with a layout that
-    /// has its profile, a share on an MPS or time-sliced pool. The one statement of the rule:
-    /// admission (`demand_on`, which says why not) and the fragmentation scoring's pool
-    /// versatility both ask it. Node sizes are not its concern.
+    /// has its profile, a share on an MPS or time-sliced pool; a replica asking no GPU (a
+    /// CPU-only workload) anywhere. The one statement of the rule: admission (`demand_on`,
+    /// which says why not) and the fragmentation scoring's pool versatility both ask it. Node
+    /// sizes are not its concern.
     pub fn takes(&self, demand: Demand) -> bool {
         match demand {
+            Demand::Whole { count: 0 } => true,
             Demand::Whole { .. } => match self.sharing {
                 Sharing::Exclusive | Sharing::Mps | Sharing::Timeslice => true,
                 Sharing::Mig => self.layouts.iter().any(|l| has_whole(l)),
@@ -897,6 +899,11 @@ impl Problem {
                 ids.push(id);
             }
             match demand {
+                Demand::Whole { count: 0 } => {
+                    if !ids.is_empty() || b.mig_start.is_some() || b.share.is_some() {
+                        return Err(bad("a CPU-only replica names no GPU".into()));
+                    }
+                }
                 Demand::Whole { count } => {
                     if ids.len() != count as usize {
                         return Err(bad(format!("a replica holds {count} whole GPUs")));
@@ -1213,8 +1220,8 @@ fn demand_on(pool: &PoolInfo, spec: &WorkloadSpec) -> Result<Demand, String> {
         return Err("`gpu` must set exactly one of count, migProfile, fraction".into());
     }
     let d = if let Some(count) = g.count {
-        if count == 0 {
-            return Err("asks for 0 GPUs".into());
+        if count == 0 && spec.cpu.0 == 0 && spec.memory.0 == 0 {
+            return Err("asks for no GPU, no CPU and no memory".into());
         }
         let d = Demand::Whole { count };
         if !pool.takes(d) {

@@ -3,7 +3,8 @@
 //! Each case builds a fleet (an exclusive, a MIG and an MPS pool of a few nodes with 2-8 GPUs,
 //! a tenant tree `org → {a → a1, b}` with random guarantees, limits and lending limits), solves
 //! a first queue to get a realistic running state (random MIG geometries, start times and
-//! checkpoints), then solves a second queue against it, and checks the second decision:
+//! checkpoints), then solves a second queue against it, and checks the second decision. A fifth
+//! of the whole-GPU work asks no GPU (CPU-only workloads, running and waiting alike):
 //!
 //! - the running state built from the first decision and the state built from the second are
 //!   accepted by the compiler's own `ClusterState` checks: every binding names a GPU, instance
@@ -595,6 +596,15 @@ fn case(seed: u64) -> usize {
             }
         }
     };
+    // Some whole-GPU work asks no GPU instead (a CPU-only workload, placed for its CPU and
+    // memory), drawing nothing from `rng` either.
+    let cpu_only = |pending: &mut Vec<tessera_compiler::model::PendingWorkload>| {
+        for (i, p) in pending.iter_mut().enumerate() {
+            if (seed as usize + i) % 5 == 2 && p.spec.gpu.count.is_some() {
+                p.spec.gpu.count = Some(0);
+            }
+        }
+    };
     let first_queue = rng.range(3, 10);
     let mut state0 = ClusterStateSpec {
         observed_at: unix(now - 4 * 3600),
@@ -603,6 +613,7 @@ fn case(seed: u64) -> usize {
         pending: {
             let mut q = pending(&mut rng, "w", first_queue, now - 4 * 3600);
             declare(&mut q);
+            cpu_only(&mut q);
             q
         },
         usage: None,
@@ -631,6 +642,7 @@ fn case(seed: u64) -> usize {
     let second_queue = rng.range(2, 8);
     state1.pending = pending(&mut rng, "p", second_queue, now);
     declare(&mut state1.pending);
+    cpu_only(&mut state1.pending);
     if reserving {
         // A gang of whole train nodes, older than the queue (so that it is picked before the
         // small work behind it), and small work that may or may not backfill.

@@ -1571,3 +1571,81 @@ fn a_snapshot_that_contradicts_itself_fails_at_its_first_contradiction_however_s
     let message = error(&broken);
     assert!(message.contains("b/b"), "{message}");
 }
+
+/// A workload of tenant `a` asking no GPU (`gpu: {count: 0}`): `replicas` of `cpu` cores.
+fn cpu_only(replicas: u32, cpu: u32) -> String {
+    format!("{{tenant: a, sloClass: batch, replicas: {replicas}, gpu: {{count: 0}}, cpu: {cpu}}}")
+}
+
+#[test]
+fn a_cpu_only_workload_takes_cpu_on_a_node_and_no_gpu() {
+    // Two replicas of 80 cores and an 8-GPU replica of 100: they fit on two 192-core nodes
+    // only as two and one, and the GPUs are all the GPU work's.
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let pend = pending("loader", &cpu_only(2, 80), RECENT)
+        + &pending(
+            "eight",
+            "{tenant: a, sloClass: batch, gpu: {count: 8}, cpu: 100}",
+            RECENT,
+        );
+    let d = run(&state(&nodes, "", &pend));
+    let loader = admitted(&d, "loader");
+    assert!(
+        loader
+            .iter()
+            .all(|b| b.gpus.is_empty() && b.mig_start.is_none() && b.share.is_none())
+    );
+    let eight = admitted(&d, "eight");
+    for n in ["t0", "t1"] {
+        let cpu = 80 * loader.iter().filter(|b| b.node == n).count()
+            + 100 * eight.iter().filter(|b| b.node == n).count();
+        assert!(cpu <= 192, "{n} holds {cpu} cores");
+    }
+    let train = d.pools.iter().find(|p| p.pool == "train").unwrap();
+    assert_eq!(train.allocated, Gpus::whole(8));
+}
+
+#[test]
+fn a_cpu_only_replica_goes_where_it_leaves_no_gpu_unfed() {
+    // `t0` has 4 GPUs free and 176 cores; `t1` 2 GPUs and 40 cores (the running work asks 10
+    // cores a GPU). Best fit would take `t1`, the fuller node, and its 30 cores would leave 10
+    // there: a GPU that the fleet's work could no longer be fed on. On `t0` every free GPU keeps
+    // its CPU.
+    let nodes = [
+        node("t0", "train", 8),
+        node("t1", "train", 8).replace("cpu: 192", "cpu: 100"),
+    ];
+    let spec = |gpus: u32, cpu: u32| {
+        format!("{{tenant: b, sloClass: critical, gpu: {{count: {gpus}}}, cpu: {cpu}}}")
+    };
+    let run_ = running("four", &spec(4, 16), &[&gpus("t0", 0, 4)], EARLY)
+        + &running("six", &spec(6, 60), &[&gpus("t1", 0, 6)], EARLY);
+    let d = run(&state(
+        &nodes,
+        &run_,
+        &pending("loader", &cpu_only(1, 30), RECENT),
+    ));
+    assert_eq!(admitted(&d, "loader")[0].node, "t0");
+}
+
+#[test]
+fn a_running_cpu_only_workload_holds_its_cpu() {
+    // Each node runs a CPU-only replica of 150 cores: a 64-core replica of either kind waits,
+    // and says that the CPU is what is short.
+    let nodes = [node("t0", "train", 8), node("t1", "train", 8)];
+    let held = "{node: t0, gpus: []}";
+    let held1 = "{node: t1, gpus: []}";
+    let run_ = running("etl", &cpu_only(2, 150), &[held, held1], EARLY);
+    let pend = pending("more", &cpu_only(1, 64), RECENT)
+        + &pending(
+            "gpu",
+            "{tenant: a, sloClass: batch, gpu: {count: 1}, cpu: 64}",
+            RECENT,
+        );
+    let d = run(&state(&nodes, &run_, &pend));
+    assert!(matches!(get(&d, "etl").outcome, Outcome::Keep { .. }));
+    for name in ["more", "gpu"] {
+        let m = message(&d, name);
+        assert!(m.contains("CPU"), "{name}: {m}");
+    }
+}

@@ -54,6 +54,7 @@ pub fn openb(args: OpenbArgs) -> anyhow::Result<ExitCode> {
     }
     config.cycle = args.cycle;
     config.cpu_only = match args.cpu_only {
+        OpenbCpuOnly::Solver => CpuOnlyRule::Solver,
         OpenbCpuOnly::BestFit => CpuOnlyRule::BestFit,
         OpenbCpuOnly::Fgd => CpuOnlyRule::Fgd,
         OpenbCpuOnly::Kube => CpuOnlyRule::Kube,

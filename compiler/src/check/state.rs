@@ -521,6 +521,13 @@ fn check_binding<'a>(
         }
     }
     match demand {
+        GpuDemand::Whole { count: 0 } => {
+            if !binding.gpus.is_empty() || binding.mig_start.is_some() || binding.share.is_some() {
+                return Err(format!(
+                    "a replica of `{workload}` asks no GPU: list `gpus: []` and no migStart or share"
+                ));
+            }
+        }
         GpuDemand::Whole { count } => {
             if binding.gpus.len() != *count as usize
                 || binding.mig_start.is_some()

@@ -167,7 +167,18 @@ pub(crate) fn resolve_spec(
             )
             .at(doc.loc(&ptr("/gpu")))
             .field(field("/gpu"))
-            .help("set exactly one: `{count: 2}` whole GPUs, `{migProfile: 1g.10gb}` a MIG instance, or `{fraction: 0.25}` a shared GPU"),
+            .help("set exactly one: `{count: 2}` whole GPUs, `{migProfile: 1g.10gb}` a MIG instance, `{fraction: 0.25}` a shared GPU, or `{count: 0}` no GPU (a CPU-only workload)"),
+        );
+    } else if g.count == Some(0) && spec.cpu.0 == 0 && spec.memory.0 == 0 {
+        ok = false;
+        sink.push(
+            Diagnostic::new(
+                Code::InvalidGpuRequest,
+                "`gpu: {count: 0}` asks for no GPU, and the workload asks no cpu or memory either",
+            )
+            .at(doc.value_loc(&ptr("/gpu/count")))
+            .field(field("/gpu/count"))
+            .help("a CPU-only workload sets `cpu` or `memory`; otherwise ask for a GPU"),
         );
     }
     let share = match g.fraction {
@@ -303,6 +314,21 @@ fn fallback_demand(spec: &WorkloadSpec, share: Option<Gpus>) -> Option<GpuDemand
     Some(GpuDemand::Mig { profile_id: id })
 }
 
+/// How many replicas of a CPU-only workload (`gpu: {count: 0}`) one node of `pool` holds, by
+/// its CPU and memory (a workload asking neither is refused before).
+fn cpu_only_per_node(spec: &WorkloadSpec, pool: &CompiledPool) -> i64 {
+    let by = |per_node: u64, each: u64| (each > 0).then(|| per_node / each);
+    let n = [
+        by(pool.cpu_per_node.0, spec.cpu.0),
+        by(pool.memory_per_node.0, spec.memory.0),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(0);
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Whether `pool` can ever hold the workload; the reason when it cannot.
 fn fit(
     ctx: &Ctx,
@@ -336,7 +362,8 @@ fn fit(
         // `demand_on`).
         match pool.sharing {
             Sharing::Exclusive | Sharing::Mps | Sharing::Timeslice => {}
-            Sharing::Mig if has_7g => {}
+            // A CPU-only replica holds no GPU, so no instance shape matters.
+            Sharing::Mig if has_7g || count == 0 => {}
             Sharing::Mig => {
                 return Err("whole GPUs on a MIG pool need a layout with a 7g instance".into());
             }
@@ -399,8 +426,11 @@ fn fit(
         ));
     }
     let gang = i64::from(min_member);
-    // Replicas that fit in a set of `gpus` GPUs.
+    // Replicas that fit in a set of `gpus` GPUs; a CPU-only replica's in that many GPUs'
+    // nodes, by their CPU and memory.
+    let gpus_per_node = i64::from(pool.gpus_per_node.max(1));
     let capacity_of = |gpus: i64| match &demand {
+        GpuDemand::Whole { count: 0 } => (gpus / gpus_per_node) * cpu_only_per_node(spec, pool),
         GpuDemand::Whole { count } => gpus / i64::from(*count),
         _ => gpus * per_gpu,
     };

@@ -103,9 +103,10 @@ impl WorkloadSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuRequest {
-    /// Whole GPUs on one node.
+    /// Whole GPUs on one node; 0 for a CPU-only workload, placed on a node of a pool for its
+    /// CPU and memory alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 72))]
+    #[schemars(range(min = 0, max = 72))]
     pub count: Option<u32>,
     /// One MIG instance of this profile (name such as `1g.10gb`, or profile ID).
     #[serde(default, skip_serializing_if = "Option::is_none")]

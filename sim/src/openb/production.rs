@@ -14,15 +14,18 @@
 //!   one in thousandths, its CPU, its memory when the run checks memory (else none), and a pool
 //!   restriction when `gpu_spec` pins it to models (each allowed model's pool in turn when it
 //!   names several).
-//! - A CPU-only task is not tessera's to place (it schedules GPU work; a CPU-only pod goes
-//!   through the cluster's own scheduler). The harness places it by the BestFit baseline's rule,
-//!   or FGD's, or the Kubernetes scheduler's default ([`Production::with_cpu_only`], the bench's
-//!   `--cpu-only`), and the next snapshot shows the node with that much less CPU (and memory).
+//! - A CPU-only task becomes a workload asking no GPU (`gpu: {count: 0}`), its CPU and memory
+//!   as a GPU task's: the solver places it as it places any workload, by the same criteria (the
+//!   GPUs its CPU would leave unfed first, then the fragmentation score against the running
+//!   mix), and it runs in the next snapshots. For comparison, [`Production::with_cpu_only`]
+//!   (the bench's `--cpu-only best-fit|fgd|kube`) places them by a baseline's rule instead, the
+//!   next snapshot showing the node with that much less CPU (and memory): what a cluster whose
+//!   own scheduler places its CPU-only pods would give the solver.
 //!
 //! Online, each arrival is decided by the standing [`Session`]. A task the solver leaves
 //! waiting is removed again (openb drops what does not fit). Every [`RENEW_EVERY`] arrivals, and
 //! whenever the session asks for a full cycle or its answer no longer fits the cluster (a
-//! CPU-only pod took the CPU since the session opened), the session is opened again on a fresh
+//! CPU-only pod placed by a rule took the CPU since the session opened), the session is opened again on a fresh
 //! snapshot of the cluster: as the service runs a full cycle every period. The fresh snapshot is
 //! also what the solver's fragmentation scoring measures against (the mix of running work), so
 //! the cadence decides how current that mix is. In cycles ([`Placer::place_cycle`]) each cycle is
@@ -73,14 +76,18 @@ pub struct Production {
     session: Option<Session>,
     /// Arrivals decided by the open session.
     decided: usize,
-    /// GPU tasks placed so far, as the snapshot lists them.
+    /// Tasks the solver placed so far, as the snapshot lists them.
     running: Vec<RunningWorkload>,
-    /// Per node: CPU and memory (MiB) taken by CPU-only tasks.
+    /// Per node: CPU and memory (MiB) taken by CPU-only tasks a rule placed.
     taken_cpu: Vec<u64>,
     taken_memory: Vec<u64>,
     node_index: HashMap<String, usize>,
-    /// Places the CPU-only tasks: BestFit's rule unless [`Production::with_cpu_only`] says.
-    cpu_only: Box<dyn Placer>,
+    /// Places the CPU-only tasks when a baseline's rule does ([`Production::with_cpu_only`]);
+    /// `None`: the solver places them, as workloads asking no GPU.
+    cpu_only: Option<Box<dyn Placer>>,
+    /// Places the CPU-only tasks of a cluster with no GPU, which has no policy to solve, and
+    /// those that ask nothing the run counts.
+    fallback: BestFit,
     next: u64,
 }
 
@@ -169,7 +176,8 @@ fn compile_policy(cluster: &Cluster) -> Result<CompiledPolicy, ProductionError> 
 
 impl Production {
     /// The production solver set up for `cluster` (nothing placed yet). `options` and `seed`
-    /// are the run's: they decide the CPU-only tasks' tie-breaks (the BestFit baseline's).
+    /// are the run's: they decide the tie-breaks of the CPU-only tasks of a cluster with no
+    /// GPU, which has no policy to solve (BestFit's rule places them).
     pub fn new(
         cluster: &Cluster,
         options: PolicyOptions,
@@ -196,7 +204,8 @@ impl Production {
                 .enumerate()
                 .map(|(i, node)| (node.name.clone(), i))
                 .collect(),
-            cpu_only: Box::new(BestFit::new(options, seed)),
+            cpu_only: None,
+            fallback: BestFit::new(options, seed),
             next: 0,
         })
     }
@@ -252,10 +261,16 @@ impl Production {
         self.decided = 0;
     }
 
-    /// The workload of a GPU task, restricted to `pool` if given.
+    /// The workload of a task, restricted to `pool` if given.
     fn workload(&mut self, task: &Task, pool: Option<String>) -> PendingWorkload {
         self.next += 1;
-        let gpu = if task.is_fractional() {
+        let gpu = if task.is_cpu_only() {
+            GpuRequest {
+                count: Some(0),
+                mig_profile: None,
+                fraction: None,
+            }
+        } else if task.is_fractional() {
             GpuRequest {
                 count: None,
                 mig_profile: None,
@@ -292,9 +307,13 @@ impl Production {
         }
     }
 
-    /// The pools a task may go to: `None` for any (no pin, or every model allowed), else each
+    /// The pools a task may go to: `None` for any (no pin, or every model allowed, or a
+    /// CPU-only task, which `gpu_spec` does not bind: it names the GPU's model), else each
     /// allowed model's pool.
     fn pins(&self, cluster: &Cluster, task: &Task) -> Option<Vec<String>> {
+        if task.is_cpu_only() {
+            return None;
+        }
         let allowed: Vec<String> = (0..cluster.models().len())
             .filter(|&m| task.models.allows(m as u8))
             .map(|m| self.pools[m].clone())
@@ -311,7 +330,7 @@ impl Production {
         })
     }
 
-    /// Records a placed GPU task as running (the next snapshot lists it).
+    /// Records a task the solver placed as running (the next snapshot lists it).
     fn record(&mut self, cluster: &Cluster, arrival: PendingWorkload, choice: &Choice) {
         let share = arrival
             .spec
@@ -364,7 +383,7 @@ impl Production {
         }
     }
 
-    /// Decides a GPU task: each allowed pool in turn (all at once when not pinned), on the open
+    /// Decides a task: each allowed pool in turn (all at once when not pinned), on the open
     /// session, opening a new one when it cannot answer or its answer does not fit the cluster.
     fn decide(&mut self, cluster: &Cluster, task: &Task) -> Option<Choice> {
         self.policy.as_ref()?;
@@ -409,18 +428,56 @@ impl Production {
     /// placed.
     pub fn with_cpu_only(self, placer: Box<dyn Placer>) -> Self {
         Self {
-            cpu_only: placer,
+            cpu_only: Some(placer),
             ..self
         }
     }
 
+    /// Whether a rule places `task` rather than the solver: a CPU-only task when a rule is
+    /// given, or the cluster has no GPU (and no policy), or the task asks nothing the run
+    /// counts (no CPU, and no memory or memory unchecked: it takes nothing wherever it goes,
+    /// and a tessera workload must ask for something).
+    fn by_rule(&self, task: &Task) -> bool {
+        let asks = task.cpu_milli > 0 || (self.check_memory && task.memory_mib > 0);
+        task.is_cpu_only() && (self.cpu_only.is_some() || self.policy.is_none() || !asks)
+    }
+
+    /// Places a CPU-only task by the rule given ([`Production::with_cpu_only`]), or by the
+    /// solver.
     fn place_cpu_only(&mut self, cluster: &Cluster, task: &Task) -> Option<Choice> {
-        let choice = self.cpu_only.choose(cluster, task)?;
+        if !self.by_rule(task) {
+            return self
+                .decide(cluster, task)
+                .or_else(|| self.off_the_fleet(cluster, task));
+        }
+        let choice = match &mut self.cpu_only {
+            Some(rule) => rule.choose(cluster, task)?,
+            None => self.fallback.choose(cluster, task)?,
+        };
+        self.take(task, &choice);
+        Some(choice)
+    }
+
+    /// A CPU-only task the solver left waiting, on a node with no GPU if one has room: such
+    /// nodes are no pool's (a pool has GPUs), so not tessera's fleet; the cluster's own
+    /// scheduler places pods there (BestFit's rule). The solver found no room on the GPU
+    /// nodes, so nothing else can take it.
+    fn off_the_fleet(&mut self, cluster: &Cluster, task: &Task) -> Option<Choice> {
+        let choice = self.fallback.choose(cluster, task)?;
+        if !cluster.node(choice.node).gpu_left.is_empty() {
+            return None;
+        }
+        self.take(task, &choice);
+        Some(choice)
+    }
+
+    /// Books a CPU-only task placed outside the solver: the next snapshot shows its node with
+    /// that much less CPU (and memory).
+    fn take(&mut self, task: &Task, choice: &Choice) {
         self.taken_cpu[choice.node] += task.cpu_milli;
         if self.check_memory {
             self.taken_memory[choice.node] += task.memory_mib;
         }
-        Some(choice)
     }
 }
 
@@ -454,8 +511,9 @@ impl Placer for Production {
         self.decide(cluster, task)
     }
 
-    /// One full cycle: the CPU-only tasks first (the cluster's scheduler places them as they
-    /// come), then the solver decides the cycle's GPU tasks together on the snapshot.
+    /// One full cycle: the CPU-only tasks a rule places first (as a cluster's scheduler places
+    /// them when they come), then the solver decides the cycle's other tasks together on the
+    /// snapshot.
     fn place_cycle(
         &mut self,
         cluster: &mut Cluster,
@@ -463,7 +521,7 @@ impl Placer for Production {
     ) -> Result<Vec<bool>, PlaceError> {
         let mut placed = vec![false; tasks.len()];
         for (i, task) in tasks.iter().enumerate() {
-            if task.is_cpu_only()
+            if self.by_rule(task)
                 && let Some(choice) = self.place_cpu_only(cluster, task)
             {
                 cluster.place(task, &choice)?;
@@ -472,7 +530,7 @@ impl Placer for Production {
         }
         let mut pending: Vec<(usize, PendingWorkload)> = Vec::new();
         for (i, task) in tasks.iter().enumerate() {
-            if task.is_cpu_only() {
+            if self.by_rule(task) {
                 continue;
             }
             // A task pinned to several models is offered to the first one's pool in a cycle.
@@ -508,6 +566,15 @@ impl Placer for Production {
             cluster.place(tasks[i], &choice)?;
             self.record(cluster, arrival, &choice);
             placed[i] = true;
+        }
+        for (i, _) in &pending {
+            if !placed[*i]
+                && tasks[*i].is_cpu_only()
+                && let Some(choice) = self.off_the_fleet(cluster, tasks[*i])
+            {
+                cluster.place(tasks[*i], &choice)?;
+                placed[*i] = true;
+            }
         }
         // The online path opens its own session on the next snapshot.
         self.session = None;
@@ -545,7 +612,7 @@ mod tests {
     }
 
     #[test]
-    fn cpu_only_tasks_follow_the_rule_given() {
+    fn cpu_only_tasks_are_the_solvers_unless_a_rule_is_given() {
         let spec = |name: &str, cpu_milli| NodeSpec {
             name: name.into(),
             cpu_milli,
@@ -567,13 +634,23 @@ mod tests {
         let first_fit = super::super::FirstFit::new().choose(&cluster, &task);
         // The two rules disagree here (best fit takes the smaller node), so each is told apart.
         assert_ne!(best_fit, first_fit);
-        let mut default = Production::new(&cluster, options, 1).unwrap();
-        assert_eq!(default.choose(&cluster, &task), best_fit);
+        // By default the solver places it, as a workload asking no GPU: a node and no GPU, and
+        // the next snapshot lists it as running work.
+        let mut solver = Production::new(&cluster, options, 1).unwrap();
+        let placed = solver.choose(&cluster, &task).expect("the task fits");
+        assert!(placed.gpus.is_empty());
+        assert_eq!(solver.running.len(), 1);
+        assert_eq!(solver.running[0].spec.gpu.count, Some(0));
+        assert_eq!(
+            solver.running[0].bindings[0].node,
+            cluster.node(placed.node).name
+        );
+        assert_eq!(solver.taken_cpu, [0, 0]);
         let mut told = Production::new(&cluster, options, 1)
             .unwrap()
             .with_cpu_only(Box::new(super::super::FirstFit::new()));
         assert_eq!(told.choose(&cluster, &task), first_fit);
-        // The CPU taken shows in the next snapshot, whoever placed it.
+        // The CPU a rule took shows in the next snapshot too.
         let node = first_fit.unwrap().node;
         assert_eq!(told.taken_cpu[node], 4_000);
     }

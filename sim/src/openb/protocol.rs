@@ -103,14 +103,19 @@ pub enum CpuOnlyRows {
     All,
 }
 
-/// Whose rule places the trace's CPU-only tasks in the Tessera row (in every row with
-/// [`CpuOnlyRows::All`]): they are not the solver's to place (a cluster's own scheduler places
-/// CPU-only pods), yet they spend the CPU that GPU tasks need, so the rule weighs on the row
-/// (BENCHMARKS.md, openb).
+/// Who places the trace's CPU-only tasks in the Tessera row (and, with [`CpuOnlyRows::All`], a
+/// baseline rule in every row). They spend the CPU that GPU tasks need, so where they go
+/// weighs on the row (BENCHMARKS.md, openb): the solver places them by default, as a fleet
+/// whose CPU-only work tessera runs would; a baseline's rule stands for a cluster whose own
+/// scheduler places its CPU-only pods.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CpuOnlyRule {
-    /// BestFit's (the default).
+    /// The solver's: a CPU-only task is a workload asking no GPU (`gpu: {count: 0}`), placed
+    /// as every workload is (the default). Only the Tessera row has it; with
+    /// [`CpuOnlyRows::All`] the baselines keep their own.
     #[default]
+    Solver,
+    /// BestFit's.
     BestFit,
     /// FGD's score, as the FGD row places them: against FGD, the rows then differ only in
     /// how GPU tasks are placed.
@@ -134,7 +139,7 @@ impl SimConfig {
             policy: PolicyOptions::default(),
             check_memory: false,
             cycle: None,
-            cpu_only: CpuOnlyRule::BestFit,
+            cpu_only: CpuOnlyRule::Solver,
             cpu_only_rows: CpuOnlyRows::Tessera,
         }
     }
@@ -377,8 +382,8 @@ pub fn read_checkpoints(samples: &[Sample], checkpoints: &[u32], how: Checkpoint
         .collect()
 }
 
-/// A fresh placer of the given kind for one seed (the Tessera row's CPU-only tasks by
-/// BestFit's rule).
+/// A fresh placer of the given kind for one seed (the Tessera row's CPU-only tasks placed by
+/// the solver).
 pub fn make_placer(
     kind: PolicyKind,
     workload: &Workload,
@@ -386,7 +391,7 @@ pub fn make_placer(
     options: PolicyOptions,
     seed: u64,
 ) -> Box<dyn Placer> {
-    make_placer_with(kind, workload, typical, options, CpuOnlyRule::BestFit, seed)
+    make_placer_with(kind, workload, typical, options, CpuOnlyRule::Solver, seed)
 }
 
 /// [`make_placer`], the Tessera row's CPU-only tasks placed by `cpu_only`'s rule.
@@ -413,9 +418,11 @@ pub fn make_placer_with(
                 .expect("the policy generated for a loaded node list compiles");
             Box::new(match cpu_only {
                 // Production's own default.
-                CpuOnlyRule::BestFit => production,
-                rule => production
-                    .with_cpu_only(cpu_only_placer(rule, workload, typical, options, seed)),
+                CpuOnlyRule::Solver => production,
+                rule => match cpu_only_placer(rule, workload, typical, options, seed) {
+                    Some(placer) => production.with_cpu_only(placer),
+                    None => production,
+                },
             })
         }
     }
@@ -428,12 +435,13 @@ fn cpu_only_placer(
     typical: &TypicalShapes,
     options: PolicyOptions,
     seed: u64,
-) -> Box<dyn Placer> {
-    match rule {
+) -> Option<Box<dyn Placer>> {
+    Some(match rule {
+        CpuOnlyRule::Solver => return None,
         CpuOnlyRule::BestFit => make_placer(PolicyKind::BestFit, workload, typical, options, seed),
         CpuOnlyRule::Fgd => make_placer(PolicyKind::Fgd, workload, typical, options, seed),
         CpuOnlyRule::Kube => Box::new(super::KubeDefault::new(options, seed)),
-    }
+    })
 }
 
 /// The placer of one row under `config`: [`make_placer_with`], and with
@@ -463,10 +471,11 @@ fn make_row(
     if config.cpu_only_rows == CpuOnlyRows::Tessera || own == Some(config.cpu_only) {
         return row;
     }
-    Box::new(CpuOnlyBy {
-        row,
-        cpu_only: cpu_only_placer(config.cpu_only, workload, typical, config.policy, seed),
-    })
+    // The solver's rule is the Tessera row's alone: a baseline keeps its own.
+    match cpu_only_placer(config.cpu_only, workload, typical, config.policy, seed) {
+        Some(cpu_only) => Box::new(CpuOnlyBy { row, cpu_only }),
+        None => row,
+    }
 }
 
 /// A row whose CPU-only tasks another placer places.

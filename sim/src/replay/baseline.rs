@@ -96,6 +96,8 @@ const MIB: u64 = 1 << 20;
 /// A workload's replica as an openb task: `None` for a MIG instance.
 fn task_spec(spec: &WorkloadSpec) -> Option<TaskSpec> {
     let (num_gpu, gpu_milli) = match (spec.gpu.count, spec.gpu.fraction) {
+        // A CPU-only workload is a CPU-only task.
+        (Some(0), _) => (0, 0),
         (Some(n), _) => (n, 1000),
         (None, Some(f)) => (1, ((f * 1000.0).round() as u32).clamp(1, 1000)),
         _ => return None,

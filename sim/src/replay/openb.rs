@@ -6,9 +6,10 @@
 //! (`gpu_milli / 1000`); CPU and memory carry over. A pool has one sharing mode, and whole GPUs
 //! need an exclusive one: when the policy has no exclusive pool, a one-GPU task asks
 //! `fraction: 1.0` instead, and a task of several GPUs can start nowhere (it is reported as
-//! never started). CPU-only pods are left out: they hold no
-//! GPU, and a tessera workload asks for one. A `gpu_spec` naming models pins the workload to
-//! the first pool (by name) of one of those models.
+//! never started). CPU-only pods are left out: the replay measures GPU work over time, and
+//! its baselines place GPU work only (tessera itself places a CPU-only pod as a workload of
+//! `gpu: {count: 0}`, as the openb benchmark's Tessera row does). A `gpu_spec` naming models
+//! pins the workload to the first pool (by name) of one of those models.
 //!
 //! Tenants: a `tenant` column (with an optional `slo_class` column) is used as it is. Without
 //! one, tasks are spread over the policy's leaf tenants, each drawn independently with

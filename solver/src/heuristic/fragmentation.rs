@@ -41,7 +41,9 @@
 //! best fit decides.
 //!
 //! A *shape* is (GPU demand, CPU, memory) of one replica; its count is how many replicas of the
-//! mix have it. `n_k(node)` is how many replicas of shape k the node could still host, the
+//! mix have it. Workloads asking no GPU (CPU-only) are not in the mix, as FGD's typical shapes
+//! are the GPU tasks': a CPU-only replica is placed by how its CPU changes what the mix's
+//! shapes could still use (a node whose CPU it takes may no longer feed a shape's GPUs). `n_k(node)` is how many replicas of shape k the node could still host, the
 //! least of what its GPUs, its CPU and its memory allow.
 //!
 //! A replica's node is chosen by these criteria, in this order:
@@ -369,7 +371,11 @@ impl Mix {
             let Phase::Running { slots, .. } = &wl.phase else {
                 continue;
             };
-            if !runs(w) {
+            // A CPU-only workload is not a shape of the mix: it can use no GPU, so every idle
+            // GPU would be its fragment alike (FGD's typical shapes are the GPU tasks'), and
+            // its CPU is no measure of the CPU a GPU comes with. Its CPU still counts where
+            // it runs, as the node's CPU left.
+            if !runs(w) || wl.demand.gpus() == Gpus::ZERO {
                 continue;
             }
             let Some(&pool) = wl.pools.first() else {

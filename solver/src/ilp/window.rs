@@ -98,7 +98,10 @@ pub fn build(
     if info.sharing != Sharing::Exclusive {
         return Err(NoWindow::Sharing(info.sharing.as_str()));
     }
-    let whole = |w: usize| matches!(p.workloads[w].demand, Demand::Whole { .. });
+    // A CPU-only workload (no GPU) is worth nothing to the objective, which counts GPUs: in
+    // the window it could be dropped or stopped at no cost. It stays as the heuristic placed
+    // it, its CPU and memory taken off the window's room.
+    let whole = |w: usize| matches!(p.workloads[w].demand, Demand::Whole { count } if count > 0);
     let mut waiting: Vec<usize> = (0..p.workloads.len())
         .filter(|&w| {
             matches!(states[w], State::Pending)
@@ -127,11 +130,16 @@ pub fn build(
     waiting.truncate(caps.gangs);
 
     // What each node could give: free healthy GPUs plus those held by work the window may move.
-    let movable = |w: usize| match &states[w] {
-        State::Admitted(pl, _) => pl.pool == pool,
-        State::Kept(pl) => pl.pool == pool && keep.kept[w] && preemptible(p, w),
-        State::Preempted => keep.kept[w] && preemptible(p, w) && p.workloads[w].pools[0] == pool,
-        State::Pending => false,
+    let movable = |w: usize| {
+        whole(w)
+            && match &states[w] {
+                State::Admitted(pl, _) => pl.pool == pool,
+                State::Kept(pl) => pl.pool == pool && keep.kept[w] && preemptible(p, w),
+                State::Preempted => {
+                    keep.kept[w] && preemptible(p, w) && p.workloads[w].pools[0] == pool
+                }
+                State::Pending => false,
+            }
     };
     // By node index: a pool's running work is tens of thousands of placements.
     let mut held = vec![0u32; p.nodes.len()];
