@@ -25,11 +25,12 @@
 //! Online, each arrival is decided by the standing [`Session`]. A task the solver leaves
 //! waiting is removed again (openb drops what does not fit). Every [`RENEW_EVERY`] arrivals, and
 //! whenever the session asks for a full cycle or its answer no longer fits the cluster (a
-//! CPU-only pod placed by a rule took the CPU since the session opened), the session is opened again on a fresh
-//! snapshot of the cluster: as the service runs a full cycle every period. The fresh snapshot is
-//! also what the solver's fragmentation scoring measures against (the mix of running work), so
-//! the cadence decides how current that mix is. In cycles ([`Placer::place_cycle`]) each cycle is
-//! one full solve of the snapshot with the cycle's GPU tasks pending.
+//! CPU-only pod placed by a rule took the CPU since the session opened), the session is opened
+//! again on a fresh snapshot of the cluster: as the service runs a full cycle every period.
+//! The fresh snapshot is also what the solver's fragmentation scoring measures against (the mix
+//! of running work), so the cadence decides how current that mix is. In cycles
+//! ([`Placer::place_cycle`]) each cycle is one full solve of the snapshot with the cycle's tasks
+//! pending (those a rule places aside).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -85,8 +86,9 @@ pub struct Production {
     /// Places the CPU-only tasks when a baseline's rule does ([`Production::with_cpu_only`]);
     /// `None`: the solver places them, as workloads asking no GPU.
     cpu_only: Option<Box<dyn Placer>>,
-    /// Places the CPU-only tasks of a cluster with no GPU, which has no policy to solve, and
-    /// those that ask nothing the run counts.
+    /// BestFit's rule, for the CPU-only tasks the solver cannot place: those of a cluster with
+    /// no GPU (which has no policy to solve), those that ask nothing the run counts, and those
+    /// that only a node without GPUs has room for ([`Production::off_the_fleet`]).
     fallback: BestFit,
     next: u64,
 }
