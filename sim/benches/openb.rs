@@ -18,10 +18,10 @@
 //! changes. `--cpu-only` says who places the trace's CPU-only tasks in the Tessera row
 //! (`openb::CpuOnlyRule`): the solver by default, as workloads asking no GPU, or a baseline's
 //! rule; with `--cpu-only-rows all` the baselines' CPU-only tasks follow a baseline's rule
-//! too, so that the rows differ only in how GPU tasks are placed (`openb::CpuOnlyRows`). `--first-refusal` also prints, per policy and
-//! GPU model, the cluster when the run first refused a GPU task: idle GPUs, those on nodes out
-//! of CPU, and the cores taken by GPU tasks and by CPU-only tasks (`openb::FirstRefusal`, in
-//! the JSON whether or not it is printed).
+//! too, so that the rows differ only in how GPU tasks are placed (`openb::CpuOnlyRows`).
+//! `--first-refusal` also prints, per policy and GPU model, the cluster when the run first
+//! refused a GPU task: idle GPUs, those on nodes out of CPU, and the cores taken by GPU tasks
+//! and by CPU-only tasks (`openb::FirstRefusal`, in the JSON whether or not it is printed).
 //!
 //! Defaults: trace `default`, both variants, all policies, seeds 42..=51 (`--first-seed S`: N seeds
 //! from S instead), data from
