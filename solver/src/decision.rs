@@ -40,7 +40,8 @@ pub struct Decision {
     /// Which workloads `workloads` lists. Absent from the JSON when every one is.
     #[serde(default, skip_serializing_if = "Listing::is_all")]
     pub listing: Listing,
-    /// Every GPU of a MIG pool, by node and index: its geometry now and after the decision.
+    /// Every GPU of a MIG pool, by node and index: its geometry now and after the decision;
+    /// with [`Listing::Changes`], only those whose instances change or that switch to MIG.
     pub geometry: Vec<GeometryPlan>,
     /// Per tenant (pre-order) and pool (by name) the tenant may use: usage after the decision.
     pub usage: Vec<TenantUsage>,
@@ -66,8 +67,8 @@ pub struct Decision {
     pub reconfigurations: Vec<ReconfigurationRecord>,
 }
 
-/// Which workloads a decision lists. The decision itself is the same either way: the same
-/// admissions, preemptions, geometry, usage, pool reports, queue and objective.
+/// Which workloads and GPUs a decision lists. The decision itself is the same either way: the
+/// same admissions, preemptions, geometry changes, usage, pool reports, queue and objective.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Listing {
@@ -77,6 +78,7 @@ pub enum Listing {
     All,
     /// Only the workloads the decision changes, admitted or preempted (orphans preempted
     /// included). A running workload it does not list is kept; a waiting one stays waiting.
+    /// Likewise only the GPUs whose geometry changes: one it does not list keeps its instances.
     /// For a caller that only carries decisions out, such as `tessera simulate`'s replay,
     /// where building, then dropping, a decision for each of thousands of kept workloads
     /// every cycle was a sixth of a simulated day.

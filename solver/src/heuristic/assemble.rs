@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::decision::Listing;
+use crate::problem::GpuInfo;
 
 pub(super) fn placed_of(p: &Problem, w: usize, s: &Slot) -> Placed {
     let mig = match p.workloads[w].demand {
@@ -29,8 +30,7 @@ pub(crate) fn slot_of(placed: &Placed) -> Slot {
 
 /// Whether GPU `g` is to change its geometry (MIG instances created or destroyed) in `fleet`.
 pub(crate) fn geometry_changes_on(p: &Problem, fleet: &Fleet, g: usize) -> bool {
-    gpu_plan(p, fleet, g)
-        .is_some_and(|plan| plan.enable_mig || !plan.create.is_empty() || !plan.destroy.is_empty())
+    gpu_layout(p, fleet, g).is_some_and(|layout| layout.changes(&p.gpus[g]))
 }
 
 /// GPU units × seconds of work since the last checkpoint (or the start).
@@ -368,9 +368,15 @@ pub(super) fn instances(p: &Problem, pool: usize, v: &[Placement]) -> Vec<Instan
     out
 }
 
+/// The decision's geometry: every GPU of a MIG pool, or with [`Listing::Changes`] only those
+/// whose layout changes (the rest are named, profile by profile, only to be dropped: a few per
+/// cent of a simulated day).
 pub(super) fn geometry(p: &Problem, fleet: &Fleet) -> Vec<GeometryPlan> {
     (0..p.gpus.len())
-        .filter_map(|g| gpu_plan(p, fleet, g))
+        .filter_map(|g| {
+            let layout = gpu_layout(p, fleet, g)?;
+            (p.listing == Listing::All || layout.changes(&p.gpus[g])).then(|| plan(p, g, &layout))
+        })
         .collect()
 }
 
@@ -388,6 +394,32 @@ pub(crate) fn geometry_changes(p: &Problem, before: &Fleet, after: &Fleet) -> Ve
 
 /// The geometry plan of GPU `g`, if it is in a MIG pool.
 pub(super) fn gpu_plan(p: &Problem, fleet: &Fleet, g: usize) -> Option<GeometryPlan> {
+    gpu_layout(p, fleet, g).map(|layout| plan(p, g, &layout))
+}
+
+/// What a GPU of a MIG pool is to become, in placements: a [`GeometryPlan`] before it is named.
+struct Layout<'a> {
+    pool: usize,
+    /// The fleet's geometry for the GPU, or that completed into one of the pool's layouts.
+    target: std::borrow::Cow<'a, [Placement]>,
+    destroy: Vec<Placement>,
+    create: Vec<Placement>,
+    drain: bool,
+}
+
+impl Layout<'_> {
+    /// Whether carrying the plan out touches the GPU: MIG switched on, or instances created or
+    /// destroyed.
+    fn changes(&self, info: &GpuInfo) -> bool {
+        self.enable_mig(info) || !self.create.is_empty() || !self.destroy.is_empty()
+    }
+
+    fn enable_mig(&self, info: &GpuInfo) -> bool {
+        !info.mig_enabled && !self.target.is_empty()
+    }
+}
+
+fn gpu_layout<'a>(p: &Problem, fleet: &'a Fleet, g: usize) -> Option<Layout<'a>> {
     let info = &p.gpus[g];
     let pool = p.nodes[info.node].pool?;
     if p.pools[pool].sharing != Sharing::Mig {
@@ -402,7 +434,7 @@ pub(super) fn gpu_plan(p: &Problem, fleet: &Fleet, g: usize) -> Option<GeometryP
     } else {
         None
     };
-    let target = completed.as_ref().unwrap_or(&state.geometry);
+    let target = completed.map_or(std::borrow::Cow::Borrowed(&state.geometry[..]), Into::into);
     let destroy: Vec<Placement> = current
         .iter()
         .copied()
@@ -415,17 +447,29 @@ pub(super) fn gpu_plan(p: &Problem, fleet: &Fleet, g: usize) -> Option<GeometryP
         .collect();
     let drain = destroy.iter().any(|d| state.preempted.contains(&d.start))
         || (!destroy.is_empty() && state.preempted.contains(&u8::MAX));
-    Some(GeometryPlan {
+    Some(Layout {
+        pool,
+        target,
+        destroy,
+        create,
+        drain,
+    })
+}
+
+fn plan(p: &Problem, g: usize, layout: &Layout) -> GeometryPlan {
+    let info = &p.gpus[g];
+    let pool = layout.pool;
+    GeometryPlan {
         node: p.nodes[info.node].name.clone(),
         gpu: info.index,
         pool: p.pools[pool].name.clone(),
-        current: instances(p, pool, current),
-        target: instances(p, pool, target),
-        destroy: instances(p, pool, &destroy),
-        create: instances(p, pool, &create),
-        enable_mig: !info.mig_enabled && !target.is_empty(),
-        drain,
-    })
+        current: instances(p, pool, &info.instances),
+        target: instances(p, pool, &layout.target),
+        destroy: instances(p, pool, &layout.destroy),
+        create: instances(p, pool, &layout.create),
+        enable_mig: layout.enable_mig(info),
+        drain: layout.drain,
+    }
 }
 
 pub(super) fn usage(p: &Problem, ledger: &Ledger) -> Vec<TenantUsage> {

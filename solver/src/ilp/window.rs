@@ -394,3 +394,133 @@ fn quota_victims(
 pub fn running_placement(p: &Problem, w: usize) -> Option<Placement> {
     Placement::running(p, &p.workloads[w])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ilp::incumbent;
+    use tessera_compiler::{SourceFile, compile};
+
+    const POLICY: &str = r#"
+apiVersion: tessera/v1alpha1
+kind: PriorityTiers
+metadata: {name: tiers}
+spec:
+  tiers:
+    - {name: high, value: 1000}
+    - {name: low, value: 10}
+---
+apiVersion: tessera/v1alpha1
+kind: SloClass
+metadata: {name: urgent}
+spec: {tier: high, preemptible: false, isolation: {minimum: exclusive}}
+---
+apiVersion: tessera/v1alpha1
+kind: SloClass
+metadata: {name: batch}
+spec: {tier: low, preemptible: true, isolation: {minimum: exclusive}}
+---
+apiVersion: tessera/v1alpha1
+kind: Pool
+metadata: {name: train}
+spec:
+  gpuModel: H100-SXM5-80GB
+  sharing: exclusive
+  capacity: {nodes: 2, gpusPerNode: 4, cpuPerNode: 16, memoryPerNode: 1Ti}
+---
+apiVersion: tessera/v1alpha1
+kind: Tenant
+metadata: {name: a}
+spec:
+  guarantee: {train: 4}
+  sloClasses: [urgent, batch]
+---
+"#;
+
+    fn node(name: &str) -> String {
+        let mut s = format!(
+            "    - name: {name}\n      pool: train\n      cpu: 16\n      memory: 1Ti\n      gpus:\n"
+        );
+        for i in 0..4 {
+            s += &format!(
+                "        - {{index: {i}, uuid: GPU-{}{i:07x}-0000-0000-0000-000000000000, model: H100-SXM5-80GB}}\n",
+                &name[1..]
+            );
+        }
+        s
+    }
+
+    fn work(name: &str, class: &str, gpus: u32, cpu: u32, bindings: Option<&str>) -> String {
+        let spec = format!("{{tenant: a, sloClass: {class}, gpu: {{count: {gpus}}}, cpu: {cpu}}}");
+        match bindings {
+            Some(b) => format!(
+                "    - name: {name}\n      spec: {spec}\n      bindings: [{b}]\n      startedAt: \"2026-11-20T06:00:00Z\"\n"
+            ),
+            None => format!(
+                "    - name: {name}\n      spec: {spec}\n      submittedAt: \"2026-11-20T07:00:00Z\"\n"
+            ),
+        }
+    }
+
+    /// A CPU-only workload is worth nothing to the objective, which counts GPUs: the window
+    /// takes none, running, admitted or waiting, while the GPU work beside it is taken.
+    #[test]
+    fn the_window_takes_no_cpu_only_workload() {
+        // `big` (4 GPUs, high tier) takes `n1`; `gpu-run`, preemptible, runs on `n0`, and
+        // `cpu-run`, preemptible too, beside `big`; `cpu-new` fits as it is; `cpu-wait` (16
+        // cores) fits on no node that the others leave.
+        let running = work("gpu-run", "batch", 1, 2, Some("{node: n0, gpus: [0]}"))
+            + &work("cpu-run", "batch", 0, 4, Some("{node: n1, gpus: []}"));
+        let pending = work("big", "urgent", 4, 2, None)
+            + &work("cpu-new", "batch", 0, 2, None)
+            + &work("cpu-wait", "batch", 0, 16, None);
+        let state = format!(
+            "apiVersion: tessera/v1alpha1\nkind: ClusterState\nmetadata: {{name: snap}}\nspec:\n  observedAt: \"2026-11-20T08:00:00Z\"\n  nodes:\n{}{}  running:\n{running}  pending:\n{pending}",
+            node("n0"),
+            node("n1")
+        );
+        let c = compile(&[SourceFile::new("p.yaml", format!("{POLICY}{state}"))]);
+        assert_eq!(c.errors(), 0, "{:#?}", c.diagnostics);
+        let p = Problem::new(c.policy.as_ref().unwrap(), &c.states[0].1, None).unwrap();
+        let (d, keep) = crate::heuristic::solve_keeping(&p);
+        let states = incumbent::read(&p, &d);
+        let w = |name: &str| p.workloads.iter().position(|x| x.key.name == name).unwrap();
+        let cpu_only = ["cpu-run", "cpu-new", "cpu-wait"].map(w);
+        // Each CPU-only workload is in the state each case is about.
+        assert!(
+            matches!(states[cpu_only[0]], State::Kept(_)),
+            "{:?}",
+            states[cpu_only[0]]
+        );
+        assert!(
+            matches!(states[cpu_only[1]], State::Admitted(..)),
+            "{:?}",
+            states[cpu_only[1]]
+        );
+        assert!(
+            matches!(states[cpu_only[2]], State::Pending),
+            "{:?}",
+            states[cpu_only[2]]
+        );
+        let caps = Caps {
+            gangs: 16,
+            nodes: 8,
+        };
+        let win = build(&p, &states, &keep, 0, caps).expect("a window");
+        let taken: Vec<usize> = win
+            .gangs
+            .iter()
+            .map(|g| g.workload)
+            .chain(win.victims.iter().map(|v| v.workload))
+            .collect();
+        assert!(taken.contains(&w("big")), "{taken:?}");
+        assert!(taken.contains(&w("gpu-run")), "{taken:?}");
+        for c in cpu_only {
+            assert!(
+                !taken.contains(&c),
+                "{} is in the window",
+                p.workloads[c].key
+            );
+        }
+    }
+}

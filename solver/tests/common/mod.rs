@@ -227,8 +227,8 @@ pub fn run_with(fleet: &str, state_yaml: &str) -> Decision {
     d
 }
 
-/// The decision [`Listing::Changes`] gives is `full` with only its admissions and
-/// preemptions listed, and the same in everything else, to the byte.
+/// The decision [`Listing::Changes`] gives is `full` with only its admissions, preemptions
+/// and geometry changes listed, and the same in everything else, to the byte.
 pub fn check_changes_listing(policy: &CompiledPolicy, state: &ClusterStateSpec, full: &Decision) {
     let options = SolveOptions {
         listing: Listing::Changes,
@@ -243,6 +243,9 @@ pub fn check_changes_listing(policy: &CompiledPolicy, state: &ClusterStateSpec, 
     expected
         .workloads
         .retain(|w| matches!(w.outcome, Outcome::Admit { .. } | Outcome::Preempt { .. }));
+    expected
+        .geometry
+        .retain(|g| g.enable_mig || !g.create.is_empty() || !g.destroy.is_empty());
     expected.listing = Listing::Changes;
     assert_eq!(
         serde_json::to_string_pretty(&changes).unwrap(),
