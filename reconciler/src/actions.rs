@@ -347,7 +347,7 @@ pub fn plan(
     let mut unready: BTreeSet<GpuRef> = BTreeSet::new();
 
     for g in &decision.geometry {
-        if g.create.is_empty() && g.destroy.is_empty() && !g.enable_mig {
+        if !g.changes() {
             continue;
         }
         let gpu = GpuRef {

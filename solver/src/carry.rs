@@ -16,7 +16,7 @@ use crate::decision::{Decision, Listing, Outcome, ReplicaBinding};
 pub fn carry_out(before: &ClusterStateSpec, d: &Decision) -> ClusterStateSpec {
     let mut nodes = before.nodes.clone();
     for g in &d.geometry {
-        if g.create.is_empty() && g.destroy.is_empty() {
+        if !g.changes() {
             continue;
         }
         let Some(node) = nodes.iter_mut().find(|n| n.name == g.node) else {

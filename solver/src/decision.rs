@@ -348,6 +348,12 @@ pub struct GeometryPlan {
 }
 
 impl GeometryPlan {
+    /// Carrying the plan out touches the GPU: MIG switched on, or instances created or
+    /// destroyed. A decision listing its changes lists only such plans.
+    pub fn changes(&self) -> bool {
+        self.enable_mig || !self.create.is_empty() || !self.destroy.is_empty()
+    }
+
     /// The change takes something away (destroys instances or resets the GPU into MIG mode):
     /// it spends the pool's `maxPerGpuPerHour`. Adding instances on free slices does not.
     pub fn spends_budget(&self) -> bool {

@@ -66,7 +66,7 @@ fn human(d: &Decision) -> String {
     let admit = count(|o| matches!(o, Outcome::Admit { .. }));
     let preempt = count(|o| matches!(o, Outcome::Preempt { .. }));
     let pending = count(|o| matches!(o, Outcome::Pending { .. }));
-    let reconfigure = d.geometry.iter().filter(|g| g.target != g.current).count();
+    let reconfigure = d.geometry.iter().filter(|g| g.changes()).count();
     let _ = writeln!(
         out,
         "Decision at {}: {admit} admitted, {preempt} preempted, {pending} pending, {keep} kept; {reconfigure} GPUs re-partitioned",
@@ -114,7 +114,7 @@ fn human(d: &Decision) -> String {
             _ => {}
         }
     }
-    for g in d.geometry.iter().filter(|g| g.target != g.current) {
+    for g in d.geometry.iter().filter(|g| g.changes()) {
         let show = |v: &[tessera_solver::decision::Instance]| {
             v.iter()
                 .map(|i| format!("{}@{}", i.profile, i.start))

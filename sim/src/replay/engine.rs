@@ -383,7 +383,7 @@ pub fn replay(
         // With nothing waiting, the decision just carried out stands until the next arrival.
         dirty &= !queue.is_empty();
         for g in &decision.geometry {
-            if g.target == g.current && !g.enable_mig {
+            if !g.changes() {
                 continue;
             }
             metrics.reconfigured();

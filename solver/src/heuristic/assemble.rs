@@ -408,8 +408,7 @@ struct Layout<'a> {
 }
 
 impl Layout<'_> {
-    /// Whether carrying the plan out touches the GPU: MIG switched on, or instances created or
-    /// destroyed.
+    /// [`GeometryPlan::changes`] of the plan, before it is named.
     fn changes(&self, info: &GpuInfo) -> bool {
         self.enable_mig(info) || !self.create.is_empty() || !self.destroy.is_empty()
     }

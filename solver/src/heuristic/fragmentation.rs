@@ -44,8 +44,8 @@
 //! mix have it. Workloads asking no GPU (CPU-only) are not in the mix, as FGD's typical shapes
 //! are the GPU tasks': a CPU-only replica is placed by how its CPU changes what the mix's
 //! shapes could still use (a node whose CPU it takes may no longer feed a shape's GPUs).
-//! `n_k(node)` is how many replicas of shape k the node could still host, the
-//! least of what its GPUs, its CPU and its memory allow.
+//! `n_k(node)` is how many replicas of shape k the node could still host, the least of what
+//! its GPUs, its CPU and its memory allow.
 //!
 //! A replica's node is chosen by these criteria, in this order:
 //!

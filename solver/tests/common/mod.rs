@@ -6,7 +6,7 @@ pub mod random;
 
 use tessera_compiler::model::ClusterStateSpec;
 use tessera_compiler::{CompiledPolicy, SourceFile, compile};
-use tessera_solver::decision::{Decision, WorkloadDecision};
+use tessera_solver::decision::{Decision, GeometryPlan, WorkloadDecision};
 use tessera_solver::{Listing, Outcome, SolveOptions, solve};
 
 /// The property tests' configuration: `cases` draws, or `PROPTEST_CASES` where it is set (a
@@ -243,9 +243,7 @@ pub fn check_changes_listing(policy: &CompiledPolicy, state: &ClusterStateSpec, 
     expected
         .workloads
         .retain(|w| matches!(w.outcome, Outcome::Admit { .. } | Outcome::Preempt { .. }));
-    expected
-        .geometry
-        .retain(|g| g.enable_mig || !g.create.is_empty() || !g.destroy.is_empty());
+    expected.geometry.retain(GeometryPlan::changes);
     expected.listing = Listing::Changes;
     assert_eq!(
         serde_json::to_string_pretty(&changes).unwrap(),
